@@ -1,0 +1,82 @@
+#include "core/dtype.h"
+
+#include <cmath>
+
+namespace perry {
+
+size_t dtype_bits(DType t) {
+  switch (t) {
+    case DType::F32: case DType::I32: return 32;
+    case DType::F16: case DType::BF16: return 16;
+    case DType::I8: case DType::U8: return 8;
+    case DType::I64: return 64;
+    case DType::I4x2: return 4;
+  }
+  return 0;
+}
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+    case DType::I8: return "I8";
+    case DType::U8: return "U8";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::I4x2: return "I4x2";
+  }
+  return "?";
+}
+
+bool parse_safetensors_dtype(std::string_view s, DType* out) {
+  struct { std::string_view n; DType t; } table[] = {
+      {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16}, {"I8", DType::I8},
+      {"U8", DType::U8},   {"I32", DType::I32}, {"I64", DType::I64}};
+  for (auto& e : table)
+    if (e.n == s) { *out = e.t; return true; }
+  return false;
+}
+
+float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+  if (exp == 0) {
+    if (man == 0) { u = sign; }
+    else {  // subnormal: normalise
+      int e = -1;
+      do { man <<= 1; ++e; } while (!(man & 0x400));
+      u = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | man << 13;
+  } else {
+    u = sign | (exp + 112) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000;
+  int32_t exp = int32_t((u >> 23) & 0xff) - 127 + 15;
+  uint32_t man = u & 0x7fffff;
+  if (((u >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (man ? 0x200 : 0));
+  if (exp >= 31) return uint16_t(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return uint16_t(sign);
+    man |= 0x800000;
+    uint32_t shift = uint32_t(14 - exp);
+    uint32_t half = 1u << (shift - 1), rest = man & ((1u << shift) - 1);
+    uint32_t r = man >> shift;
+    if (rest > half || (rest == half && (r & 1))) ++r;
+    return uint16_t(sign | r);
+  }
+  uint32_t r = uint32_t(exp) << 10 | man >> 13, rest = man & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (r & 1))) ++r;
+  return uint16_t(sign | r);
+}
+
+}  // namespace perry

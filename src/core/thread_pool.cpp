@@ -1,0 +1,100 @@
+#include "core/thread_pool.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+
+namespace perry {
+
+ThreadPool::ThreadPool(int threads) {
+  threads = std::max(1, threads);
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+    generation_.fetch_add(1);
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin a little (cheap on an idle core), then sleep on the condition variable.
+    int spins = 0;
+    while (generation_.load(std::memory_order_acquire) == seen && spins < 20000) {
+      _mm_pause();
+      ++spins;
+    }
+    if (generation_.load(std::memory_order_acquire) == seen) {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+    }
+    seen = generation_.load(std::memory_order_acquire);
+    if (stop_) return;
+    (*job_)(index, size());
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
+  if (workers_.empty()) {
+    fn(0, 1);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    job_ = &fn;
+    pending_.store(int(workers_.size()), std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  cv_.notify_all();
+  fn(0, size());
+  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+}
+
+void ThreadPool::parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  grain = std::max<size_t>(1, grain);
+  size_t max_chunks = (n + grain - 1) / grain;
+  int nt = int(std::min<size_t>(size_t(size()), max_chunks));
+  if (nt <= 1) {
+    fn(0, n);
+    return;
+  }
+  run_on_all([&](int t, int) {
+    if (t >= nt) return;
+    size_t begin = n * size_t(t) / size_t(nt), end = n * size_t(t + 1) / size_t(nt);
+    if (begin < end) fn(begin, end);
+  });
+}
+
+namespace {
+std::unique_ptr<ThreadPool>& global_pool() {
+  static std::unique_ptr<ThreadPool> pool;
+  return pool;
+}
+int default_threads() {
+  if (const char* e = std::getenv("PERRY_THREADS")) {
+    int n = std::atoi(e);
+    if (n > 0) return n;
+  }
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+}  // namespace
+
+ThreadPool& thread_pool() {
+  auto& p = global_pool();
+  if (!p) p = std::make_unique<ThreadPool>(default_threads());
+  return *p;
+}
+
+void set_num_threads(int n) { global_pool() = std::make_unique<ThreadPool>(n > 0 ? n : default_threads()); }
+
+}  // namespace perry
