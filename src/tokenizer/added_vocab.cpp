@@ -1,0 +1,191 @@
+#include "tokenizer/added_vocab.h"
+
+#include <algorithm>
+
+#include "tokenizer/normalizer.h"
+#include "tokenizer/utf8.h"
+
+namespace perry::tokenizer {
+
+namespace {
+
+// Last character of s[0, end) (s valid UTF-8, end > 0).
+char32_t last_char(std::string_view s, size_t end) {
+  size_t p = end - 1;
+  while (p > 0 && (static_cast<unsigned char>(s[p]) & 0xC0) == 0x80) --p;
+  size_t len;
+  return decode_utf8_at(s, p, &len);
+}
+
+// Start of the whitespace run that ends at `end`.
+size_t whitespace_run_start(std::string_view s, size_t end) {
+  size_t p = end;
+  while (p > 0) {
+    size_t q = p - 1;
+    while (q > 0 && (static_cast<unsigned char>(s[q]) & 0xC0) == 0x80) --q;
+    size_t len;
+    if (!is_unicode_whitespace(decode_utf8_at(s, q, &len))) break;
+    p = q;
+  }
+  return p;
+}
+
+// End of the whitespace run that starts at `begin`.
+size_t whitespace_run_end(std::string_view s, size_t begin) {
+  size_t p = begin;
+  while (p < s.size()) {
+    size_t len;
+    if (!is_unicode_whitespace(decode_utf8_at(s, p, &len))) break;
+    p += len;
+  }
+  return p;
+}
+
+}  // namespace
+
+int32_t AddedVocab::Matcher::child(int32_t node, unsigned char b) const {
+  const auto& ch = nodes_[node].children;
+  auto it = std::lower_bound(ch.begin(), ch.end(), b,
+                             [](const auto& e, unsigned char v) { return e.first < v; });
+  return (it != ch.end() && it->first == b) ? it->second : -1;
+}
+
+void AddedVocab::Matcher::add(std::string_view pattern, int32_t token_index) {
+  if (pattern.empty()) return;
+  first_byte_[static_cast<unsigned char>(pattern[0])] = true;
+  int32_t node = 0;
+  for (unsigned char b : pattern) {
+    int32_t c = child(node, b);
+    if (c < 0) {
+      c = static_cast<int32_t>(nodes_.size());
+      nodes_.push_back(Node{});
+      auto& ch = nodes_[node].children;
+      auto it = std::lower_bound(ch.begin(), ch.end(), b,
+                                 [](const auto& e, unsigned char v) { return e.first < v; });
+      ch.insert(it, {b, c});
+    }
+    node = c;
+  }
+  // The first pattern registered for a given content wins (HF's pattern order).
+  if (nodes_[node].token < 0) nodes_[node].token = token_index;
+}
+
+bool AddedVocab::Matcher::find(std::string_view text, size_t from, size_t* start, size_t* end,
+                               int32_t* tok) const {
+  for (size_t p = from; p < text.size(); ++p) {
+    if (!first_byte_[static_cast<unsigned char>(text[p])]) continue;
+    int32_t node = 0;
+    int32_t best = -1;
+    size_t best_end = 0;
+    for (size_t q = p; q < text.size(); ++q) {
+      node = child(node, static_cast<unsigned char>(text[q]));
+      if (node < 0) break;
+      if (nodes_[node].token >= 0) {
+        best = nodes_[node].token;
+        best_end = q + 1;
+      }
+    }
+    if (best >= 0) {
+      *start = p;
+      *end = best_end;
+      *tok = best;
+      return true;
+    }
+  }
+  return false;
+}
+
+AddedVocab::AddedVocab(const JsonNode& node, const Normalizer* normalizer) {
+  if (node.is_null()) return;
+  node.require_array();
+  for (size_t i = 0; i < node.size(); ++i) {
+    JsonNode t = node[i];
+    t.require_object();
+    AddedToken tok;
+    tok.id = t.at("id").token_id();
+    tok.content = t.at("content").str();
+    tok.single_word = t.bool_or("single_word", false);
+    tok.lstrip = t.bool_or("lstrip", false);
+    tok.rstrip = t.bool_or("rstrip", false);
+    tok.special = t.bool_or("special", false);
+    // HF's default: special tokens are not normalized, others are.
+    tok.normalized = t.bool_or("normalized", !tok.special);
+    if (tok.content.empty()) t.at("content").fail_here("added token content is empty");
+    max_id_ = std::max(max_id_, tok.id);
+    by_id_[tok.id] = tokens_.size();
+    by_content_.insert_or_assign(tok.content, tok.id);
+    tokens_.push_back(std::move(tok));
+  }
+  // HF registers special tokens first, then the others; with equal content the first wins.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < tokens_.size(); ++i) {
+      const AddedToken& tok = tokens_[i];
+      if (tok.special != (pass == 0)) continue;
+      if (!tok.normalized) {
+        raw_matcher_.add(tok.content, static_cast<int32_t>(i));
+      } else if (normalizer) {
+        normalized_matcher_.add(normalizer->normalize(tok.content), static_cast<int32_t>(i));
+      } else {
+        normalized_matcher_.add(tok.content, static_cast<int32_t>(i));
+      }
+    }
+  }
+}
+
+const AddedToken* AddedVocab::by_id(int32_t id) const {
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : &tokens_[it->second];
+}
+
+std::optional<int32_t> AddedVocab::id_of(std::string_view content) const {
+  auto it = by_content_.find(content);
+  if (it == by_content_.end()) return std::nullopt;
+  return it->second;
+}
+
+void AddedVocab::split_with(const Matcher& m, std::string&& text, std::vector<Segment>& out) const {
+  if (m.empty()) {
+    if (!text.empty()) out.push_back({std::move(text), -1});
+    return;
+  }
+  // Mirrors HF AddedVocabulary::find_matches, including that a discarded single_word match
+  // still consumes its bytes for the search and that rstrip may overlap the next match.
+  const std::string_view s(text);
+  size_t start_offset = 0;
+  size_t from = 0;
+  size_t b, e;
+  int32_t ti;
+  while (m.find(s, from, &b, &e, &ti)) {
+    from = e;
+    const AddedToken& tok = tokens_[ti];
+    size_t start = b, stop = e;
+    if (tok.single_word) {
+      bool start_space = start == 0 || !is_word_char(last_char(s, start));
+      size_t len;
+      bool stop_space = stop == s.size() || !is_word_char(decode_utf8_at(s, stop, &len));
+      if (!start_space || !stop_space) continue;
+    }
+    if (tok.lstrip) start = std::max(whitespace_run_start(s, start), start_offset);
+    if (tok.rstrip) stop = whitespace_run_end(s, stop);
+    if (start_offset < start) out.push_back({std::string(s.substr(start_offset, start - start_offset)), -1});
+    out.push_back({std::string(), tok.id});
+    start_offset = stop;
+  }
+  if (start_offset < s.size()) out.push_back({std::string(s.substr(start_offset)), -1});
+}
+
+void AddedVocab::split(std::string_view text, const Normalizer* normalizer,
+                       std::vector<Segment>& out) const {
+  std::vector<Segment> raw;
+  split_with(raw_matcher_, std::string(text), raw);
+  for (Segment& seg : raw) {
+    if (seg.id >= 0) {
+      out.push_back(std::move(seg));
+      continue;
+    }
+    std::string norm = normalizer ? normalizer->normalize(seg.text) : std::move(seg.text);
+    split_with(normalized_matcher_, std::move(norm), out);
+  }
+}
+
+}  // namespace perry::tokenizer
