@@ -1,0 +1,107 @@
+#include "cli/common.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "quant/quant.h"
+
+namespace perry::cli {
+
+namespace fs = std::filesystem;
+
+void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic) {
+  app->add_option("-m,--model", a->dir,
+                  "Hugging Face checkpoint directory (config.json + safetensors + tokenizer.json). "
+                  "Default: the embedded model perry-qwen3-20m");
+  if (allow_synthetic)
+    app->add_option("--synthetic", a->synthetic,
+                    "Random weights at the real shapes of a preset instead of -m (speed measurements): "
+                    "llama3.2-1b, llama3-8b, qwen3-0.6b, qwen3-1.7b, qwen3-8b, qwen2.5-1.5b");
+  app->add_option("-q,--quant", a->quant,
+                  "Quantize at load: " + quant::quant_mode_names() + " (default: the checkpoint's own dtype)");
+  app->add_flag("--float-lm-head", a->float_lm_head, "Keep lm_head in bf16 when quantizing (default: same mode as the rest)");
+  app->add_option("-t,--threads", a->threads, "CPU threads (default: all cores, or $PERRY_THREADS)");
+  app->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+std::string default_model_dir() {
+  if (const char* e = std::getenv("PERRY_MODEL")) return e;
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  const char* name = "perry-qwen3-20m";
+  if (!ec) {
+    for (fs::path p : {exe.parent_path() / "../share/perry/models" / name, exe.parent_path() / "models" / name,
+                       exe.parent_path() / "../models" / name})
+      if (fs::exists(p / "config.json")) return p.lexically_normal().string();
+  }
+  return std::string(PERRY_SOURCE_DIR) + "/models/" + name;
+}
+
+void ProgressBar::update(int64_t done, int64_t total, const std::string& what) {
+  if (!isatty(STDERR_FILENO) && done != total && done % std::max<int64_t>(1, total / 4) != 0) return;
+  const int width = 30;
+  int fill = total > 0 ? int(double(done) / double(total) * width) : width;
+  std::string bar(size_t(fill), '#');
+  bar.resize(width, '.');
+  std::fprintf(stderr, "%s%s [%s] %lld/%lld %-24s%s", isatty(STDERR_FILENO) ? "\r" : "", label_.c_str(), bar.c_str(),
+               (long long)done, (long long)total, what.c_str(), isatty(STDERR_FILENO) ? "" : "\n");
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressBar::finish() {
+  if (drawn_ && isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
+  drawn_ = false;
+}
+
+LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
+  if (a.device == "cuda")
+    fail("--device cuda: this perry build has no CUDA backend yet (it runs on the CPU: use --device cpu)");
+  if (a.threads > 0) set_num_threads(a.threads);
+  if (a.threads < 0) fail("--threads must be positive");
+  model::LoadOptions o;
+  if (!a.synthetic.empty() && !a.dir.empty()) fail("give either -m DIR or --synthetic PRESET, not both");
+  o.synthetic = a.synthetic;
+  o.dir = a.synthetic.empty() ? (a.dir.empty() ? default_model_dir() : a.dir) : "";
+  if (!a.quant.empty()) {
+    auto m = quant::parse_quant_mode(a.quant);
+    if (!m) fail("unknown --quant mode \"{}\" (choose one of: {})", a.quant, quant::quant_mode_names());
+    o.quant = *m;
+  }
+  o.quant_lm_head = !a.float_lm_head;
+  std::string label = o.quant && quant::is_quantized(*o.quant) ? "quantizing" : "loading";
+  ProgressBar bar(label);
+  o.progress = [&](int64_t d, int64_t t, const std::string& w) { bar.update(d, t, w); };
+  LoadedModel lm;
+  auto t0 = std::chrono::steady_clock::now();
+  lm.model = model::Model::load(o);
+  bar.finish();
+  lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  lm.source = o.synthetic.empty() ? o.dir : "synthetic " + o.synthetic;
+  if (need_tokenizer) {
+    if (!o.synthetic.empty()) fail("--synthetic models have no tokenizer: give token counts instead of text");
+    lm.tokenizer = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_file(o.dir + "/tokenizer.json"));
+  }
+  return lm;
+}
+
+double peak_rss_mib() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) / 1024.0;
+}
+
+std::string human_bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) { b /= 1024; ++i; }
+  return fmt::format("{:.1f} {}", b, u[i]);
+}
+
+}  // namespace perry::cli

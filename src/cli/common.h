@@ -1,0 +1,69 @@
+// Pieces every perry subcommand shares: the model options, loading with a progress bar,
+// the default embedded model, and the resource summary printed after a run.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "model/model.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace perry::cli {
+
+struct ModelArgs {
+  std::string dir;          // -m
+  std::string synthetic;    // --synthetic PRESET
+  std::string quant;        // --quant MODE
+  bool float_lm_head = false;
+  int threads = 0;
+  std::string device = "cpu";
+};
+
+void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic = true);
+
+// The embedded default model: $PERRY_MODEL, else models/perry-qwen3-20m next to the executable's
+// share dir or in the source tree perry was built from.
+std::string default_model_dir();
+
+struct LoadedModel {
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;  // null for synthetic models
+  std::string source;
+  double load_seconds = 0;
+};
+
+// Applies --threads/--device, resolves the directory, loads with a progress bar on stderr.
+LoadedModel load_model(const ModelArgs& a, bool need_tokenizer);
+
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::string label) : label_(std::move(label)) {}
+  void update(int64_t done, int64_t total, const std::string& what = "");
+  void finish();
+
+ private:
+  std::string label_;
+  bool drawn_ = false;
+};
+
+double peak_rss_mib();
+std::string human_bytes(double b);
+
+// Each subcommand registers its flags on the root app and returns the code to run once parsed.
+struct Command {
+  CLI::App* app;
+  std::function<int()> run;
+};
+Command register_run(CLI::App& root);
+Command register_ppl(CLI::App& root);
+Command register_info(CLI::App& root);
+Command register_tokenize(CLI::App& root);
+Command register_quantize(CLI::App& root);
+Command register_bench(CLI::App& root);
+Command register_bench_op(CLI::App& root);
+
+}  // namespace perry::cli

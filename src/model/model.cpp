@@ -1,0 +1,290 @@
+#include "model/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/attention.h"
+#include "model/tensor_names.h"
+
+namespace perry::model {
+
+namespace {
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// Checks a checkpoint tensor against what config.json implies.
+void check_tensor(const WeightSource& src, const TensorSpec& spec) {
+  const io::TensorView& t = src.get(spec.name);
+  if (!is_float(t.dtype))
+    fail("{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", src.describe(), spec.name, dtype_name(t.dtype));
+  if (t.shape != spec.shape) {
+    io::TensorView want;
+    want.shape = spec.shape;
+    fail("{}: tensor '{}' has shape {} but config.json implies {} — the checkpoint and its config.json disagree",
+         src.describe(), spec.name, t.shape_str(), want.shape_str());
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(const LoadOptions& opts) {
+  std::unique_ptr<Model> m(new Model());
+  std::optional<quant::QuantMode> file_mode;
+  if (!opts.synthetic.empty()) {
+    auto cfg = synthetic_preset(opts.synthetic);
+    if (!cfg) {
+      std::string names;
+      for (const auto& n : synthetic_preset_names()) names += (names.empty() ? "" : ", ") + n;
+      fail("unknown synthetic preset \"{}\" (available: {})", opts.synthetic, names);
+    }
+    m->src_ = std::make_shared<SyntheticWeights>(*cfg, opts.synthetic);
+  } else {
+    auto ckpt = std::make_shared<io::Checkpoint>(io::Checkpoint::open(opts.dir));
+    const auto& qc = ckpt->config().quantization_config;
+    if (qc.is_object()) {
+      if (qc.value("quant_method", "") != "perry")
+        fail("{}: quantization_config with quant_method \"{}\" is not supported (perry reads float checkpoints and its own quantized ones)",
+             opts.dir, qc.value("quant_method", std::string("?")));
+      auto mode = quant::parse_quant_mode(qc.value("mode", ""));
+      if (!mode) fail("{}: unknown quantization mode \"{}\" in config.json", opts.dir, qc.value("mode", ""));
+      file_mode = *mode;
+    }
+    m->src_ = std::make_shared<CheckpointWeights>(std::move(ckpt));
+  }
+  m->cfg_ = m->src_->config();
+  if (file_mode && opts.quant && *opts.quant != *file_mode)
+    fail("{} is already quantized as {}; it cannot be converted to {} (start from the float checkpoint)", opts.dir,
+         quant::quant_mode_name(*file_mode), quant::quant_mode_name(*opts.quant));
+  m->mode_ = file_mode ? *file_mode : opts.quant ? *opts.quant : quant::QuantMode::BF16;
+  m->load_layers(opts);
+  return m;
+}
+
+Linear Model::make_linear(const std::string& base, const LoadOptions& opts, bool is_lm_head) {
+  const WeightSource& src = *src_;
+  const std::string wname = base + ".weight";
+  const io::TensorView* bias = src.has(base + ".bias") ? &src.get(base + ".bias") : nullptr;
+  if (src.has(base + ".qweight")) {
+    // perry-quantized checkpoint: shapes come from config.json via the expected-tensor table.
+    const auto& qc = cfg_.quantization_config;
+    quant::QuantMode mode = mode_;
+    if (qc.contains("modules") && qc["modules"].is_object() && qc["modules"].contains(base)) {
+      auto m = quant::parse_quant_mode(qc["modules"][base].get<std::string>());
+      if (!m) fail("{}: unknown mode for module {}", src.describe(), base);
+      mode = *m;
+    }
+    int64_t N = 0, K = 0;
+    for (const auto& spec : expected_tensors(cfg_))
+      if (spec.name == wname) { N = spec.shape[0]; K = spec.shape[1]; }
+    if (is_lm_head && N == 0) { N = cfg_.vocab_size; K = cfg_.hidden_size; }
+    PERRY_CHECK(N > 0, "{}: unexpected quantized tensor {}", src.describe(), base);
+    return Linear::from_quantized(mode, src.get(base + ".qweight"), src.get(base + ".scales"), bias, N, K);
+  }
+  quant::QuantMode mode = mode_;
+  if (is_lm_head && !opts.quant_lm_head) mode = quant::QuantMode::BF16;
+  if (!cfg_.quantization_config.is_null()) mode = quant::QuantMode::BF16;  // left float by perry quantize
+  const io::TensorView& w = (is_lm_head && cfg_.tie_word_embeddings) ? embed_ : src.get(wname);
+  Linear l = Linear::from_float(w, bias, mode);
+  if (quant::is_quantized(mode) && !(is_lm_head && cfg_.tie_word_embeddings)) src.release(wname);
+  return l;
+}
+
+void Model::load_layers(const LoadOptions& opts) {
+  const io::ModelConfig& c = cfg_;
+  const WeightSource& src = *src_;
+  const bool file_quantized = !c.quantization_config.is_null();
+  // Validate every tensor before converting anything: errors name the tensor and the file.
+  for (const TensorSpec& spec : expected_tensors(c)) {
+    if (file_quantized && spec.kind == TensorKind::Linear) {
+      const std::string base = spec.name.substr(0, spec.name.size() - 7);
+      if (src.has(base + ".qweight")) continue;
+    }
+    if (!src.has(spec.name)) fail("{}: missing tensor '{}' (required by {})", src.describe(), spec.name, c.architecture_name);
+    if (dynamic_cast<const SyntheticWeights*>(&src) == nullptr) check_tensor(src, spec);
+  }
+  embed_ = src.get("model.embed_tokens.weight");
+  auto norm = [&](const std::string& name) {
+    auto v = to_f32(src.get(name));
+    norms_by_name_[name] = v;
+    return v;
+  };
+  const int64_t total = c.num_layers + 1;
+  layers_.resize(size_t(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (opts.progress) opts.progress(l, total, "layer " + std::to_string(l));
+    const std::string p = layer_prefix(l);
+    Layer& L = layers_[size_t(l)];
+    L.in_norm = norm(p + "input_layernorm.weight");
+    L.post_norm = norm(p + "post_attention_layernorm.weight");
+    if (c.qk_norm) {
+      L.q_norm = norm(p + "self_attn.q_norm.weight");
+      L.k_norm = norm(p + "self_attn.k_norm.weight");
+    }
+    L.q = make_linear(p + "self_attn.q_proj", opts, false);
+    L.k = make_linear(p + "self_attn.k_proj", opts, false);
+    L.v = make_linear(p + "self_attn.v_proj", opts, false);
+    L.o = make_linear(p + "self_attn.o_proj", opts, false);
+    L.gate = make_linear(p + "mlp.gate_proj", opts, false);
+    L.up = make_linear(p + "mlp.up_proj", opts, false);
+    L.down = make_linear(p + "mlp.down_proj", opts, false);
+  }
+  if (opts.progress) opts.progress(c.num_layers, total, "lm_head");
+  final_norm_ = norm("model.norm.weight");
+  lm_head_ = make_linear("lm_head", opts, true);
+  if (opts.progress) opts.progress(total, total, "done");
+
+  std::optional<kernels::Llama3RopeScaling> scaling;
+  if (c.rope_scaling.type == io::RopeType::Llama3)
+    scaling = kernels::Llama3RopeScaling{c.rope_scaling.factor, c.rope_scaling.low_freq_factor,
+                                         c.rope_scaling.high_freq_factor,
+                                         double(c.rope_scaling.original_max_position_embeddings)};
+  rope_ = std::make_unique<kernels::RopeTable>(int(c.head_dim), c.rope_theta, c.max_position_embeddings, scaling);
+}
+
+KvCache Model::make_cache(int64_t capacity, int64_t n_slots) const {
+  PERRY_CHECK(capacity > 0 && capacity <= cfg_.max_position_embeddings,
+              "context {} is outside 1..{} (the model's max_position_embeddings)", capacity,
+              cfg_.max_position_embeddings);
+  return KvCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, capacity, n_slots);
+}
+
+void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits) {
+  const io::ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(), I = c.intermediate_size, hd = c.head_dim;
+  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads);
+  int64_t M = 0, out_rows = 0;
+  for (const SeqInput& s : batch) {
+    PERRY_CHECK(s.n_tokens > 0 && s.tokens, "forward: a sequence has no tokens");
+    const int64_t len = cache.length(s.slot);
+    if (len + s.n_tokens > cache.capacity())
+      fail("sequence needs {} positions but the context holds {}: shorten the prompt or raise --ctx (max {})",
+           len + s.n_tokens, cache.capacity(), c.max_position_embeddings);
+    M += s.n_tokens;
+    out_rows += s.all_logits ? s.n_tokens : 1;
+  }
+  Scratch& S = s_;
+  auto fit = [](std::vector<float>& v, int64_t n) {
+    if (int64_t(v.size()) < n) v.resize(size_t(n));
+  };
+  fit(S.x, M * H); fit(S.xn, M * H); fit(S.q, M * Q); fit(S.k, M * KV); fit(S.v, M * KV);
+  fit(S.attn, M * Q); fit(S.o, M * H); fit(S.gate, M * I); fit(S.up, M * I);
+
+  {
+    int64_t off = 0;
+    for (const SeqInput& s : batch) {
+      kernels::embedding_lookup(embed_.data, embed_.dtype, H, s.tokens, s.n_tokens, S.x.data() + off * H, c.vocab_size);
+      off += s.n_tokens;
+    }
+  }
+  const float eps = float(c.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    Layer& L = layers_[size_t(l)];
+    kernels::rms_norm(S.x.data(), L.in_norm.data(), eps, M, H, S.xn.data());
+    L.q.forward(S.xn.data(), M, S.q.data());
+    L.k.forward(S.xn.data(), M, S.k.data());
+    L.v.forward(S.xn.data(), M, S.v.data());
+    if (c.qk_norm) {
+      kernels::rms_norm(S.q.data(), L.q_norm.data(), eps, M * nh, hd, S.q.data());
+      kernels::rms_norm(S.k.data(), L.k_norm.data(), eps, M * nkv, hd, S.k.data());
+    }
+    int64_t off = 0;
+    for (const SeqInput& s : batch) {
+      const int64_t pos0 = cache.length(s.slot), T = s.n_tokens;
+      float* q = S.q.data() + off * Q;
+      float* k = S.k.data() + off * KV;
+      const float* v = S.v.data() + off * KV;
+      kernels::rope_apply(q, T, nh, Q, pos0, *rope_);
+      kernels::rope_apply(k, T, nkv, KV, pos0, *rope_);
+      float* kc = cache.keys(s.slot, l);
+      float* vc = cache.values(s.slot, l);
+      const int64_t cap = cache.capacity();
+      for (int64_t t = 0; t < T; ++t)
+        for (int h = 0; h < nkv; ++h) {
+          std::memcpy(kc + (h * cap + pos0 + t) * hd, k + t * KV + h * hd, size_t(hd) * 4);
+          std::memcpy(vc + (h * cap + pos0 + t) * hd, v + t * KV + h * hd, size_t(hd) * 4);
+        }
+      kernels::attention_f32(q, T, pos0, nh, nkv, int(hd), kc, vc, cap, scale, S.attn.data() + off * Q);
+      off += T;
+    }
+    L.o.forward(S.attn.data(), M, S.o.data());
+    kernels::add_inplace(S.x.data(), S.o.data(), M * H);
+    kernels::rms_norm(S.x.data(), L.post_norm.data(), eps, M, H, S.xn.data());
+    L.gate.forward(S.xn.data(), M, S.gate.data());
+    L.up.forward(S.xn.data(), M, S.up.data());
+    kernels::silu_mul(S.gate.data(), S.up.data(), M * I, S.gate.data());
+    L.down.forward(S.gate.data(), M, S.o.data());
+    kernels::add_inplace(S.x.data(), S.o.data(), M * H);
+  }
+  for (const SeqInput& s : batch) cache.advance(s.slot, s.n_tokens);
+
+  // Only the rows whose logits are wanted go through the final norm and lm_head.
+  fit(S.last, out_rows * H);
+  {
+    int64_t off = 0, r = 0;
+    for (const SeqInput& s : batch) {
+      const int64_t first = s.all_logits ? off : off + s.n_tokens - 1;
+      const int64_t n = s.all_logits ? s.n_tokens : 1;
+      std::memcpy(S.last.data() + r * H, S.x.data() + first * H, size_t(n * H) * 4);
+      r += n;
+      off += s.n_tokens;
+    }
+  }
+  kernels::rms_norm(S.last.data(), final_norm_.data(), eps, out_rows, H, S.last.data());
+  logits.resize(size_t(out_rows * c.vocab_size));
+  lm_head_.forward(S.last.data(), out_rows, logits.data());
+}
+
+int64_t Model::parameter_count() const {
+  int64_t n = embed_.numel() + int64_t(final_norm_.size());
+  for (const Layer& L : layers_) {
+    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      n += l->rows() * l->cols() + int64_t(l->bias().size());
+    n += int64_t(L.in_norm.size() + L.post_norm.size() + L.q_norm.size() + L.k_norm.size());
+  }
+  if (!cfg_.tie_word_embeddings) n += lm_head_.rows() * lm_head_.cols();
+  return n;
+}
+
+size_t Model::weight_bytes() const {
+  size_t b = lm_head_.weight_bytes();
+  for (const Layer& L : layers_)
+    for (const Linear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) b += l->weight_bytes();
+  return b;
+}
+
+std::string Model::kernel_summary() const {
+  if (layers_.empty()) return "";
+  const Layer& L = layers_[0];
+  std::string s;
+  s += "  attention/mlp linears: M=1 → " + L.gate.kernel_name(1) + ", M=512 → " + L.gate.kernel_name(512) + "\n";
+  s += "  lm_head: M=1 → " + lm_head_.kernel_name(1) + ", M=512 → " + lm_head_.kernel_name(512) + "\n";
+  return s;
+}
+
+std::vector<std::pair<std::string, const Linear*>> Model::named_linears() const {
+  std::vector<std::pair<std::string, const Linear*>> out;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const std::string p = layer_prefix(int64_t(l));
+    const Layer& L = layers_[l];
+    out.push_back({p + "self_attn.q_proj", &L.q});
+    out.push_back({p + "self_attn.k_proj", &L.k});
+    out.push_back({p + "self_attn.v_proj", &L.v});
+    out.push_back({p + "self_attn.o_proj", &L.o});
+    out.push_back({p + "mlp.gate_proj", &L.gate});
+    out.push_back({p + "mlp.up_proj", &L.up});
+    out.push_back({p + "mlp.down_proj", &L.down});
+  }
+  out.push_back({"lm_head", &lm_head_});
+  return out;
+}
+
+const std::vector<float>& Model::norm_weight(const std::string& name) const {
+  auto it = norms_by_name_.find(name);
+  if (it == norms_by_name_.end()) fail("no norm weight '{}'", name);
+  return it->second;
+}
+
+}  // namespace perry::model

@@ -1,0 +1,83 @@
+// The decoder-only transformer shared by Llama, Qwen2 and Qwen3 (see tensor_names.cpp for how
+// the families differ). forward() takes several sequences at once: all their new tokens go
+// through the linear layers together (prefill of one prompt, or one token each of many
+// sequences in batched decode), attention runs per sequence against its KV-cache slot.
+#pragma once
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+#include "kernels/cpu/ops.h"
+#include "model/kv_cache.h"
+#include "model/linear.h"
+#include "model/weight_source.h"
+#include "quant/quant.h"
+
+namespace perry::model {
+
+struct LoadOptions {
+  std::string dir;                  // HF checkpoint directory (or a perry-quantized one)
+  std::string synthetic;            // preset name instead of dir (random weights)
+  std::optional<quant::QuantMode> quant;  // convert at load; default: float, or the file's mode
+  bool quant_lm_head = true;        // lm_head follows --quant (false keeps it float)
+  // progress(done, total, what) while converting/loading layers.
+  std::function<void(int64_t, int64_t, const std::string&)> progress;
+};
+
+struct SeqInput {
+  int64_t slot = 0;              // KV-cache slot of the sequence
+  const int32_t* tokens = nullptr;
+  int64_t n_tokens = 0;
+  bool all_logits = false;       // logits for every new token (perplexity) or only the last
+};
+
+class Model {
+ public:
+  static std::unique_ptr<Model> load(const LoadOptions& opts);
+
+  const io::ModelConfig& config() const { return cfg_; }
+  const WeightSource& weights() const { return *src_; }
+  quant::QuantMode mode() const { return mode_; }
+  KvCache make_cache(int64_t capacity, int64_t n_slots) const;
+
+  // Appends the sequences' tokens to their slots and writes logits row-major into `logits`
+  // (resized): for each sequence in order, n_tokens rows if all_logits else 1 row, vocab wide.
+  void forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits);
+
+  int64_t parameter_count() const;
+  size_t weight_bytes() const;          // bytes streamed per decode step (all linears + embedding row)
+  std::string kernel_summary() const;   // which kernel each kind of layer uses at M=1 and M=512
+  const Linear& lm_head() const { return lm_head_; }
+
+  // For perry quantize: every linear with its checkpoint name.
+  std::vector<std::pair<std::string, const Linear*>> named_linears() const;
+  const std::vector<float>& norm_weight(const std::string& name) const;
+
+ private:
+  struct Layer {
+    std::vector<float> in_norm, post_norm, q_norm, k_norm;
+    Linear q, k, v, o, gate, up, down;
+  };
+  struct Scratch {
+    std::vector<float> x, xn, q, k, v, attn, o, gate, up, hidden, last;
+  };
+  Model() = default;
+  void load_layers(const LoadOptions& opts);
+  Linear make_linear(const std::string& base, const LoadOptions& opts, bool is_lm_head);
+
+  io::ModelConfig cfg_;
+  std::shared_ptr<WeightSource> src_;
+  quant::QuantMode mode_ = quant::QuantMode::BF16;
+  io::TensorView embed_;
+  std::vector<Layer> layers_;
+  std::vector<float> final_norm_;
+  Linear lm_head_;
+  std::unique_ptr<kernels::RopeTable> rope_;
+  std::map<std::string, std::vector<float>> norms_by_name_;
+  Scratch s_;
+};
+
+}  // namespace perry::model
