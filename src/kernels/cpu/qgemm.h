@@ -1,0 +1,89 @@
+// Internal interface of the quantized linear kernels (used by quant::QuantizedLinear, the tests
+// and the kernel lab; model code goes through QuantizedLinear).
+//
+// Packed integer layout (W8A8 / W4A8, shared by the AVX-512 and AVX2 kernels):
+//   columns in panels of 16; per panel, K in "steps" of 4 consecutive k. Step s of panel p is 64
+//   bytes: lane c (output column 16p+c) holds w[n][4s..4s+3] — one 32-bit lane of `vpdpbusd`.
+//   int4: two steps share one 64-byte block: low nibble = step 2t, high nibble = step 2t+1, each
+//   stored as w+8 in [1, 15] so unpacking is and/shift/sub-8 (no sign extension).
+//   Padding (k >= K, n >= N) is 0. Per (panel, group) 16 scales and 16 int32 corrections
+//   128·Σw (the activations enter vpdpbusd as u8 = q+128).
+// Packed weight-only layout (W8A16 / W4A16, `vdpbf16ps`):
+//   panels of 16 columns; steps of 2 consecutive k; step s of panel p is 32 bytes int8 with
+//   byte 2c+j = w[16p+c][2s+j] (int4: 16 bytes, byte c = (w[.][2s]+8) | (w[.][2s+1]+8) << 4).
+#pragma once
+#include <cstdint>
+
+#include "core/aligned_buffer.h"
+#include "quant/quant.h"
+
+namespace perry::kernels::q {
+
+constexpr int kPanel = 16;  // output columns per panel (one zmm of int32/fp32)
+
+struct PackedInt {
+  int64_t N = 0, K = 0;
+  int bits = 8;
+  int G = 1;                 // groups along K (1 = per channel)
+  int64_t steps = 0;         // 4-k steps (K rounded up to 4, or 8 for int4)
+  int64_t group_steps = 0;   // steps per group
+  int64_t n_panels = 0;
+  int64_t panel_bytes = 0;   // steps*64 (int8) or steps*32 (int4)
+  AlignedBuffer<uint8_t> data;       // [panel][panel_bytes]
+  AlignedBuffer<float> scales;       // [panel][G][16]
+  AlignedBuffer<int32_t> wsum128;    // [panel][G][16]
+  int64_t lda() const { return steps * 4; }  // row stride of the quantized activations
+};
+PackedInt pack_int(const quant::QuantizedWeight& w);
+
+struct PackedWo {
+  int64_t N = 0, K = 0;
+  int bits = 8;
+  int G = 1;
+  int64_t steps = 0;        // 2-k steps
+  int64_t group_steps = 0;  // steps per group (64 for groups of 128)
+  int64_t n_panels = 0;
+  int64_t step_bytes = 0;   // 32 (int8) or 16 (int4)
+  int64_t panel_bytes = 0;
+  AlignedBuffer<uint8_t> data;
+  AlignedBuffer<float> scales;  // [panel][G][16]
+  int64_t ldx() const { return steps * 2; }  // row stride (bf16 elements) of the activations
+};
+PackedWo pack_wo(const quant::QuantizedWeight& w);
+
+// Which loop structure: the matrix-vector kernel (all rows at once, weights streamed once,
+// threads split N) or the cache-blocked GEMM (register tiles of several rows).
+enum class Path { Gemv, Gemm };
+constexpr int64_t kGemvMaxRows = 4;  // the GEMV kernel handles at most this many rows per call
+
+// ---- scalar references (operate on the canonical weight; they are the oracles) ----
+namespace ref {
+// y = fma(Σ_g fma(acc_g, sw[n,g]), sa[m], bias) with acc_g the exact int32 group sums.
+void int_forward(const quant::QuantizedWeight& w, const float* x, int64_t M, float* y, const float* bias);
+// acc[m][n][g] = Σ_{k in group g} q[m][k]·w[n][k] (int32).
+void int_accumulators(const quant::QuantizedWeight& w, const int8_t* q, int64_t M, int32_t* acc);
+// y = Σ_g fma(Σ_k bf16(x[m][k])·w[n][k], s[n,g]) + bias (float accumulation, k in order).
+void wo_forward(const quant::QuantizedWeight& w, const float* x, int64_t M, float* y, const float* bias);
+}  // namespace ref
+
+// ---- AVX-512 (F/BW/VL/DQ + VNNI; BF16 for the weight-only kernels) ----
+namespace avx512 {
+// q[m][k] = quantized x + 128 (u8), rows padded with 128 up to ldq; scales[m] = amax/127.
+void quantize_rows_u8(const float* x, int64_t M, int64_t K, uint8_t* q, int64_t ldq, float* scales);
+void int_forward(const PackedInt& p, const uint8_t* a, int64_t M, const float* sa, float* y,
+                 const float* bias, Path path);
+// Test hook: the same loops with an epilogue that stores the int32 group sums [M][N][G].
+void int_accumulators(const PackedInt& p, const uint8_t* a, int64_t M, int32_t* acc, Path path);
+void to_bf16_rows(const float* x, int64_t M, int64_t K, uint16_t* xb, int64_t ldx);
+void wo_forward(const PackedWo& p, const uint16_t* xb, int64_t M, float* y, const float* bias, Path path);
+}  // namespace avx512
+
+// ---- AVX2 fallback (sign trick with vpmaddubsw; activations as s8) ----
+namespace avx2 {
+void quantize_rows_s8(const float* x, int64_t M, int64_t K, int8_t* q, int64_t ldq, float* scales);
+void int_forward(const PackedInt& p, const int8_t* a, int64_t M, const float* sa, float* y,
+                 const float* bias, Path path);
+void int_accumulators(const PackedInt& p, const int8_t* a, int64_t M, int32_t* acc, Path path);
+}  // namespace avx2
+
+}  // namespace perry::kernels::q

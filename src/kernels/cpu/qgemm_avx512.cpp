@@ -1,0 +1,238 @@
+// AVX-512 VNNI kernels of the W8A8 / W4A8 modes: per-token activation quantization and the
+// u8×s8 `vpdpbusd` GEMM/GEMV on the packed layout described in qgemm.h.
+//
+// Activations enter as u8 = q + 128 (vpdpbusd multiplies unsigned by signed); the 128·Σw excess
+// is removed per (column, group) with the packed correction, so the int32 sums are exact.
+// GCC 12 reports its own _mm512_undefined_*() inside the intrinsics as uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu/qgemm.h"
+
+namespace perry::kernels::q::avx512 {
+
+namespace {
+
+inline float hmax_abs(const float* x, int64_t K) {
+  __m512 m = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+  if (k < K) {
+    __mmask16 mk = __mmask16((1u << (K - k)) - 1);
+    m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, x + k)));
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+// One row: the exact rule of quant::quantize_row_ref, +128, padded with 128 up to ldq.
+float quantize_row(const float* x, int64_t K, uint8_t* q, int64_t ldq) {
+  const float amax = hmax_abs(x, K);
+  float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  float scale = amax / 127.0f;
+  if (!std::isfinite(inv) || !std::isfinite(amax)) inv = scale = 0;
+  if (inv == 0) {
+    std::memset(q, 128, size_t(ldq));
+    return scale;
+  }
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), off = _mm512_set1_epi32(128);
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv));  // RNE
+    v = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(v, lo), hi), off);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtepi32_epi8(v));
+  }
+  if (k < K) {
+    __mmask16 mk = __mmask16((1u << (K - k)) - 1);
+    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + k), vinv));
+    v = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(v, lo), hi), off);
+    _mm_mask_storeu_epi8(q + k, mk, _mm512_cvtepi32_epi8(v));
+  }
+  if (ldq > K) std::memset(q + K, 128, size_t(ldq - K));
+  return scale;
+}
+
+inline __m512i bcast32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+struct Args {
+  const PackedInt* p;
+  const uint8_t* a;  // [M][lda] u8
+  int64_t lda;
+  const float* sa;
+  float* y;
+  const float* bias;
+  int32_t* acc;  // test hook output [M][N][G], or null
+};
+
+// Register tile: MR rows × NV panels (16 columns each), all of K, group by group.
+template <int MR, int NV, bool INT4, bool HOOK>
+void tile(const Args& A, int64_t m0, int64_t p0) {
+  const PackedInt& P = *A.p;
+  const int G = P.G;
+  __m512 fa[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) fa[r][v] = _mm512_setzero_ps();
+  const uint8_t* arow[MR];
+  for (int r = 0; r < MR; ++r) arow[r] = A.a + (m0 + r) * A.lda;
+  const uint8_t* bp = P.data.data() + p0 * P.panel_bytes;
+  for (int g = 0; g < G; ++g) {
+    const int64_t s0 = g * P.group_steps, s1 = std::min(P.steps, s0 + P.group_steps);
+    __m512i acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_si512();
+    if constexpr (!INT4) {
+      for (int64_t s = s0; s < s1; ++s) {
+        __m512i b[NV];
+        for (int v = 0; v < NV; ++v) b[v] = _mm512_load_si512(bp + v * P.panel_bytes + s * 64);
+        for (int r = 0; r < MR; ++r) {
+          const __m512i av = bcast32(arow[r] + 4 * s);
+          for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, b[v]);
+        }
+      }
+    } else {
+      const __m512i mask = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+      for (int64_t s = s0; s < s1; s += 2) {
+        __m512i b0[NV], b1[NV];
+        for (int v = 0; v < NV; ++v) {
+          const __m512i raw = _mm512_load_si512(bp + v * P.panel_bytes + (s / 2) * 64);
+          b0[v] = _mm512_sub_epi8(_mm512_and_si512(raw, mask), eight);
+          b1[v] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), mask), eight);
+        }
+        for (int r = 0; r < MR; ++r) {
+          const __m512i a0 = bcast32(arow[r] + 4 * s), a1 = bcast32(arow[r] + 4 * s + 4);
+          for (int v = 0; v < NV; ++v) {
+            acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], a0, b0[v]);
+            acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], a1, b1[v]);
+          }
+        }
+      }
+    }
+    for (int v = 0; v < NV; ++v) {
+      const int64_t pg = ((p0 + v) * G + g) * kPanel;
+      const __m512i corr = _mm512_load_si512(P.wsum128.data() + pg);
+      const __m512 sw = _mm512_load_ps(P.scales.data() + pg);
+      for (int r = 0; r < MR; ++r) {
+        const __m512i x = _mm512_sub_epi32(acc[r][v], corr);
+        if constexpr (HOOK) {
+          alignas(64) int32_t tmp[kPanel];
+          _mm512_store_si512(tmp, x);
+          for (int c = 0; c < kPanel; ++c) {
+            const int64_t n = (p0 + v) * kPanel + c;
+            if (n < P.N) A.acc[((m0 + r) * P.N + n) * G + g] = tmp[c];
+          }
+        } else {
+          fa[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), sw, fa[r][v]);
+        }
+      }
+    }
+  }
+  if constexpr (!HOOK) {
+    for (int v = 0; v < NV; ++v) {
+      const int64_t n0 = (p0 + v) * kPanel;
+      const int64_t cols = std::min<int64_t>(kPanel, P.N - n0);
+      const __mmask16 mk = __mmask16(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+      const __m512 b = A.bias ? _mm512_maskz_loadu_ps(mk, A.bias + n0) : _mm512_setzero_ps();
+      for (int r = 0; r < MR; ++r)
+        _mm512_mask_storeu_ps(A.y + (m0 + r) * P.N + n0, mk,
+                              _mm512_fmadd_ps(fa[r][v], _mm512_set1_ps(A.sa[m0 + r]), b));
+    }
+  }
+}
+
+using TileFn = void (*)(const Args&, int64_t, int64_t);
+
+template <int NV, bool INT4, bool HOOK, int... R>
+constexpr auto make_tiles(std::integer_sequence<int, R...>) {
+  return std::array<TileFn, sizeof...(R)>{&tile<R + 1, NV, INT4, HOOK>...};
+}
+
+// Tile shapes (data, not branches): GEMM uses MR×NV register tiles, GEMV all rows × 4 panels.
+constexpr int kGemmMR = 6, kGemmNV = 2, kGemvNV = 4;
+constexpr int64_t kGemmMC = 120;  // rows per cache block (A block stays in L2)
+
+template <bool INT4, bool HOOK>
+void run(const Args& A, int64_t M, Path path) {
+  const PackedInt& P = *A.p;
+  if (path == Path::Gemv && M <= kGemvMaxRows) {
+    static constexpr auto t4 = make_tiles<kGemvNV, INT4, HOOK>(std::make_integer_sequence<int, kGemvMaxRows>{});
+    static constexpr auto t1 = make_tiles<1, INT4, HOOK>(std::make_integer_sequence<int, kGemvMaxRows>{});
+    const int64_t nblk = (P.n_panels + kGemvNV - 1) / kGemvNV;
+    thread_pool().parallel_for(size_t(nblk), 4, [&](size_t b0, size_t b1) {
+      for (size_t b = b0; b < b1; ++b) {
+        const int64_t p0 = int64_t(b) * kGemvNV;
+        if (p0 + kGemvNV <= P.n_panels) {
+          t4[size_t(M - 1)](A, 0, p0);
+        } else {
+          for (int64_t p = p0; p < P.n_panels; ++p) t1[size_t(M - 1)](A, 0, p);
+        }
+      }
+    });
+    return;
+  }
+  static constexpr auto tn = make_tiles<kGemmNV, INT4, HOOK>(std::make_integer_sequence<int, kGemmMR>{});
+  static constexpr auto t1 = make_tiles<1, INT4, HOOK>(std::make_integer_sequence<int, kGemmMR>{});
+  const int64_t nblk = (P.n_panels + kGemmNV - 1) / kGemmNV;
+  thread_pool().parallel_for(size_t(nblk), 1, [&](size_t b0, size_t b1) {
+    for (int64_t mc = 0; mc < M; mc += kGemmMC) {
+      const int64_t mc1 = std::min(M, mc + kGemmMC);
+      for (size_t b = b0; b < b1; ++b) {
+        const int64_t p0 = int64_t(b) * kGemmNV;
+        const bool full = p0 + kGemmNV <= P.n_panels;
+        for (int64_t m = mc; m < mc1; m += kGemmMR) {
+          const int rows = int(std::min<int64_t>(kGemmMR, mc1 - m));
+          if (full) {
+            tn[size_t(rows - 1)](A, m, p0);
+          } else {
+            for (int64_t p = p0; p < P.n_panels; ++p) t1[size_t(rows - 1)](A, m, p);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void quantize_rows_u8(const float* x, int64_t M, int64_t K, uint8_t* q, int64_t ldq, float* scales) {
+  auto body = [&](size_t m0, size_t m1) {
+    for (size_t m = m0; m < m1; ++m) scales[m] = quantize_row(x + int64_t(m) * K, K, q + int64_t(m) * ldq, ldq);
+  };
+  if (M * K < (int64_t(1) << 16)) {
+    body(0, size_t(M));
+  } else {
+    thread_pool().parallel_for(size_t(M), 1, body);
+  }
+}
+
+void int_forward(const PackedInt& p, const uint8_t* a, int64_t M, const float* sa, float* y, const float* bias,
+                 Path path) {
+  Args A{&p, a, p.lda(), sa, y, bias, nullptr};
+  if (p.bits == 4) {
+    run<true, false>(A, M, path);
+  } else {
+    run<false, false>(A, M, path);
+  }
+}
+
+void int_accumulators(const PackedInt& p, const uint8_t* a, int64_t M, int32_t* acc, Path path) {
+  Args A{&p, a, p.lda(), nullptr, nullptr, nullptr, acc};
+  if (p.bits == 4) {
+    run<true, true>(A, M, path);
+  } else {
+    run<false, true>(A, M, path);
+  }
+}
+
+}  // namespace perry::kernels::q::avx512

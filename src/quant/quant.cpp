@@ -1,0 +1,176 @@
+// Mode names, the canonical weight format and the quantizers (weights offline, activations online).
+#include "quant/quant.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace perry::quant {
+
+namespace {
+struct ModeInfo {
+  QuantMode mode;
+  std::string_view name;
+  QuantScheme scheme;
+};
+constexpr ModeInfo kModes[] = {
+    {QuantMode::F32, "f32", {32, 0, false}},
+    {QuantMode::BF16, "bf16", {16, 0, false}},
+    {QuantMode::F16, "f16", {16, 0, false}},
+    {QuantMode::W8A16, "w8a16", {8, 128, false}},
+    {QuantMode::W4A16, "w4a16", {4, 128, false}},
+    {QuantMode::W8A8, "w8a8", {8, 0, true}},
+    {QuantMode::W8A8_G128, "w8a8-g128", {8, 128, true}},
+    {QuantMode::W8A8_G64, "w8a8-g64", {8, 64, true}},
+    {QuantMode::W4A8, "w4a8", {4, 0, true}},
+    {QuantMode::W4A8_G128, "w4a8-g128", {4, 128, true}},
+};
+const ModeInfo& info(QuantMode m) {
+  for (const auto& i : kModes)
+    if (i.mode == m) return i;
+  fail("unknown QuantMode value {}", int(m));
+}
+}  // namespace
+
+std::optional<QuantMode> parse_quant_mode(std::string_view name) {
+  std::string lower(name);
+  for (auto& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "w8a8-g0") lower = "w8a8";
+  for (const auto& i : kModes)
+    if (i.name == lower) return i.mode;
+  return std::nullopt;
+}
+
+std::string_view quant_mode_name(QuantMode mode) { return info(mode).name; }
+QuantScheme quant_scheme(QuantMode mode) { return info(mode).scheme; }
+bool is_quantized(QuantMode mode) { return info(mode).scheme.weight_bits <= 8; }
+
+std::string quant_mode_names() {
+  std::string s;
+  for (const auto& i : kModes) {
+    if (!s.empty()) s += ", ";
+    s += i.name;
+  }
+  return s;
+}
+
+int QuantizedWeight::n_groups() const {
+  int gs = quant_scheme(mode).group_size;
+  if (gs == 0) return 1;
+  return int(std::max<int64_t>(1, (K + gs - 1) / gs));
+}
+
+int64_t QuantizedWeight::row_bytes() const {
+  return quant_scheme(mode).weight_bits == 4 ? (K + 1) / 2 : K;
+}
+
+int QuantizedWeight::weight(int64_t n, int64_t k) const {
+  if (quant_scheme(mode).weight_bits == 8) return qweight[size_t(n * K + k)];
+  uint8_t b = uint8_t(qweight[size_t(n * row_bytes() + k / 2)]);
+  int nib = (k & 1) ? (b >> 4) : (b & 0xF);
+  return nib >= 8 ? nib - 16 : nib;
+}
+
+void QuantizedWeight::validate() const {
+  PERRY_CHECK(is_quantized(mode), "QuantizedWeight: mode '{}' is a float mode, not a quantized one",
+              quant_mode_name(mode));
+  PERRY_CHECK(N > 0 && K > 0, "QuantizedWeight: shape [{}, {}] must be positive", N, K);
+  // 255·127·K must fit the int32 accumulators of the u8×s8 kernels.
+  PERRY_CHECK(K <= 65536, "QuantizedWeight: K = {} is larger than the supported 65536", K);
+  PERRY_CHECK(int64_t(qweight.size()) == N * row_bytes(),
+              "QuantizedWeight ({}, [{}, {}]): qweight has {} bytes, expected {}", quant_mode_name(mode), N,
+              K, qweight.size(), N * row_bytes());
+  PERRY_CHECK(int64_t(scales.size()) == N * n_groups(),
+              "QuantizedWeight ({}, [{}, {}]): scales has {} values, expected {} ({} per row)",
+              quant_mode_name(mode), N, K, scales.size(), N * n_groups(), n_groups());
+  for (float s : scales)
+    PERRY_CHECK(std::isfinite(s) && s >= 0, "QuantizedWeight ({}): scale {} is not finite and >= 0",
+                quant_mode_name(mode), s);
+  // The kernels rely on |q| <= 127 (int8) / 7 (int4): -128 or -8 would overflow their sums.
+  if (quant_scheme(mode).weight_bits == 8) {
+    for (int8_t q : qweight)
+      PERRY_CHECK(q != -128, "QuantizedWeight ({}): weight value -128 is outside [-127, 127]",
+                  quant_mode_name(mode));
+  } else {
+    for (int8_t q : qweight) {
+      uint8_t b = uint8_t(q);
+      PERRY_CHECK((b & 0xF) != 8 && (b >> 4) != 8,
+                  "QuantizedWeight ({}): int4 weight value -8 is outside [-7, 7]", quant_mode_name(mode));
+    }
+  }
+}
+
+QuantizedWeight quantize_weight(const float* w, int64_t N, int64_t K, QuantMode mode) {
+  PERRY_CHECK(is_quantized(mode), "quantize_weight: '{}' is a float mode; nothing to quantize",
+              quant_mode_name(mode));
+  PERRY_CHECK(N > 0 && K > 0, "quantize_weight: shape [{}, {}] must be positive", N, K);
+  QuantizedWeight q;
+  q.mode = mode;
+  q.N = N;
+  q.K = K;
+  const QuantScheme sc = quant_scheme(mode);
+  const int G = q.n_groups();
+  const int64_t gs = sc.group_size == 0 ? K : sc.group_size;
+  const float qmax = sc.weight_bits == 8 ? 127.0f : 7.0f;
+  q.qweight.assign(size_t(N * q.row_bytes()), 0);
+  q.scales.assign(size_t(N * G), 0.0f);
+  std::vector<int8_t> row(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* wr = w + n * K;
+    for (int g = 0; g < G; ++g) {
+      int64_t k0 = g * gs, k1 = std::min(K, k0 + gs);
+      float amax = 0;
+      for (int64_t k = k0; k < k1; ++k) {
+        PERRY_CHECK(std::isfinite(wr[k]), "quantize_weight: weight [{}, {}] is not finite ({})", n, k, wr[k]);
+        amax = std::max(amax, std::fabs(wr[k]));
+      }
+      float scale = amax / qmax;
+      if (!(scale > 0)) scale = 0;  // all-zero (or denormal-tiny) group: q = 0
+      q.scales[size_t(n * G + g)] = scale;
+      for (int64_t k = k0; k < k1; ++k) {
+        float v = scale > 0 ? std::nearbyint(wr[k] / scale) : 0.0f;
+        row[size_t(k)] = int8_t(std::clamp(v, -qmax, qmax));
+      }
+    }
+    if (sc.weight_bits == 8) {
+      std::copy(row.begin(), row.end(), q.qweight.begin() + n * K);
+    } else {
+      int8_t* dst = q.qweight.data() + n * q.row_bytes();
+      for (int64_t k = 0; k < K; k += 2) {
+        uint8_t lo = uint8_t(row[size_t(k)]) & 0xF;
+        uint8_t hi = k + 1 < K ? uint8_t(row[size_t(k + 1)]) & 0xF : 0;
+        dst[k / 2] = int8_t(lo | (hi << 4));
+      }
+    }
+  }
+  return q;
+}
+
+std::vector<float> dequantize_weight(const QuantizedWeight& w) {
+  std::vector<float> out(size_t(w.N * w.K));
+  const int G = w.n_groups();
+  const int gs = quant_scheme(w.mode).group_size;
+  for (int64_t n = 0; n < w.N; ++n)
+    for (int64_t k = 0; k < w.K; ++k) {
+      int g = gs == 0 ? 0 : int(k / gs);
+      out[size_t(n * w.K + k)] = float(w.weight(n, k)) * w.scales[size_t(n * G + g)];
+    }
+  return out;
+}
+
+float quantize_row_ref(const float* x, int64_t K, int8_t* q) {
+  float amax = 0;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
+  float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  float scale = amax / 127.0f;
+  if (!std::isfinite(inv) || !std::isfinite(amax)) inv = scale = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    float v = std::nearbyint(x[k] * inv);
+    v = std::min(std::max(v, -127.0f), 127.0f);
+    q[k] = v == v ? int8_t(v) : int8_t(0);
+  }
+  return scale;
+}
+
+}  // namespace perry::quant

@@ -1,0 +1,136 @@
+// QuantizedLinear: holds the canonical weight plus the packed copy of the fastest kernel family
+// this CPU supports, and picks GEMV or GEMM by the number of rows.
+#include <atomic>
+#include <fmt/format.h>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "kernels/cpu/qgemm.h"
+#include "quant/quant.h"
+
+namespace perry::quant {
+
+namespace {
+std::atomic<bool> g_force_reference{false};
+
+// Scratch for the online activation quantization; per calling thread so forward() is reentrant.
+struct Scratch {
+  AlignedBuffer<uint8_t> a;
+  AlignedBuffer<float> sa;
+  AlignedBuffer<uint16_t> xb;
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+template <typename T>
+T* grow(AlignedBuffer<T>& b, size_t n) {
+  if (b.size() < n) b.resize(n);
+  return b.data();
+}
+
+enum class Family { Reference, IntAvx512, IntAvx2, WoAvx512 };
+}  // namespace
+
+void set_quant_force_reference(bool on) { g_force_reference = on; }
+bool quant_force_reference() { return g_force_reference; }
+
+namespace detail {
+struct LinearImpl {
+  QuantizedWeight w;
+  QuantScheme scheme;
+  kernels::q::PackedInt pint;
+  kernels::q::PackedWo pwo;
+  // M <= gemv_max_m runs the matrix-vector kernel. Measured with `perry bench-op` on the Zen 4
+  // dev VM (docs/perf/cpu-quant-kernels.md): the GEMM's register tile wins from 2 rows on.
+  int64_t gemv_max_m = 1;
+
+  // Evaluated per call so PERRY_FORCE_ISA / set_max_isa / set_quant_force_reference apply at once.
+  Family family() const {
+    if (g_force_reference) return Family::Reference;
+    if (scheme.int8_activations) {
+      if (supports_avx512_vnni()) return Family::IntAvx512;
+      if (supports_avx2()) return Family::IntAvx2;
+      return Family::Reference;
+    }
+    if (supports_avx512_bf16()) return Family::WoAvx512;
+    return Family::Reference;
+  }
+};
+}  // namespace detail
+
+QuantizedLinear::QuantizedLinear(QuantizedWeight w) : impl_(std::make_unique<detail::LinearImpl>()) {
+  w.validate();
+  impl_->scheme = quant_scheme(w.mode);
+  if (impl_->scheme.int8_activations) {
+    impl_->pint = kernels::q::pack_int(w);
+  } else {
+    impl_->pwo = kernels::q::pack_wo(w);
+  }
+  impl_->w = std::move(w);
+}
+QuantizedLinear::~QuantizedLinear() = default;
+QuantizedLinear::QuantizedLinear(QuantizedLinear&&) noexcept = default;
+QuantizedLinear& QuantizedLinear::operator=(QuantizedLinear&&) noexcept = default;
+
+const QuantizedWeight& QuantizedLinear::canonical() const { return impl_->w; }
+int64_t QuantizedLinear::rows() const { return impl_->w.N; }
+int64_t QuantizedLinear::cols() const { return impl_->w.K; }
+QuantMode QuantizedLinear::mode() const { return impl_->w.mode; }
+int64_t QuantizedLinear::gemv_max_m() const { return impl_->gemv_max_m; }
+
+std::string QuantizedLinear::kernel_name(int64_t M) const {
+  const bool gemv = M <= impl_->gemv_max_m;
+  std::string_view mode = quant_mode_name(impl_->w.mode);
+  switch (impl_->family()) {
+    case Family::IntAvx512: return fmt::format("{}:{}_avx512_vnni", mode, gemv ? "gemv" : "gemm");
+    case Family::IntAvx2: return fmt::format("{}:{}_avx2", mode, gemv ? "gemv" : "gemm");
+    case Family::WoAvx512: return fmt::format("{}:{}_avx512_bf16", mode, gemv ? "gemv" : "gemm");
+    case Family::Reference: break;
+  }
+  return fmt::format("{}:reference", mode);
+}
+
+void QuantizedLinear::forward(const float* x, int64_t M, float* y, const float* bias) const {
+  namespace kq = kernels::q;
+  PERRY_CHECK(M >= 0, "QuantizedLinear::forward: negative row count {}", M);
+  if (M == 0) return;
+  const auto& I = *impl_;
+  const int64_t K = I.w.K;
+  const kq::Path path = M <= I.gemv_max_m && M <= kq::kGemvMaxRows ? kq::Path::Gemv : kq::Path::Gemm;
+  Scratch& s = scratch();
+  switch (I.family()) {
+    case Family::IntAvx512: {
+      const int64_t lda = I.pint.lda();
+      uint8_t* a = grow(s.a, size_t(M * lda));
+      float* sa = grow(s.sa, size_t(M));
+      kq::avx512::quantize_rows_u8(x, M, K, a, lda, sa);
+      kq::avx512::int_forward(I.pint, a, M, sa, y, bias, path);
+      return;
+    }
+    case Family::IntAvx2: {
+      const int64_t lda = I.pint.lda();
+      int8_t* a = reinterpret_cast<int8_t*>(grow(s.a, size_t(M * lda)));
+      float* sa = grow(s.sa, size_t(M));
+      kq::avx2::quantize_rows_s8(x, M, K, a, lda, sa);
+      kq::avx2::int_forward(I.pint, a, M, sa, y, bias, path);
+      return;
+    }
+    case Family::WoAvx512: {
+      const int64_t ldx = I.pwo.ldx();
+      uint16_t* xb = grow(s.xb, size_t(M * ldx));
+      kq::avx512::to_bf16_rows(x, M, K, xb, ldx);
+      kq::avx512::wo_forward(I.pwo, xb, M, y, bias, path);
+      return;
+    }
+    case Family::Reference:
+      if (I.scheme.int8_activations) {
+        kq::ref::int_forward(I.w, x, M, y, bias);
+      } else {
+        kq::ref::wo_forward(I.w, x, M, y, bias);
+      }
+      return;
+  }
+}
+
+}  // namespace perry::quant
