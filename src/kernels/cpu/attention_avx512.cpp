@@ -1,11 +1,11 @@
 // AVX-512 attention inner loop: a GQA group's heads (up to 4 at a time, so K and V tiles are read
 // once per 4 heads) against a tile of 64 keys: scores by FMA + horizontal sum, one vectorised exp
 // per tile (online softmax), then P·V with the accumulators held in registers per 16-float slice.
+#include "kernels/cpu/simd_avx512.h"  // first: its pragma must precede <immintrin.h>
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/simd_avx512.h"
 
 namespace perry::kernels::avx512 {
 namespace {
@@ -34,14 +34,14 @@ void attend_group(const float* qg, int hd, const float* k, const float* v, int64
         __m512 kv = _mm512_maskz_loadu_ps(tail, kj + c);
         for (int g = 0; g < GN; ++g) a[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, qg + g * hd + c), kv, a[g]);
       }
-      for (int g = 0; g < GN; ++g) s[g][j] = _mm512_reduce_add_ps(a[g]) * scale;
+      for (int g = 0; g < GN; ++g) s[g][j] = hsum(a[g]) * scale;
     }
     // Online softmax update per head; s becomes p.
     float corr[GN];
     for (int g = 0; g < GN; ++g) {
       __m512 mx = _mm512_set1_ps(-INFINITY);
       for (int j = 0; j < n; j += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, tail_mask(n - j), &s[g][j]));
-      float m_new = std::max(m[g], _mm512_reduce_max_ps(mx));
+      float m_new = std::max(m[g], hmax(mx));
       corr[g] = std::exp(m[g] - m_new);  // exp(-inf) = 0 on the first tile
       m[g] = m_new;
       __m512 mv = _mm512_set1_ps(m_new), sum = _mm512_setzero_ps();
@@ -51,7 +51,7 @@ void attend_group(const float* qg, int hd, const float* k, const float* v, int64
         sum = _mm512_add_ps(sum, p);
         _mm512_store_ps(&s[g][j], p);
       }
-      l[g] = l[g] * corr[g] + _mm512_reduce_add_ps(sum);
+      l[g] = l[g] * corr[g] + hsum(sum);
     }
     // acc = acc * corr + P · V, one 16-float slice of the head dim at a time.
     for (int c = 0; c < hd; c += 16) {

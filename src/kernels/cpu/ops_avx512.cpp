@@ -1,9 +1,9 @@
 // AVX-512 row kernels (see ops.h). Tails use masked loads/stores, so any n works.
+#include "kernels/cpu/simd_avx512.h"  // first: its pragma must precede <immintrin.h>
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/cpu/simd_avx512.h"
 
 namespace perry::kernels::avx512 {
 
@@ -26,7 +26,7 @@ void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t n
       __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), xr + i);
       a0 = _mm512_fmadd_ps(v, v, a0);
     }
-    float ss = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    float ss = hsum(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(ss / float(n) + eps));
     for (i = 0; i < n; i += 16) {
       __mmask16 m = tail_mask(n - i);
@@ -57,7 +57,7 @@ void add_inplace(float* y, const float* x, int64_t n) {
 void softmax_inplace(float* x, int64_t n) {
   __m512 mx = _mm512_set1_ps(-INFINITY);
   for (int64_t i = 0; i < n; i += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, tail_mask(n - i), x + i));
-  __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  __m512 m = _mm512_set1_ps(hmax(mx));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
     __mmask16 k = tail_mask(n - i);
@@ -65,7 +65,7 @@ void softmax_inplace(float* x, int64_t n) {
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
     _mm512_mask_storeu_ps(x + i, k, e);
   }
-  __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  __m512 inv = _mm512_set1_ps(1.0f / hsum(sum));
   for (int64_t i = 0; i < n; i += 16) {
     __mmask16 k = tail_mask(n - i);
     _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv));

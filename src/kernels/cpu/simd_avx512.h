@@ -1,7 +1,9 @@
 // Small AVX-512 helpers shared by the *_avx512.cpp kernels (include only from those files).
 #pragma once
-// GCC 12 reports a false "may be used uninitialized" inside its own _mm512_reduce_* intrinsics.
+// GCC 12 at -O3 reports false (maybe-)uninitialized warnings for the `__Y = __Y` undefined-vector
+// idiom inside its AVX-512 intrinsics; include this header first so the pragma precedes <immintrin.h>.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <cstdint>
@@ -25,6 +27,23 @@ inline __m512 exp_ps(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
+}
+
+// Horizontal sum / max. Not _mm512_reduce_*: GCC 12 warns about the undefined-vector idiom inside
+// them; the zero-masked extracts below compile to the same shuffles without the noise.
+inline float hsum(__m512 v) {
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_maskz_extractf32x4_ps(0xf, a, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+inline float hmax(__m512 v) {
+  __m256 a = _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+  __m128 b = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_maskz_extractf32x4_ps(0xf, a, 1));
+  b = _mm_max_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_max_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
 }
 
 inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
