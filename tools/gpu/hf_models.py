@@ -109,8 +109,9 @@ def build_config(spec, vocab_size, special):
         got = rope_of(cfg)
         if got.get("rope_theta") is None or abs(float(got["rope_theta"]) - theta) > 1e-6 * theta:
             raise ValueError(f"rope_parameters not taken: {got}")
-    except (TypeError, ValueError) as e:
-        print(f"  config: rope_parameters refused ({e}); using rope_theta/rope_scaling", flush=True)
+    except Exception as e:  # noqa: BLE001 - older transformers: 4.x keywords
+        print(f"  config: rope_parameters refused ({type(e).__name__}: {e}); using rope_theta/rope_scaling",
+              flush=True)
         cfg = cls(rope_theta=theta, rope_scaling=dict(scaling) if scaling else None, **kw)
     got = rope_of(cfg)
     if abs(float(got["rope_theta"]) - theta) > 1e-6 * theta:
