@@ -49,7 +49,8 @@ size_t next_char_len(std::string_view s, size_t pos) {
 Regex::Regex(const std::string& pattern, bool literal) {
   int err = 0;
   PCRE2_SIZE err_off = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2 rejects UCP together with LITERAL (it has no classes to apply it to).
+  uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &err, &err_off, nullptr);
   if (!code) {
