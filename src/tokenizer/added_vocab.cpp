@@ -95,14 +95,17 @@ bool AddedVocab::Matcher::find(std::string_view text, size_t from, size_t* start
   return false;
 }
 
-AddedVocab::AddedVocab(const JsonNode& node, const Normalizer* normalizer) {
+AddedVocab::AddedVocab(const JsonNode& node, const Normalizer* normalizer,
+                       const BpeModel& model) {
   if (node.is_null()) return;
   node.require_array();
+  const int64_t model_entries = static_cast<int64_t>(model.entry_count());
+  std::vector<std::string> special_order, classic_order;  // contents, registration order
   for (size_t i = 0; i < node.size(); ++i) {
     JsonNode t = node[i];
     t.require_object();
     AddedToken tok;
-    tok.id = t.at("id").token_id();
+    t.at("id").token_id();  // validated, but the effective id is assigned below (see header)
     tok.content = t.at("content").str();
     tok.single_word = t.bool_or("single_word", false);
     tok.lstrip = t.bool_or("lstrip", false);
@@ -110,26 +113,68 @@ AddedVocab::AddedVocab(const JsonNode& node, const Normalizer* normalizer) {
     tok.special = t.bool_or("special", false);
     // HF's default: special tokens are not normalized, others are.
     tok.normalized = t.bool_or("normalized", !tok.special);
-    if (tok.content.empty()) t.at("content").fail_here("added token content is empty");
+    if (tok.content.empty()) continue;  // HF ignores empty tokens
+    // An identical token (all fields) already registered is ignored, as in HF.
+    bool duplicate = false;
+    for (const auto& [id, idx] : by_id_) {
+      const AddedToken& o = tokens_[idx];
+      if (o.content == tok.content && o.special == tok.special && o.lstrip == tok.lstrip &&
+          o.rstrip == tok.rstrip && o.single_word == tok.single_word &&
+          o.normalized == tok.normalized) {
+        duplicate = true;
+        break;
+      }
+    }
+    if (tok.special && !special_content_.count(tok.content)) {
+      special_content_.insert(tok.content);
+      special_order.push_back(tok.content);
+    }
+    if (duplicate) continue;
+    int64_t id;
+    if (auto it = by_content_.find(tok.content); it != by_content_.end()) {
+      id = it->second;
+    } else if (auto mid = model.token_to_id(tok.content)) {
+      id = *mid;
+    } else if (max_id_ < 0) {
+      id = model_entries;
+    } else {
+      id = (max_id_ >= model_entries || model_entries == 0) ? max_id_ + 1 : model_entries;
+    }
+    if (id > INT32_MAX) t.fail_here("too many added tokens");
+    tok.id = static_cast<int32_t>(id);
     max_id_ = std::max(max_id_, tok.id);
     by_id_[tok.id] = tokens_.size();
     by_content_.insert_or_assign(tok.content, tok.id);
+    if (!special_content_.count(tok.content)) classic_order.push_back(tok.content);
     tokens_.push_back(std::move(tok));
   }
-  // HF registers special tokens first, then the others; with equal content the first wins.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < tokens_.size(); ++i) {
-      const AddedToken& tok = tokens_[i];
-      if (tok.special != (pass == 0)) continue;
-      if (!tok.normalized) {
-        raw_matcher_.add(tok.content, static_cast<int32_t>(i));
-      } else if (normalizer) {
-        normalized_matcher_.add(normalizer->normalize(tok.content), static_cast<int32_t>(i));
-      } else {
-        normalized_matcher_.add(tok.content, static_cast<int32_t>(i));
-      }
+  // The matchers hold special tokens first, then the others (HF's pattern order; with equal
+  // content the first registered wins). A pattern's flags are those of the token its id
+  // resolves to, as HF looks them up by id at match time.
+  auto register_token = [&](const std::string& content) {
+    auto id = by_content_.find(content);
+    if (id == by_content_.end()) return;
+    const size_t resolved = by_id_.at(id->second);
+    // `normalized` is taken from the token registered under the id, as HF does.
+    if (!tokens_[resolved].normalized) {
+      raw_matcher_.add(content, static_cast<int32_t>(resolved));
+    } else if (normalizer) {
+      normalized_matcher_.add(normalizer->normalize(content), static_cast<int32_t>(resolved));
+    } else {
+      normalized_matcher_.add(content, static_cast<int32_t>(resolved));
     }
-  }
+  };
+  for (const std::string& c : special_order) register_token(c);
+  for (const std::string& c : classic_order) register_token(c);
+}
+
+bool AddedVocab::is_special_id(int32_t id) const {
+  const AddedToken* t = by_id(id);
+  return t && is_special_content(t->content);
+}
+
+bool AddedVocab::is_special_content(std::string_view content) const {
+  return !special_content_.empty() && special_content_.find(content) != special_content_.end();
 }
 
 const AddedToken* AddedVocab::by_id(int32_t id) const {

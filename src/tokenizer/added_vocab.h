@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "tokenizer/bpe.h"
@@ -37,13 +38,22 @@ class AddedVocab {
   AddedVocab() = default;
   // `node` is the "added_tokens" array (or null). The normalizer is needed because tokens with
   // normalized=true are matched against the normalized text in their normalized form.
-  AddedVocab(const JsonNode& node, const Normalizer* normalizer);
+  //
+  // Ids are assigned the way HF does when it loads a file, not copied from the "id" fields: a
+  // token whose content is in the model vocab takes that id, any other the next free id after
+  // the model vocab (entry count) and the added tokens so far. For every consistent file
+  // (Qwen, Llama-3) this equals the stored id; where a file disagrees, HF only warns and uses
+  // its own id, so perry does the same to stay token-for-token identical.
+  AddedVocab(const JsonNode& node, const Normalizer* normalizer, const BpeModel& model);
 
   // Splits `text` into segments: first on non-normalized tokens over the raw text, then each
   // remaining piece is normalized and split on the normalized tokens.
   void split(std::string_view text, const Normalizer* normalizer, std::vector<Segment>& out) const;
 
   const AddedToken* by_id(int32_t id) const;
+  // HF decides "special" by content: a content ever added with special=true is special.
+  bool is_special_id(int32_t id) const;
+  bool is_special_content(std::string_view content) const;
   std::optional<int32_t> id_of(std::string_view content) const;
   int32_t max_id() const { return max_id_; }
 
@@ -68,9 +78,10 @@ class AddedVocab {
 
   void split_with(const Matcher& m, std::string&& text, std::vector<Segment>& out) const;
 
-  std::vector<AddedToken> tokens_;
-  std::unordered_map<int32_t, size_t> by_id_;
-  StringIdMap by_content_;
+  std::vector<AddedToken> tokens_;                // every accepted token, in file order
+  std::unordered_map<int32_t, size_t> by_id_;     // id → index in tokens_ (latest wins)
+  StringIdMap by_content_;                        // content → id
+  std::unordered_set<std::string, StringHash, std::equal_to<>> special_content_;
   Matcher raw_matcher_;
   Matcher normalized_matcher_;
   int32_t max_id_ = -1;

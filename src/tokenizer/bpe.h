@@ -32,6 +32,7 @@ class BpeModel {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   const std::string* id_to_token(int32_t id) const;  // nullptr when the id has no vocab entry
   int32_t max_id() const { return static_cast<int32_t>(id_to_token_.size()) - 1; }
+  size_t entry_count() const { return vocab_.size(); }  // HF's model vocab size
 
  private:
   struct Merge {

@@ -27,11 +27,11 @@ struct Tokenizer::Impl {
   // The string HF's decode sees for `id`, or nullptr when the id is skipped (unknown id, or a
   // special token under skip_special_tokens).
   const std::string* token_for_decode(int32_t id, bool skip_special) const {
-    if (const AddedToken* t = added.by_id(id)) {
-      if (skip_special && t->special) return nullptr;
-      return &t->content;
-    }
-    return model->id_to_token(id);
+    const AddedToken* t = added.by_id(id);
+    const std::string* s = t ? &t->content : model->id_to_token(id);
+    // HF skips by content: any token whose text is a special token's text.
+    if (s && skip_special && added.is_special_content(*s)) return nullptr;
+    return s;
   }
 
   // Appends the raw bytes of one decoded token; `first` tracks the separator HF inserts
@@ -78,7 +78,7 @@ Tokenizer Tokenizer::from_json(std::string_view json_text, const std::string& or
     impl->model = std::make_unique<BpeModel>(root.at("model"));
     if (auto n = root.find("post_processor")) impl->post_processor = make_post_processor(*n);
     if (auto n = root.find("decoder")) impl->decoder = make_decoder(*n);
-    if (auto n = root.find("added_tokens")) impl->added = AddedVocab(*n, impl->normalizer.get());
+    if (auto n = root.find("added_tokens")) impl->added = AddedVocab(*n, impl->normalizer.get(), *impl->model);
   } catch (const nlohmann::json::exception& e) {
     // Any type mismatch that slipped past JsonNode's checks still names the file.
     perry::fail("{}: malformed tokenizer.json: {}", origin, e.what());
@@ -138,8 +138,7 @@ int32_t Tokenizer::vocab_size() const {
 }
 
 bool Tokenizer::is_special(int32_t id) const {
-  const AddedToken* t = impl_->added.by_id(id);
-  return t && t->special;
+  return impl_->added.is_special_id(id);
 }
 
 StreamDecoder::StreamDecoder(const Tokenizer& tok, bool skip_special_tokens)
