@@ -97,6 +97,50 @@ TEST(FloatLinear, MatchesFloat64EveryPathAndDtype) {
   }
 }
 
+TEST(FloatLinear, EveryPrefillBackend) {
+  // Each library path on its own (the table picks one per dtype; the others must stay correct).
+  for (FloatGemm g : {FloatGemm::OpenBlas, FloatGemm::OneDnn}) {
+    set_float_linear_gemm(g);
+    set_float_linear_gemv_max_m(0);  // every M > 0 goes to the library
+    for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+      for (const auto& s : kShapes) {
+        auto w = make_weights(dt, s.N, s.K, uint32_t(s.N + 3 * s.K));
+        auto x = random_floats(size_t(s.M * s.K), uint32_t(s.M + s.K), -2, 2);
+        auto bias = random_floats(size_t(s.N), 17);
+        FloatLinear lin(w.ptr(dt), dt, s.N, s.K);
+        const std::string name = lin.kernel_name(s.M);
+        EXPECT_EQ(name.find("gemv"), std::string::npos) << name;
+        std::vector<float> y(size_t(s.M * s.N));
+        lin.forward(x.data(), s.M, y.data(), bias.data());
+        check(y, x, w, bias.data(), s.M, s.N, s.K, name.find("onednn") != std::string::npos,
+              name + " M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K));
+      }
+    }
+  }
+  set_float_linear_gemm(FloatGemm::Auto);
+  set_float_linear_gemv_max_m(-1);
+}
+
+TEST(FloatLinear, GemvForLargerM) {
+  // The GEMV handles any M (x rows in groups of 4 per weight pass): check M = 5..9 against float64.
+  set_float_linear_gemv_max_m(1 << 20);
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    for (IsaLevel isa : available_isas()) {
+      IsaScope scope(isa);
+      for (int64_t M : {5, 6, 7, 9}) {
+        const int64_t N = 23, K = 77;
+        auto w = make_weights(dt, N, K, uint32_t(M));
+        auto x = random_floats(size_t(M * K), uint32_t(M + 1), -2, 2);
+        FloatLinear lin(w.ptr(dt), dt, N, K);
+        std::vector<float> y(size_t(M * N));
+        lin.forward(x.data(), M, y.data());
+        check(y, x, w, nullptr, M, N, K, false, lin.kernel_name(M));
+      }
+    }
+  }
+  set_float_linear_gemv_max_m(-1);
+}
+
 TEST(FloatLinear, LlamaShapesSpotCheck) {
   // A real layer width (K = 2048) through the prefill GEMM and the decode GEMV, spot-checked rows.
   const int64_t N = 96, K = 2048;

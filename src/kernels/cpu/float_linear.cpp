@@ -38,13 +38,30 @@ struct GemmPlan {
 // rows are widened to f32 in cache-sized chunks and fed to sgemm (exact, and the widening is O(N*K)
 // against O(M*N*K) of GEMM work). Debian's OpenBLAS 0.3.21 declares cblas_sbgemm in cblas.h but is
 // built without BUILD_BFLOAT16 (the symbol is absent), so bf16 with OpenBLAS goes the same way.
-GemmPlan plan_for(DType t) {
+std::atomic<int> g_gemm_override{0};
+std::atomic<int64_t> g_gemv_max_m_override{-1};
+
+GemmPlan table_plan(DType t) {
   switch (t) {
     case DType::F32: return {4, GemmBackend::OpenBlas};
     case DType::F16: return {4, GemmBackend::OpenBlas};
     default: return {4, GemmBackend::OneDnn};
   }
 }
+
+GemmPlan plan_for(DType t) {
+  GemmPlan p = table_plan(t);
+  if (int64_t m = g_gemv_max_m_override.load(); m >= 0) p.gemv_max_m = m;
+  switch (FloatGemm(g_gemm_override.load())) {
+    case FloatGemm::OpenBlas: p.gemm = GemmBackend::OpenBlas; break;
+    case FloatGemm::OneDnn: p.gemm = t == DType::BF16 ? GemmBackend::OneDnn : p.gemm; break;
+    default: break;
+  }
+  return p;
+}
+
+void set_float_linear_gemm(FloatGemm g) { g_gemm_override = int(g); }
+void set_float_linear_gemv_max_m(int64_t m) { g_gemv_max_m_override = m; }
 
 namespace {
 

@@ -50,6 +50,11 @@ class FloatLinear {
 // Tests compare paths: when set, forward() uses the scalar reference for every M.
 void set_float_linear_force_reference(bool);
 
+// For the kernel lab and tests: override the measured plan. Auto / -1 restore the table.
+enum class FloatGemm { Auto, OpenBlas, OneDnn };
+void set_float_linear_gemm(FloatGemm);          // prefill library (OneDnn applies to bf16 weights)
+void set_float_linear_gemv_max_m(int64_t m);    // largest M that uses the GEMV
+
 // Kernel building blocks (one per ISA). gemv_*: y[m, n] for m < M, n in [n0, n1) (+ bias), weights
 // [N, K] of dtype wt with row stride K; used for small M, one weight pass for up to 4 rows of x.
 namespace ref {
