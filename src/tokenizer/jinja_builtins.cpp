@@ -390,7 +390,10 @@ Value Interpreter::apply_test(const std::string& name, const Value& v, const Val
   else if (name == "upper") r = k == Kind::String && map_case(v.str(), true) == v.str();
   else if (name == "defined") r = k != Kind::Undefined;
   else if (name == "undefined") r = k == Kind::Undefined;
-  else if (name == "equalto" || name == "eq") r = arg ? strict_equal(v, *arg) : v.is_undefined();
+  else if (name == "equalto" || name == "eq") {
+    if (!arg) fail("test '{}' needs a value to compare with", name);
+    r = strict_equal(v, *arg);
+  }
   else fail("unknown test '{}'", name);
   return Value::boolean(r);
 }

@@ -297,14 +297,17 @@ class Parser {
   }
   NodePtr logical_not() {
     DepthGuard guard(*this);
-    if (is_ident("not")) {
+    // A loop, as in the reference: in `not a ** not b` the inner `not` parses as a name, and the
+    // following `not b` then replaces the whole first operand.
+    NodePtr right;
+    while (is_ident("not")) {
       auto n = std::make_unique<Node>(NodeType::Unary, pos());
       n->str = "not";
       ++cur_;
       n->a = logical_not();
-      return n;
+      right = std::move(n);
     }
-    return comparison();
+    return right ? std::move(right) : comparison();
   }
   NodePtr comparison() {
     auto l = additive();

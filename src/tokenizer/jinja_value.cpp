@@ -305,7 +305,8 @@ Value from_json_impl(const J& j) {
 Value Value::from_json(const nlohmann::json& j) { return from_json_impl(j); }
 Value Value::from_json(const nlohmann::ordered_json& j) { return from_json_impl(j); }
 
-nlohmann::ordered_json Value::to_json() const {
+nlohmann::ordered_json Value::to_json(int depth) const {
+  if (depth > 512) fail("value nested too deeply (or cyclic) to convert to JSON");
   switch (kind_) {
     case Kind::Bool: return as_bool();
     case Kind::Int:
@@ -316,14 +317,14 @@ nlohmann::ordered_json Value::to_json() const {
     case Kind::List:
     case Kind::Tuple: {
       auto a = nlohmann::ordered_json::array();
-      for (const auto& e : *list_) a.push_back(e.to_json());
+      for (const auto& e : *list_) a.push_back(e.to_json(depth + 1));
       return a;
     }
     case Kind::Dict:
     case Kind::KwArgs:
     case Kind::Namespace: {
       auto o = nlohmann::ordered_json::object();
-      for (const auto& [k, v] : dict_->items) o[k] = v.to_json();
+      for (const auto& [k, v] : dict_->items) o[k] = v.to_json(depth + 1);
       return o;
     }
     default: return nullptr;
@@ -432,6 +433,8 @@ bool locale_less(const std::string& a, const std::string& b) {
 }  // namespace
 
 std::string Value::to_json_text(const JsonOptions& opt, int depth, bool undefined_as_null) const {
+  // A namespace can hold itself (`set ns.v = ns`); the reference dies of stack overflow there.
+  if (depth > 512) fail("value nested too deeply (or cyclic) to convert to JSON");
   std::string item_sep = opt.has_separators ? opt.item_sep : (opt.indent ? "," : ", ");
   std::string key_sep = opt.has_separators ? opt.key_sep : ": ";
   switch (kind_) {

@@ -59,7 +59,7 @@ class Value {
   // JSON → value like JSON.parse + the reference's conversion: integral numbers become ints.
   static Value from_json(const nlohmann::json& j);
   static Value from_json(const nlohmann::ordered_json& j);
-  nlohmann::ordered_json to_json() const;  // undefined → null, functions → null
+  nlohmann::ordered_json to_json(int depth = 0) const;  // undefined → null, functions → null
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::Undefined; }

@@ -111,6 +111,8 @@ TEST(ChatTemplate, HostileInputIsAnErrorNotACrash) {
   for (int i = 0; i < 300; ++i) nested += "{% if true %}";
   EXPECT_THROW(ChatTemplate(nested + "x"), perry::Error);
   expect_error("{% set s = 'xxxxxxxxxxxxxxxx' %}{% for i in range(40) %}{% set s = s ~ s %}{% endfor %}", "64 MiB");
+  // A namespace that contains itself cannot be printed (the reference overflows its stack).
+  expect_error("{% set ns = namespace(v=1) %}{% set ns.v = ns %}{{ ns }}", "cyclic");
   // Invalid UTF-8 passes through byte-safe paths without crashing.
   EXPECT_EQ(render("\xff{{ '\xfe'|length }}"), "\xff" "1");
 }
