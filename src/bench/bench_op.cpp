@@ -1,0 +1,351 @@
+// perry bench-op: per-layer latency of every mode vs the float baseline and library peers, all in
+// one run, variants alternating, medians after warm-up.
+#include "bench/bench_op.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <random>
+#include <thread>
+
+#include "core/aligned_buffer.h"
+#include "core/cpu_features.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/float_linear.h"
+#include "kernels/cpu/qgemm.h"
+#include "quant/quant.h"
+
+namespace perry::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace pq = perry::quant;
+
+// ---- peers ----------------------------------------------------------------------------------
+
+// oneDNN int8 matmul with the activation quantization a user of it has to do: per-token absmax
+// scales and s8 activations (our fast quantizer, so the peer is not handicapped), s8 weights,
+// f32 dst = acc · sw[n] (output scales) · sa[m] (binary-mul post-op with an [M,1] tensor).
+class OnednnInt8 {
+ public:
+  OnednnInt8(dnnl::engine& eng, const pq::QuantizedWeight& w) : eng_(eng), w_(w) {
+    PERRY_CHECK(w.mode == pq::QuantMode::W8A8, "OnednnInt8 needs per-channel int8 weights");
+    sw_ = w.scales;
+  }
+  std::string note;
+  void run(const float* x, int64_t M, float* y) {
+    Case& c = get(M);
+    const int64_t K = w_.K;
+    kernels::q::avx512::quantize_rows_u8(x, M, K, c.a.data(), K, c.sa.data());
+    int8_t* s8 = reinterpret_cast<int8_t*>(c.src.get_data_handle());
+    const uint8_t* u8 = c.a.data();
+    thread_pool().parallel_for(size_t(M * K), 1 << 16, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) s8[i] = int8_t(u8[i] ^ 0x80);
+    });
+    std::copy_n(c.sa.data(), M, static_cast<float*>(c.sa_mem.get_data_handle()));
+    dnnl::memory dst({{M, w_.N}, dnnl::memory::data_type::f32, dnnl::memory::format_tag::ab}, eng_, y);
+    c.prim.execute(strm(), {{DNNL_ARG_SRC, c.src},
+                            {DNNL_ARG_WEIGHTS, c.wei},
+                            {DNNL_ARG_DST, dst},
+                            {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, c.sa_mem}});
+    strm().wait();
+  }
+
+ private:
+  struct Case {
+    dnnl::matmul prim;
+    dnnl::memory src, wei, sa_mem;
+    AlignedBuffer<uint8_t> a;
+    AlignedBuffer<float> sa;
+  };
+  dnnl::stream& strm() {
+    if (!stream_) stream_ = std::make_unique<dnnl::stream>(eng_);
+    return *stream_;
+  }
+  Case& get(int64_t M) {
+    auto it = cases_.find(M);
+    if (it != cases_.end()) return it->second;
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const int64_t N = w_.N, K = w_.K;
+    dnnl::memory::desc src_md({M, K}, dt::s8, tag::ab), wei_md({K, N}, dt::s8, tag::any),
+        dst_md({M, N}, dt::f32, tag::ab), sa_md({M, 1}, dt::f32, tag::ab);
+    dnnl::primitive_attr attr;
+    attr.set_output_scales(1 << 1, sw_);
+    dnnl::post_ops po;
+    po.append_binary(dnnl::algorithm::binary_mul, sa_md);
+    attr.set_post_ops(po);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), attr, eng_);
+    note = pd.impl_info_str();
+    Case c;
+    c.prim = dnnl::matmul(pd);
+    c.src = dnnl::memory(src_md, eng_);
+    c.sa_mem = dnnl::memory(sa_md, eng_);
+    c.wei = dnnl::memory(pd.weights_desc(), eng_);
+    dnnl::memory wsrc({{K, N}, dt::s8, tag::ba}, eng_, const_cast<int8_t*>(w_.qweight.data()));
+    dnnl::reorder(wsrc, c.wei).execute(strm(), wsrc, c.wei);
+    strm().wait();
+    c.a.resize(size_t(M * K));
+    c.sa.resize(size_t(M));
+    return cases_.emplace(M, std::move(c)).first->second;
+  }
+  dnnl::engine& eng_;
+  const pq::QuantizedWeight& w_;
+  std::vector<float> sw_;
+  std::unique_ptr<dnnl::stream> stream_;
+  std::map<int64_t, Case> cases_;
+};
+
+// oneDNN bf16 or f32 matmul; bf16 includes converting the f32 activations each call.
+class OnednnFloat {
+ public:
+  OnednnFloat(dnnl::engine& eng, const float* w, int64_t N, int64_t K, bool bf16)
+      : eng_(eng), w_(w), N_(N), K_(K), bf16_(bf16), strm_(eng) {}
+  std::string note;
+  void run(const float* x, int64_t M, float* y) {
+    Case& c = get(M);
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    dnnl::memory xf({{M, K_}, dt::f32, tag::ab}, eng_, const_cast<float*>(x));
+    dnnl::memory dst({{M, N_}, dt::f32, tag::ab}, eng_, y);
+    dnnl::memory src = xf;
+    if (bf16_) {
+      c.cvt.execute(strm_, xf, c.src);
+      src = c.src;
+    }
+    c.prim.execute(strm_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, c.wei}, {DNNL_ARG_DST, dst}});
+    strm_.wait();
+  }
+
+ private:
+  struct Case {
+    dnnl::matmul prim;
+    dnnl::reorder cvt;
+    dnnl::memory src, wei;
+  };
+  Case& get(int64_t M) {
+    auto it = cases_.find(M);
+    if (it != cases_.end()) return it->second;
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const dt t = bf16_ ? dt::bf16 : dt::f32;
+    dnnl::memory::desc src_md({M, K_}, t, tag::ab), wei_md({K_, N_}, t, tag::any), dst_md({M, N_}, dt::f32, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), eng_);
+    note = pd.impl_info_str();
+    Case c;
+    c.prim = dnnl::matmul(pd);
+    c.wei = dnnl::memory(pd.weights_desc(), eng_);
+    dnnl::memory wsrc({{K_, N_}, dt::f32, tag::ba}, eng_, const_cast<float*>(w_));
+    dnnl::reorder(wsrc, c.wei).execute(strm_, wsrc, c.wei);
+    if (bf16_) {
+      c.src = dnnl::memory(src_md, eng_);
+      dnnl::memory::desc xf_md({M, K_}, dt::f32, tag::ab);
+      c.cvt = dnnl::reorder(dnnl::reorder::primitive_desc(eng_, xf_md, eng_, src_md));
+    }
+    strm_.wait();
+    return cases_.emplace(M, std::move(c)).first->second;
+  }
+  dnnl::engine& eng_;
+  const float* w_;
+  int64_t N_, K_;
+  bool bf16_;
+  dnnl::stream strm_;
+  std::map<int64_t, Case> cases_;
+};
+
+// ---- measurement ----------------------------------------------------------------------------
+
+struct Variant {
+  std::string name;
+  std::string kind;      // "quant", "float", "peer"
+  double weight_bytes;   // bytes of weights read per call (for GB/s at M = 1)
+  std::function<void(const float*, int64_t, float*)> run;
+  std::string note;
+};
+
+struct Result {
+  int64_t N, K, M;
+  std::string variant, kind, kernel;
+  double ms, gops, gbs;
+  double vs_bf16 = 0, vs_f32 = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::string machine_line() {
+  const auto& f = cpu_features();
+  return fmt::format("{} | {} threads | avx512_vnni={} avx512_bf16={}", f.brand, thread_pool().size(),
+                     supports_avx512_vnni(), supports_avx512_bf16());
+}
+
+}  // namespace
+
+int run_bench_op(const BenchOpOptions& o) {
+  std::vector<std::string> modes = o.modes;
+  if (modes.empty())
+    modes = {"w8a8", "w8a8-g128", "w8a8-g64", "w4a8", "w4a8-g128", "w8a16", "w4a16"};
+  std::vector<pq::QuantMode> qmodes;
+  for (const auto& m : modes) {
+    auto q = pq::parse_quant_mode(m);
+    PERRY_CHECK(q && pq::is_quantized(*q), "bench-op: unknown quantized mode '{}' (known: {})", m,
+                pq::quant_mode_names());
+    qmodes.push_back(*q);
+  }
+  std::vector<int64_t> ms = o.ms;
+  if (ms.empty()) ms = o.quick ? std::vector<int64_t>{1, 128, 512} : std::vector<int64_t>{1, 16, 128, 512, 1024, 4096};
+  std::vector<std::pair<int64_t, int64_t>> shapes = o.shapes;
+  if (shapes.empty()) {
+    if (o.quick) {
+      shapes = {{4096, 4096}};
+    } else {
+      shapes = {{10240, 2560}, {2560, 10240}, {4096, 4096}, {1024, 4096},
+                {14336, 4096}, {4096, 14336}, {4096, 12288}, {12288, 4096}};
+    }
+  }
+  for (auto m : ms) PERRY_CHECK(m > 0, "bench-op: M must be positive, got {}", m);
+  const bool have_vnni = supports_avx512_vnni();
+  fmt::print("bench-op: {}\n", machine_line());
+
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  std::vector<Result> results;
+  std::mt19937 rng(42);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+
+  for (auto [N, K] : shapes) {
+    PERRY_CHECK(N > 0 && K > 0, "bench-op: bad shape {}x{}", N, K);
+    fmt::print("\n== N={} K={} ==\n", N, K);
+    std::vector<float> w(size_t(N * K));
+    for (auto& v : w) v = nd(rng) * 0.02f;
+    std::vector<uint16_t> wb(w.size());
+    for (size_t i = 0; i < w.size(); ++i) wb[i] = f32_to_bf16(w[i]);
+
+    std::vector<Variant> vars;
+    std::vector<std::unique_ptr<pq::QuantizedLinear>> qlins;
+    for (auto qm : qmodes) {
+      auto lin = std::make_unique<pq::QuantizedLinear>(pq::quantize_weight(w.data(), N, K, qm));
+      const auto sc = pq::quant_scheme(qm);
+      const double wbytes = double(N) * K * sc.weight_bits / 8.0;
+      pq::QuantizedLinear* lp = lin.get();
+      vars.push_back({std::string(pq::quant_mode_name(qm)), "quant", wbytes,
+                      [lp](const float* x, int64_t M, float* y) { lp->forward(x, M, y); }, ""});
+      qlins.push_back(std::move(lin));
+    }
+    auto fl_bf16 = std::make_unique<kernels::FloatLinear>(wb.data(), DType::BF16, N, K);
+    auto fl_f32 = std::make_unique<kernels::FloatLinear>(w.data(), DType::F32, N, K);
+    vars.push_back({"bf16", "float", double(N) * K * 2,
+                    [&](const float* x, int64_t M, float* y) { fl_bf16->forward(x, M, y); }, ""});
+    vars.push_back({"f32", "float", double(N) * K * 4,
+                    [&](const float* x, int64_t M, float* y) { fl_f32->forward(x, M, y); }, ""});
+    // Peers.
+    std::unique_ptr<pq::QuantizedWeight> w8;
+    std::unique_ptr<OnednnInt8> dn_int8;
+    if (have_vnni) {
+      w8 = std::make_unique<pq::QuantizedWeight>(pq::quantize_weight(w.data(), N, K, pq::QuantMode::W8A8));
+      dn_int8 = std::make_unique<OnednnInt8>(eng, *w8);
+      vars.push_back({"onednn-int8", "peer", double(N) * K,
+                      [&](const float* x, int64_t M, float* y) { dn_int8->run(x, M, y); }, ""});
+    }
+    auto dn_bf16 = std::make_unique<OnednnFloat>(eng, w.data(), N, K, true);
+    auto dn_f32 = std::make_unique<OnednnFloat>(eng, w.data(), N, K, false);
+    vars.push_back({"onednn-bf16", "peer", double(N) * K * 2,
+                    [&](const float* x, int64_t M, float* y) { dn_bf16->run(x, M, y); }, ""});
+    vars.push_back({"onednn-f32", "peer", double(N) * K * 4,
+                    [&](const float* x, int64_t M, float* y) { dn_f32->run(x, M, y); }, ""});
+    vars.push_back({"openblas-f32", "peer", double(N) * K * 4,
+                    [&](const float* x, int64_t M, float* y) {
+                      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blasint(M), blasint(N), blasint(K), 1.0f, x,
+                                  blasint(K), w.data(), blasint(K), 0.0f, y, blasint(N));
+                    },
+                    ""});
+    // No OpenBLAS bf16 peer: Debian's OpenBLAS 0.3.21 is built without BUILD_BFLOAT16 (no cblas_sbgemm).
+    for (int64_t M : ms) {
+      AlignedBuffer<float> x(size_t(M * K)), y(size_t(M * N));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = nd(rng);
+      const double ops = 2.0 * double(M) * double(N) * double(K);
+      // Warm-up (also creates the per-M library primitives), then estimate a run's cost.
+      std::vector<double> est(vars.size());
+      for (size_t v = 0; v < vars.size(); ++v) {
+        vars[v].run(x.data(), M, y.data());
+        auto t0 = Clock::now();
+        vars[v].run(x.data(), M, y.data());
+        est[v] = std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+      const double slowest = *std::max_element(est.begin(), est.end());
+      int reps = o.repeats > 0 ? o.repeats : (o.quick ? 3 : (slowest > 1.0 ? 3 : slowest > 0.1 ? 5 : 11));
+      std::vector<std::vector<double>> t(vars.size());
+      for (int r = 0; r < reps; ++r)
+        for (size_t v = 0; v < vars.size(); ++v) {  // alternate variants
+          // Let the other libraries' spinning workers go to sleep before timing the next one.
+          std::this_thread::sleep_for(std::chrono::milliseconds(3));
+          auto t0 = Clock::now();
+          vars[v].run(x.data(), M, y.data());
+          t[v].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+      double best_bf16 = 1e30, best_f32 = 1e30;
+      std::vector<double> med(vars.size());
+      for (size_t v = 0; v < vars.size(); ++v) {
+        med[v] = median(t[v]);
+        const auto& nm = vars[v].name;
+        if (nm == "bf16" || nm == "onednn-bf16") best_bf16 = std::min(best_bf16, med[v]);
+        if (nm == "f32" || nm == "onednn-f32" || nm == "openblas-f32") best_f32 = std::min(best_f32, med[v]);
+      }
+      fmt::print("M={:<5} {:<14} {:>10} {:>9} {:>8} {:>8} {:>8}  kernel\n", M, "variant", "ms", "GOP/s", "GB/s",
+                 "x bf16", "x f32");
+      for (size_t v = 0; v < vars.size(); ++v) {
+        Result r{N, K, M, vars[v].name, vars[v].kind, "", med[v] * 1e3, ops / med[v] * 1e-9,
+                 vars[v].weight_bytes / med[v] * 1e-9};
+        r.vs_bf16 = best_bf16 / med[v];
+        r.vs_f32 = best_f32 / med[v];
+        if (vars[v].kind == "quant") r.kernel = qlins[v]->kernel_name(M);
+        if (vars[v].name == "bf16") r.kernel = fl_bf16->kernel_name(M);
+        if (vars[v].name == "f32") r.kernel = fl_f32->kernel_name(M);
+        if (vars[v].name == "onednn-int8") r.kernel = dn_int8->note;
+        if (vars[v].name == "onednn-bf16") r.kernel = dn_bf16->note;
+        if (vars[v].name == "onednn-f32") r.kernel = dn_f32->note;
+        fmt::print("        {:<14} {:>10.3f} {:>9.1f} {:>8.1f} {:>8.2f} {:>8.2f}  {}\n", r.variant, r.ms, r.gops,
+                   M == 1 ? r.gbs : 0.0, r.vs_bf16, r.vs_f32, r.kernel);
+        results.push_back(r);
+      }
+      std::fflush(stdout);
+    }
+  }
+
+  if (!o.out_prefix.empty()) {
+    nlohmann::json j;
+    j["machine"] = machine_line();
+    j["results"] = nlohmann::json::array();
+    for (const auto& r : results)
+      j["results"].push_back({{"N", r.N}, {"K", r.K}, {"M", r.M}, {"variant", r.variant}, {"kind", r.kind},
+                              {"kernel", r.kernel}, {"ms", r.ms}, {"gops", r.gops}, {"gbs", r.gbs},
+                              {"vs_best_bf16", r.vs_bf16}, {"vs_best_f32", r.vs_f32}});
+    std::ofstream(o.out_prefix + ".json") << j.dump(1) << "\n";
+    std::ofstream md(o.out_prefix + ".md");
+    md << "# perry bench-op\n\n" << machine_line() << "\n\n";
+    md << "Medians of alternating runs after warm-up. `x bf16` / `x f32`: speed relative to the best bf16 / f32 "
+          "variant (perry FloatLinear, oneDNN; OpenBLAS for f32 — Debian's OpenBLAS has no bf16 GEMM) of the same run. GB/s: weight bytes per second.\n\n";
+    md << "| N | K | M | variant | ms | GOP/s | GB/s | x bf16 | x f32 | kernel |\n|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const auto& r : results)
+      md << fmt::format("| {} | {} | {} | {} | {:.3f} | {:.1f} | {} | {:.2f} | {:.2f} | {} |\n", r.N, r.K, r.M,
+                        r.variant, r.ms, r.gops, r.M == 1 ? fmt::format("{:.1f}", r.gbs) : "", r.vs_bf16, r.vs_f32,
+                        r.kernel);
+    fmt::print("\nwrote {}.md and {}.json\n", o.out_prefix, o.out_prefix);
+  }
+  return 0;
+}
+
+}  // namespace perry::bench
