@@ -5,6 +5,7 @@
 //     and streaming decode must equal full decode and never emit invalid UTF-8.
 // Anything else (crash, sanitizer report, other exception, broken invariant) is a finding.
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -22,7 +23,7 @@ using perry::tokenizer::Tokenizer;
 namespace {
 
 // Byte-level vocab with all 256 bytes (so every text round-trips), some merges, and added
-// tokens with every flag combination. `qwen_like` adds NFC and the Qwen Split regex.
+// tokens (with lstrip / rstrip / single_word / normalized on the Qwen-like one). `qwen_like` adds NFC and the Qwen Split regex.
 std::string small_tokenizer_json(bool qwen_like) {
   using nlohmann::json;
   json vocab = json::object();
@@ -41,11 +42,18 @@ std::string small_tokenizer_json(bool qwen_like) {
     return json{{"id", next++}, {"content", content}, {"special", special}, {"lstrip", lstrip},
                 {"rstrip", rstrip}, {"single_word", single}, {"normalized", normalized}};
   };
+  // lstrip / rstrip swallow whitespace, so only the tokenizer that is not checked for exact
+  // round trips gets them.
   json added_tokens = json::array({added("<|end|>", true, false, false, false, false),
-                                   added("<mask>", false, true, true, false, false),
                                    added("word", false, false, false, true, true),
-                                   added("\xC3\xA9t\xC3\xA9", false, false, false, false, true),
-                                   added("<|x|>", true, true, false, true, true)});
+                                   added("\xE6\x97\xA5\xE6\x9C\xAC", false, false, false, false, true)});
+  if (qwen_like) {
+    // All of "été"'s chars are in the byte-level table, so (as in HF) the ByteLevel decoder
+    // maps them to single bytes and the text does not round-trip: only on this tokenizer.
+    added_tokens.push_back(added("\xC3\xA9t\xC3\xA9", false, false, false, false, true));
+    added_tokens.push_back(added("<mask>", false, true, true, false, false));
+    added_tokens.push_back(added("<|x|>", true, true, false, true, true));
+  }
   json pre = json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
   json normalizer = nullptr;
   if (qwen_like) {
@@ -65,8 +73,11 @@ std::string small_tokenizer_json(bool qwen_like) {
   return j.dump();
 }
 
-void check(bool ok) {
-  if (!ok) std::abort();
+void check(bool ok, int line = __builtin_LINE()) {
+  if (!ok) {
+    std::fprintf(stderr, "fuzz_tokenizer: invariant at line %d broken\n", line);
+    std::abort();
+  }
 }
 
 void exercise(const Tokenizer& tok, std::string_view text, bool expect_round_trip) {
@@ -79,7 +90,11 @@ void exercise(const Tokenizer& tok, std::string_view text, bool expect_round_tri
     return;
   }
   const std::string full = tok.decode(ids, false);
-  if (expect_round_trip) check(full == text);
+  if (expect_round_trip && full != text) {
+    std::fprintf(stderr, "round trip: \"%.*s\" -> \"%s\"\n", static_cast<int>(text.size()),
+                 text.data(), full.c_str());
+    check(false);
+  }
   for (bool skip : {false, true}) {
     StreamDecoder sd(tok, skip);
     std::string streamed;
