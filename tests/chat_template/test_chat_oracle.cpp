@@ -265,6 +265,78 @@ TEST_P(OracleTemplateTest, MatchesReferenceByteForByte) {
 INSTANTIATE_TEST_SUITE_P(Templates, OracleTemplateTest, ::testing::ValuesIn(template_sources()),
                          [](const auto& info) { return info.param.name; });
 
+// Breadth: every template shipped with llama.cpp (70-odd families: Mistral, Gemma, DeepSeek, Phi,
+// Granite, ...) on three conversations, plain, multi-turn with unicode, and a tool call round trip.
+TEST(OracleAllBundleTemplates, MatchReference) {
+  std::vector<std::string> names;
+  std::vector<std::pair<std::string, OJ>> cases;
+  try {
+    const std::string listing = run("git -C '" + bundle_repo() + "' ls-tree --name-only bundle:models/templates/");
+    for (size_t b = 0, e; b < listing.size(); b = e + 1) {
+      e = listing.find('\n', b);
+      if (e == std::string::npos) e = listing.size();
+      const std::string name = listing.substr(b, e - b);
+      if (name.size() > 6 && name.substr(name.size() - 6) == ".jinja") names.push_back(name);
+    }
+    const OJ tool = weather_tool();
+    const std::vector<OJ> convs = {
+        context({msg("user", "Hello!")}, true),
+        context({msg("system", "Be terse."), msg("user", "2+2?"), msg("assistant", "4"),
+                 msg("user", "\u00e9 \U0001F600 \"q\" {x}")},
+                true),
+        context({msg("user", "Weather?"),
+                 {{"role", "assistant"}, {"content", ""},
+                  {"tool_calls", {{{"id", "call_1"}, {"type", "function"},
+                                   {"function", {{"name", "get_weather"}, {"arguments", {{"location", "Paris"}}}}}}}}},
+                 {{"role", "tool"}, {"tool_call_id", "call_1"}, {"name", "get_weather"}, {"content", "21C"}}},
+                true, {{"tools", {tool}}})};
+    for (const auto& n : names) {
+      const std::string src = bundle_template(n);
+      for (const auto& c : convs) cases.emplace_back(src, c);
+    }
+  } catch (const perry::Error& e) {
+    FAIL() << e.what();
+  }
+  ASSERT_GE(names.size(), 20u);
+  std::vector<OracleResult> ref;
+  try {
+    ref = run_oracle(cases);
+  } catch (const perry::Error& e) {
+    FAIL() << e.what();
+  }
+  std::tm now{};
+  now.tm_year = kNow[0] - 1900;
+  now.tm_mon = kNow[1] - 1;
+  now.tm_mday = kNow[2];
+  now.tm_hour = kNow[3];
+  now.tm_min = kNow[4];
+  size_t same = 0, both_failed = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(names[i / 3] + " conversation " + std::to_string(i % 3));
+    std::string ours, error;
+    bool ok = true;
+    try {
+      ChatTemplate t(cases[i].first);
+      t.set_now(now);
+      ours = t.render_json(cases[i].second);
+    } catch (const perry::Error& e) {
+      ok = false;
+      error = e.what();
+    }
+    if (ref[i].ok) {
+      EXPECT_TRUE(ok) << "perry failed where the reference rendered: " << error;
+      EXPECT_EQ(ours, ref[i].text);
+      same += ok && ours == ref[i].text;
+    } else {
+      EXPECT_FALSE(ok) << "the reference failed (" << ref[i].text << ") but perry rendered";
+      both_failed += !ok;
+    }
+  }
+  EXPECT_GE(same, cases.size() * 3 / 4);
+  std::printf("  %zu templates x 3 conversations: %zu identical, %zu fail on both sides\n", names.size(), same,
+              both_failed);
+}
+
 // The hand-written expectations of the unit tests are themselves what the reference produces.
 TEST(OracleUnitCases, ExpectationsMatchReference) {
   std::vector<std::pair<std::string, OJ>> cases;
