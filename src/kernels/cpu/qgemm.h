@@ -76,6 +76,9 @@ void int_forward(const PackedInt& p, const uint8_t* a, int64_t M, const float* s
 void int_accumulators(const PackedInt& p, const uint8_t* a, int64_t M, int32_t* acc, Path path);
 void to_bf16_rows(const float* x, int64_t M, int64_t K, uint16_t* xb, int64_t ldx);
 void wo_forward(const PackedWo& p, const uint16_t* xb, int64_t M, float* y, const float* bias, Path path);
+// Reads [p, p+bytes) once with 64-byte loads on the calling thread (memory-bandwidth probe for
+// bench-op's "% of memory bound"); returns a checksum so the loads are not optimized away.
+uint64_t stream_read(const uint8_t* p, int64_t bytes);
 }  // namespace avx512
 
 // ---- AVX2 fallback (sign trick with vpmaddubsw; activations as s8) ----

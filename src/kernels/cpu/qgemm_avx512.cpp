@@ -244,6 +244,19 @@ void int_forward(const PackedInt& p, const uint8_t* a, int64_t M, const float* s
   }
 }
 
+uint64_t stream_read(const uint8_t* p, int64_t bytes) {
+  __m512i x0 = _mm512_setzero_si512(), x1 = x0, x2 = x0, x3 = x0;
+  int64_t i = 0;
+  for (; i + 256 <= bytes; i += 256) {
+    x0 = _mm512_xor_si512(x0, _mm512_load_si512(p + i));
+    x1 = _mm512_xor_si512(x1, _mm512_load_si512(p + i + 64));
+    x2 = _mm512_xor_si512(x2, _mm512_load_si512(p + i + 128));
+    x3 = _mm512_xor_si512(x3, _mm512_load_si512(p + i + 192));
+  }
+  const __m512i x = _mm512_xor_si512(_mm512_xor_si512(x0, x1), _mm512_xor_si512(x2, x3));
+  return uint64_t(_mm512_reduce_add_epi64(x));
+}
+
 void int_accumulators(const PackedInt& p, const uint8_t* a, int64_t M, int32_t* acc, Path path) {
   Args A{&p, a, p.lda(), nullptr, nullptr, nullptr, acc};
   if (p.bits == 4) {
