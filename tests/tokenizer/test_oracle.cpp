@@ -21,6 +21,9 @@ struct ModelCase {
   const char* llamacpp_vocab;
 };
 
+// gtest prints parameters in test names and logs; the name is what identifies a case.
+void PrintTo(const ModelCase& m, std::ostream* os) { *os << m.name; }
+
 const Tokenizer& load(const ModelCase& m) {
   static std::map<std::string, std::unique_ptr<Tokenizer>> cache;
   auto& slot = cache[m.name];

@@ -158,7 +158,10 @@ VocabVectors load_llamacpp_vectors(const std::string& name) {
     char buf[4096];
     size_t n;
     while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) data.append(buf, n);
-    if (::pclose(p) != 0) throw std::runtime_error("git show " + path + " failed");
+    if (::pclose(p) != 0) {
+      throw std::runtime_error("git show " + path + " failed (needs git and the bundle); " +
+                               kInstallHint);
+    }
     return data;
   };
   const std::string inp = show("models/ggml-vocab-" + name + ".gguf.inp");
