@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   std::printf("lab_gemm_w8a8 M=%ld N=%ld K=%ld threads=%d\n", long(M), long(N), long(K), perry::thread_pool().size());
   const bool lib_only = std::getenv("LAB_LIB_ONLY") != nullptr;  // skip v0-v2 (tuning runs)
   double t0 = best_of(small && !lib_only ? 1 : 0, [&] { kq::ref::int_accumulators(w, q.data(), M, want.data()); });
-  report("v0 scalar reference", t0, false, true);
+  if (!lib_only) report("v0 scalar reference", t0, false, true);
   if (!lib_only) {
   double t1 = best_of(reps, [&] { v1_naive(w, a.data(), lda, wsum.data(), M, got.data()); });
   report("v1 vnni dot per output (row-major W)", t1, true, got == want);
@@ -135,5 +135,22 @@ int main(int argc, char** argv) {
   pq::QuantizedLinear lin(w);
   double t5 = best_of(reps, [&] { lin.forward(x.data(), M, y.data()); }, false);
   report("v5 QuantizedLinear::forward (quantize + GEMM)", t5, false, true);
-  return 0;
+
+  // GEMV-vs-GEMM threshold: both paths for small M on this weight, cold caches (weights evicted
+  // from L3 before every run), all threads, best of reps. Also GB/s of weight bytes.
+  std::vector<uint8_t> flush(size_t(96) << 20, 1);
+  uint64_t sink = 0;
+  for (int64_t m = 1; m <= std::min<int64_t>(M, kq::kGemvMaxRows); ++m) {
+    double best[2] = {1e30, 1e30};
+    for (int r = 0; r < reps + 1; ++r)
+      for (int path = 0; path < 2; ++path) {
+        sink += kq::avx512::stream_read(flush.data(), int64_t(flush.size()));
+        const double t0 = now(false);
+        kq::avx512::int_forward(p, a.data(), m, sa.data(), y.data(), nullptr, path ? kq::Path::Gemm : kq::Path::Gemv);
+        if (r > 0) best[path] = std::min(best[path], now(false) - t0);
+      }
+    std::printf("M=%ld  gemv %8.3f ms (%5.1f GB/s)   gemm %8.3f ms (%5.1f GB/s)\n", long(m), best[0] * 1e3,
+                double(N * K) / best[0] * 1e-9, best[1] * 1e3, double(N * K) / best[1] * 1e-9);
+  }
+  return sink == 1 ? 1 : 0;
 }

@@ -74,6 +74,11 @@ inline void prefetch_l2(const uint8_t* p, int64_t bytes) {
   for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T1);
 }
 
+// Tile shapes (data, not branches): GEMM uses MR×NV register tiles, GEMV all rows × 4 panels.
+constexpr int kGemmMR = 6, kGemmNV = 2, kGemvNV = 4;
+constexpr int64_t kGemmMC = 120;       // rows per cache block (A block stays in L2)
+constexpr int64_t kGemvPrefetch = 2048;  // bytes ahead on each GEMV weight stream
+
 struct Args {
   const PackedInt* p;
   const uint8_t* a;  // [M][lda] u8
@@ -103,7 +108,11 @@ void tile(const Args& A, int64_t m0, int64_t p0) {
     if constexpr (!INT4) {
       for (int64_t s = s0; s < s1; ++s) {
         __m512i b[NV];
-        for (int v = 0; v < NV; ++v) b[v] = _mm512_load_si512(bp + v * P.panel_bytes + s * 64);
+        for (int v = 0; v < NV; ++v) {
+          b[v] = _mm512_load_si512(bp + v * P.panel_bytes + s * 64);
+          if constexpr (NV == kGemvNV)  // the GEMV streams: run ahead of the hardware prefetcher
+            _mm_prefetch(reinterpret_cast<const char*>(bp + v * P.panel_bytes + s * 64 + kGemvPrefetch), _MM_HINT_T0);
+        }
         for (int r = 0; r < MR; ++r) {
           const __m512i av = bcast32(arow[r] + 4 * s);
           for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, b[v]);
@@ -115,6 +124,9 @@ void tile(const Args& A, int64_t m0, int64_t p0) {
         __m512i b0[NV], b1[NV];
         for (int v = 0; v < NV; ++v) {
           const __m512i raw = _mm512_load_si512(bp + v * P.panel_bytes + (s / 2) * 64);
+          if constexpr (NV == kGemvNV)
+            _mm_prefetch(reinterpret_cast<const char*>(bp + v * P.panel_bytes + (s / 2) * 64 + kGemvPrefetch),
+                         _MM_HINT_T0);
           b0[v] = _mm512_sub_epi8(_mm512_and_si512(raw, mask), eight);
           b1[v] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), mask), eight);
         }
@@ -166,9 +178,6 @@ constexpr auto make_tiles(std::integer_sequence<int, R...>) {
   return std::array<TileFn, sizeof...(R)>{&tile<R + 1, NV, INT4, HOOK>...};
 }
 
-// Tile shapes (data, not branches): GEMM uses MR×NV register tiles, GEMV all rows × 4 panels.
-constexpr int kGemmMR = 6, kGemmNV = 2, kGemvNV = 4;
-constexpr int64_t kGemmMC = 120;  // rows per cache block (A block stays in L2)
 
 template <bool INT4, bool HOOK>
 void run(const Args& A, int64_t M, Path path) {
