@@ -114,15 +114,16 @@ AddedVocab::AddedVocab(const JsonNode& node, const Normalizer* normalizer,
     // HF's default: special tokens are not normalized, others are.
     tok.normalized = t.bool_or("normalized", !tok.special);
     if (tok.content.empty()) continue;  // HF ignores empty tokens
-    // An identical token (all fields) already registered is ignored, as in HF.
+    // An identical token (all fields) already registered is ignored, as in HF. Looked up by
+    // content so that files with very many added tokens load in linear time.
     bool duplicate = false;
-    for (const auto& [id, idx] : by_id_) {
-      const AddedToken& o = tokens_[idx];
-      if (o.content == tok.content && o.special == tok.special && o.lstrip == tok.lstrip &&
-          o.rstrip == tok.rstrip && o.single_word == tok.single_word &&
-          o.normalized == tok.normalized) {
-        duplicate = true;
-        break;
+    if (auto it = by_content_.find(tok.content); it != by_content_.end()) {
+      auto at = by_id_.find(it->second);
+      if (at != by_id_.end()) {
+        const AddedToken& o = tokens_[at->second];
+        duplicate = o.content == tok.content && o.special == tok.special &&
+                    o.lstrip == tok.lstrip && o.rstrip == tok.rstrip &&
+                    o.single_word == tok.single_word && o.normalized == tok.normalized;
       }
     }
     if (tok.special && !special_content_.count(tok.content)) {
