@@ -1,6 +1,7 @@
 // QuantizedLinear: holds the canonical weight plus the packed copy of the fastest kernel family
 // this CPU supports, and picks GEMV or GEMM by the number of rows.
 #include <atomic>
+#include <mutex>
 #include <fmt/format.h>
 
 #include "core/cpu_features.h"
@@ -37,7 +38,18 @@ bool quant_force_reference() { return g_force_reference; }
 
 namespace detail {
 struct LinearImpl {
-  QuantizedWeight w;
+  QuantMode mode;
+  int64_t N = 0, K = 0;
+  // The canonical form is rebuilt from the packed copy on first use (canonical(), the reference
+  // path), so a layer normally holds its weights once.
+  mutable std::once_flag canon_once;
+  mutable QuantizedWeight w;
+  const QuantizedWeight& canon() const {
+    std::call_once(canon_once, [this] {
+      w = scheme.int8_activations ? kernels::q::unpack_int(pint, mode) : kernels::q::unpack_wo(pwo, mode);
+    });
+    return w;
+  }
   QuantScheme scheme;
   kernels::q::PackedInt pint;
   kernels::q::PackedWo pwo;
@@ -67,21 +79,23 @@ QuantizedLinear::QuantizedLinear(QuantizedWeight w) : impl_(std::make_unique<det
   } else {
     impl_->pwo = kernels::q::pack_wo(w);
   }
-  impl_->w = std::move(w);
+  impl_->mode = w.mode;
+  impl_->N = w.N;
+  impl_->K = w.K;
 }
 QuantizedLinear::~QuantizedLinear() = default;
 QuantizedLinear::QuantizedLinear(QuantizedLinear&&) noexcept = default;
 QuantizedLinear& QuantizedLinear::operator=(QuantizedLinear&&) noexcept = default;
 
-const QuantizedWeight& QuantizedLinear::canonical() const { return impl_->w; }
-int64_t QuantizedLinear::rows() const { return impl_->w.N; }
-int64_t QuantizedLinear::cols() const { return impl_->w.K; }
-QuantMode QuantizedLinear::mode() const { return impl_->w.mode; }
+const QuantizedWeight& QuantizedLinear::canonical() const { return impl_->canon(); }
+int64_t QuantizedLinear::rows() const { return impl_->N; }
+int64_t QuantizedLinear::cols() const { return impl_->K; }
+QuantMode QuantizedLinear::mode() const { return impl_->mode; }
 int64_t QuantizedLinear::gemv_max_m() const { return impl_->gemv_max_m; }
 
 std::string QuantizedLinear::kernel_name(int64_t M) const {
   const bool gemv = M <= impl_->gemv_max_m;
-  std::string_view mode = quant_mode_name(impl_->w.mode);
+  std::string_view mode = quant_mode_name(impl_->mode);
   switch (impl_->family()) {
     case Family::IntAvx512: return fmt::format("{}:{}_avx512_vnni", mode, gemv ? "gemv" : "gemm");
     case Family::IntAvx2: return fmt::format("{}:{}_avx2", mode, gemv ? "gemv" : "gemm");
@@ -96,7 +110,7 @@ void QuantizedLinear::forward(const float* x, int64_t M, float* y, const float* 
   PERRY_CHECK(M >= 0, "QuantizedLinear::forward: negative row count {}", M);
   if (M == 0) return;
   const auto& I = *impl_;
-  const int64_t K = I.w.K;
+  const int64_t K = I.K;
   const kq::Path path = M <= I.gemv_max_m && M <= kq::kGemvMaxRows ? kq::Path::Gemv : kq::Path::Gemm;
   Scratch& s = scratch();
   switch (I.family()) {
@@ -125,9 +139,9 @@ void QuantizedLinear::forward(const float* x, int64_t M, float* y, const float* 
     }
     case Family::Reference:
       if (I.scheme.int8_activations) {
-        kq::ref::int_forward(I.w, x, M, y, bias);
+        kq::ref::int_forward(I.canon(), x, M, y, bias);
       } else {
-        kq::ref::wo_forward(I.w, x, M, y, bias);
+        kq::ref::wo_forward(I.canon(), x, M, y, bias);
       }
       return;
   }

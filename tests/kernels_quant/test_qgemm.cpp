@@ -303,3 +303,23 @@ TEST(QuantizedLinear, KernelSelection) {
   pq::set_quant_force_reference(true);
   EXPECT_EQ(l4.kernel_name(512), "w4a8-g128:reference");
 }
+
+// QuantizedLinear keeps only the packed copy; canonical() must rebuild the input exactly.
+TEST(QuantizedLinear, CanonicalRoundTripsThroughThePackedCopy) {
+  std::mt19937 rng(21);
+  std::vector<pq::QuantMode> modes(std::begin(kIntModes), std::end(kIntModes));
+  modes.insert(modes.end(), std::begin(kWoModes), std::end(kWoModes));
+  for (auto mode : modes)
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{37, 301}, {16, 8}, {3, 1}}) {
+      const auto w = random_weight(mode, N, K, rng);
+      pq::QuantizedLinear lin(w);
+      const auto& c = lin.canonical();
+      EXPECT_EQ(c.mode, w.mode);
+      EXPECT_EQ(c.N, N);
+      EXPECT_EQ(c.K, K);
+      EXPECT_EQ(c.qweight, w.qweight) << pq::quant_mode_name(mode) << " K=" << K;
+      EXPECT_EQ(c.scales, w.scales) << pq::quant_mode_name(mode) << " K=" << K;
+      EXPECT_EQ(lin.rows(), N);
+      EXPECT_EQ(lin.cols(), K);
+    }
+}

@@ -50,6 +50,10 @@ struct PackedWo {
   int64_t ldx() const { return steps * 2; }  // row stride (bf16 elements) of the activations
 };
 PackedWo pack_wo(const quant::QuantizedWeight& w);
+// Exact inverses of the packers (QuantizedLinear keeps only the packed copy and rebuilds the
+// canonical form on demand, so a layer costs its weight bytes once, not twice).
+quant::QuantizedWeight unpack_int(const PackedInt& p, quant::QuantMode mode);
+quant::QuantizedWeight unpack_wo(const PackedWo& p, quant::QuantMode mode);
 
 // Which loop structure: the matrix-vector kernel (all rows at once, weights streamed once,
 // threads split N) or the cache-blocked GEMM (register tiles of several rows).

@@ -118,6 +118,72 @@ PackedWo pack_wo(const QuantizedWeight& w) {
   return p;
 }
 
+namespace {
+// Writes value v of (n, k) into the canonical weight (int4: nibble in place).
+void put_weight(QuantizedWeight& w, int64_t n, int64_t k, int v) {
+  if (quant_scheme(w.mode).weight_bits == 8) {
+    w.qweight[size_t(n * w.K + k)] = int8_t(v);
+    return;
+  }
+  uint8_t& b = reinterpret_cast<uint8_t&>(w.qweight[size_t(n * w.row_bytes() + k / 2)]);
+  const uint8_t nib = uint8_t(v) & 0xF;
+  b = (k & 1) ? uint8_t((b & 0x0F) | (nib << 4)) : uint8_t((b & 0xF0) | nib);
+}
+QuantizedWeight empty_like(quant::QuantMode mode, int64_t N, int64_t K) {
+  QuantizedWeight w;
+  w.mode = mode;
+  w.N = N;
+  w.K = K;
+  w.qweight.assign(size_t(N * w.row_bytes()), 0);
+  w.scales.assign(size_t(N * w.n_groups()), 0.0f);
+  return w;
+}
+}  // namespace
+
+QuantizedWeight unpack_int(const PackedInt& p, quant::QuantMode mode) {
+  QuantizedWeight w = empty_like(mode, p.N, p.K);
+  PERRY_CHECK(w.n_groups() == p.G, "unpack_int: mode '{}' does not match the packed groups", quant_mode_name(mode));
+  for (int64_t n = 0; n < p.N; ++n) {
+    const int64_t pn = n / kPanel, c = n % kPanel;
+    const uint8_t* panel = p.data.data() + pn * p.panel_bytes;
+    for (int64_t k = 0; k < p.K; ++k) {
+      const int64_t s = k / 4, i = k % 4;
+      int v;
+      if (p.bits == 8) {
+        v = int8_t(panel[s * 64 + c * 4 + i]);
+      } else {
+        const uint8_t b = panel[(s / 2) * 64 + c * 4 + i];
+        v = int((s & 1) ? (b >> 4) : (b & 0xF)) - 8;
+      }
+      put_weight(w, n, k, v);
+    }
+    for (int g = 0; g < p.G; ++g) w.scales[size_t(n * p.G + g)] = p.scales[size_t((pn * p.G + g) * kPanel + c)];
+  }
+  return w;
+}
+
+QuantizedWeight unpack_wo(const PackedWo& p, quant::QuantMode mode) {
+  QuantizedWeight w = empty_like(mode, p.N, p.K);
+  PERRY_CHECK(w.n_groups() == p.G, "unpack_wo: mode '{}' does not match the packed groups", quant_mode_name(mode));
+  for (int64_t n = 0; n < p.N; ++n) {
+    const int64_t pn = n / kPanel, c = n % kPanel;
+    const uint8_t* panel = p.data.data() + pn * p.panel_bytes;
+    for (int64_t k = 0; k < p.K; ++k) {
+      const int64_t s = k / 2, j = k % 2;
+      int v;
+      if (p.bits == 8) {
+        v = int8_t(panel[s * 32 + c * 2 + j]);
+      } else {
+        const uint8_t b = panel[s * 16 + c];
+        v = int(j ? (b >> 4) : (b & 0xF)) - 8;
+      }
+      put_weight(w, n, k, v);
+    }
+    for (int g = 0; g < p.G; ++g) w.scales[size_t(n * p.G + g)] = p.scales[size_t((pn * p.G + g) * kPanel + c)];
+  }
+  return w;
+}
+
 namespace ref {
 
 void int_accumulators(const QuantizedWeight& w, const int8_t* q, int64_t M, int32_t* acc) {
