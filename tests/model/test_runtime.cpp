@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "core/error.h"
 #include "model/model.h"
 #include "runtime/generator.h"
 #include "runtime/sampler.h"
@@ -106,9 +107,9 @@ TEST(StopStrings, NeverStreamsAStopString) {
 }
 
 TEST(Perplexity, WindowingAndValueMatchDirectComputation) {
-  auto cfg = testing::tiny_config(io::Architecture::Qwen3);
+  auto cfg = test_util::tiny_config(io::Architecture::Qwen3);
   model::LoadOptions o;
-  o.dir = testing::write_tiny_checkpoint("ppl", cfg);
+  o.dir = test_util::write_tiny_checkpoint("ppl", cfg);
   auto m = model::Model::load(o);
   std::vector<int32_t> ids(70);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 31 + 7) % uint64_t(cfg.vocab_size));

@@ -11,7 +11,7 @@
 #include "io/safetensors.h"
 #include "model/tensor_names.h"
 
-namespace perry::testing {
+namespace perry::test_util {
 
 inline io::ModelConfig tiny_config(io::Architecture arch) {
   io::ModelConfig c;
@@ -77,4 +77,4 @@ inline std::string write_tiny_checkpoint(const std::string& name, const io::Mode
   return write_tiny_checkpoint(name, c, seed, [](model::TensorSpec&) { return true; }, dtype);
 }
 
-}  // namespace perry::testing
+}  // namespace perry::test_util
