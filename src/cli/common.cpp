@@ -43,7 +43,15 @@ std::string default_model_dir() {
   return std::string(PERRY_SOURCE_DIR) + "/models/" + name;
 }
 
+namespace {
+double mono_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+}  // namespace
+
+ProgressBar::ProgressBar(std::string label, double delay_s) : label_(std::move(label)), start_(mono_s()), delay_(delay_s) {}
+
 void ProgressBar::update(int64_t done, int64_t total, const std::string& what) {
+  if (!drawn_ && mono_s() - start_ < delay_) return;
+  // Not a terminal (logs, CI): a line per quarter instead of redrawing.
   if (!isatty(STDERR_FILENO) && done != total && done % std::max<int64_t>(1, total / 4) != 0) return;
   const int width = 30;
   int fill = total > 0 ? int(double(done) / double(total) * width) : width;

@@ -41,12 +41,14 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer);
 
 class ProgressBar {
  public:
-  explicit ProgressBar(std::string label) : label_(std::move(label)) {}
+  // Draws only once the work has taken longer than `delay_s`, so fast loads stay quiet.
+  explicit ProgressBar(std::string label, double delay_s = 0.3);
   void update(int64_t done, int64_t total, const std::string& what = "");
   void finish();
 
  private:
   std::string label_;
+  double start_, delay_;
   bool drawn_ = false;
 };
 

@@ -143,6 +143,12 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   if (dt == "float32") c.torch_dtype = DType::F32;
   else if (dt == "float16") c.torch_dtype = DType::F16;
   else c.torch_dtype = DType::BF16;
+  // Features perry does not implement are refused instead of silently computing something else.
+  if (j.contains("hidden_act") && j["hidden_act"].is_string() && j["hidden_act"] != "silu")
+    fail("{}: hidden_act \"{}\" is not supported (perry implements SwiGLU with silu)", origin,
+         j["hidden_act"].get<std::string>());
+  if (get_bool(j, "use_sliding_window", origin, false))
+    fail("{}: sliding-window attention (use_sliding_window: true) is not supported", origin);
   c.bos_token_ids = get_ids(j, "bos_token_id", origin);
   c.eos_token_ids = get_ids(j, "eos_token_id", origin);
   if (j.contains("quantization_config")) c.quantization_config = j["quantization_config"];
