@@ -68,7 +68,8 @@ class QuantizedLinear {
   QuantizedLinear(QuantizedLinear&&) noexcept;
   QuantizedLinear& operator=(QuantizedLinear&&) noexcept;
 
-  // y[M, N] = x[M, K] · Wᵀ (+ bias[N]); fp32 in and out. Thread-safe for concurrent calls.
+  // y[M, N] = x[M, K] · Wᵀ (+ bias[N]); fp32 in and out. Runs on perry::thread_pool(); the
+  // activation scratch is per calling thread.
   void forward(const float* x, int64_t M, float* y, const float* bias = nullptr) const;
   // Which kernel forward() uses for M rows, e.g. "w8a8:gemm_avx512_vnni" or "w4a8:reference".
   std::string kernel_name(int64_t M) const;
