@@ -1,0 +1,157 @@
+// Scheduler without HTTP: continuous batching must give each sequence the tokens the
+// single-sequence generator gives it (oracle: runtime::generate).
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "server/scheduler.h"
+#include "server_test_util.h"
+
+namespace perry::server {
+namespace {
+
+using namespace std::chrono_literals;
+using test_util::LoadedTiny;
+
+LoadedTiny& tiny() {
+  static LoadedTiny t = test_util::load_tiny();
+  return t;
+}
+
+RequestResult wait(RequestChannel& ch, std::string* text) {
+  for (int i = 0; i < 6000 && !ch.next(text, 10ms); ++i) {
+  }
+  EXPECT_TRUE(ch.next(text, 0ms)) << "request did not finish";
+  return ch.result();
+}
+
+const char* kPrompts[] = {"The ship sailed out of the harbor", "Once upon a time, there was a",
+                          "In the morning the old man", "She opened the door and"};
+
+TEST(Scheduler, ConcurrentSequencesMatchSingleSequenceGenerator) {
+  auto& t = tiny();
+  const auto eos = test_util::completion_eos(*t.model);
+  // Different lengths so prefill chunks and decode tokens of different sequences share steps.
+  const int64_t max_tokens[] = {40, 25, 33, 48};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<test_util::OracleOut> expect;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(t.tok->encode(kPrompts[i], true));
+    expect.push_back(test_util::oracle(t, prompts.back(), max_tokens[i], {}));  // no eos: full length
+    ASSERT_EQ(expect.back().st.generated_tokens, max_tokens[i]);
+  }
+  SchedulerOptions so;
+  so.n_slots = 4;
+  so.ctx = 512;
+  so.prefill_chunk = 3;  // prompts take several steps, overlapping other sequences' decode
+  Scheduler sched(*t.model, *t.tok, so);
+  std::vector<std::shared_ptr<RequestChannel>> chs;
+  for (int i = 0; i < 4; ++i) {
+    GenRequest r;
+    r.prompt = prompts[size_t(i)];
+    r.max_new_tokens = max_tokens[i];
+    chs.push_back(sched.submit(r));
+  }
+  for (int i = 0; i < 4; ++i) {
+    std::string text;
+    RequestResult r = wait(*chs[size_t(i)], &text);
+    EXPECT_EQ(r.tokens, expect[size_t(i)].st.tokens) << "sequence " << i;
+    EXPECT_EQ(text, expect[size_t(i)].text) << "sequence " << i;
+    EXPECT_EQ(r.finish, runtime::FinishReason::Length);
+    EXPECT_EQ(r.prompt_tokens, int64_t(prompts[size_t(i)].size()));
+  }
+  auto st = sched.stats();
+  EXPECT_EQ(st.max_batch_seqs, 4) << "the four sequences never shared a forward step";
+  EXPECT_EQ(st.finished, 4);
+  EXPECT_EQ(st.active, 0);
+}
+
+TEST(Scheduler, MoreRequestsThanSlotsQueueAndMatch) {
+  auto& t = tiny();
+  const auto eos = test_util::completion_eos(*t.model);
+  SchedulerOptions so;
+  so.n_slots = 2;
+  so.ctx = 256;
+  Scheduler sched(*t.model, *t.tok, so);
+  std::vector<std::shared_ptr<RequestChannel>> chs;
+  for (int i = 0; i < 4; ++i) {
+    GenRequest r;
+    r.prompt = t.tok->encode(kPrompts[i], true);
+    r.max_new_tokens = 20;
+    r.eos_ids = eos;
+    chs.push_back(sched.submit(r));
+  }
+  std::vector<RequestResult> got;
+  for (auto& ch : chs) {
+    std::string text;
+    got.push_back(wait(*ch, &text));
+  }
+  sched.stop();  // the oracle needs the model to itself
+  for (int i = 0; i < 4; ++i) {
+    auto e = test_util::oracle(t, t.tok->encode(kPrompts[i], true), 20, eos, {}, 256);
+    EXPECT_EQ(got[size_t(i)].tokens, e.st.tokens) << "request " << i;
+  }
+  EXPECT_LE(sched.stats().max_batch_seqs, 2);
+}
+
+TEST(Scheduler, RejectsPromptsThatDoNotFitAndEmptyPrompts) {
+  auto& t = tiny();
+  SchedulerOptions so;
+  so.n_slots = 1;
+  so.ctx = 16;
+  Scheduler sched(*t.model, *t.tok, so);
+  GenRequest r;
+  r.prompt.assign(16, 5);
+  try {
+    sched.submit(r);
+    FAIL() << "a 16-token prompt fit a 16-token context";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("16 tokens"), std::string::npos) << e.what();
+  }
+  r.prompt.clear();
+  EXPECT_THROW(sched.submit(r), Error);
+  r.prompt = {1, 2, int32_t(t.model->config().vocab_size)};
+  EXPECT_THROW(sched.submit(r), Error);
+}
+
+TEST(Scheduler, ContextFullEndsWithLengthAtTheCapacity) {
+  auto& t = tiny();
+  SchedulerOptions so;
+  so.n_slots = 1;
+  so.ctx = 24;
+  Scheduler sched(*t.model, *t.tok, so);
+  GenRequest r;
+  r.prompt = t.tok->encode(kPrompts[0], true);
+  r.max_new_tokens = 1000;
+  std::string text;
+  RequestResult res = wait(*sched.submit(r), &text);
+  EXPECT_EQ(res.finish, runtime::FinishReason::ContextFull);
+  // The last sampled token is never fed back, so prompt + generated = capacity + 1.
+  EXPECT_EQ(res.prompt_tokens + res.completion_tokens, 25);
+}
+
+TEST(Scheduler, CancelledSequenceFreesItsSlot) {
+  auto& t = tiny();
+  SchedulerOptions so;
+  so.n_slots = 1;
+  so.ctx = 512;
+  Scheduler sched(*t.model, *t.tok, so);
+  GenRequest r;
+  r.prompt = t.tok->encode(kPrompts[1], true);
+  r.max_new_tokens = 400;
+  auto ch = sched.submit(r);
+  std::string text;
+  for (int i = 0; i < 1000 && text.empty(); ++i) ch->next(&text, 10ms);
+  ASSERT_FALSE(text.empty());
+  ch->cancel();
+  RequestResult res = wait(*ch, &text);
+  EXPECT_EQ(res.finish, runtime::FinishReason::Cancelled);
+  EXPECT_LT(res.completion_tokens, 400);
+  // The only slot is free again: a new request runs to completion.
+  r.max_new_tokens = 3;
+  RequestResult res2 = wait(*sched.submit(r), &text);
+  EXPECT_EQ(res2.completion_tokens, 3);
+  EXPECT_EQ(sched.stats().cancelled, 1);
+}
+
+}  // namespace
+}  // namespace perry::server
