@@ -101,6 +101,32 @@ def main():
     L.append(f"llama-bench -m X-bf16.gguf -m X-q8_0.gguf -m X-q4_0.gguf -p 512 -n 128 -t {a.threads} -r {a.reps} -o json")
     L.append(f"perry bench --synthetic llama3.2-1b --modes bf16 w8a8 w4a8-g128 -p 512 -n 128 -r {a.reps} -t {a.threads}")
     L.append("```\n")
+    try:
+        loads = open(f"{a.res}/loadavg.txt").read().strip()
+    except OSError:
+        loads = ""
+    m = re.search(r"loadavg at start: ([\d.]+ [\d.]+ [\d.]+)", open(f"{a.res}/bandwidth.txt").read()) \
+        if os.path.exists(f"{a.res}/bandwidth.txt") else None
+    L.append("Machine load during the run (1/5/15-min load average on 2 vCPUs; > 2 means the benchmarks shared "
+             "the cores with other jobs, so absolute tok/s are far below an idle machine's; only the "
+             "alternating same-run ratios are meaningful):\n```")
+    if m:
+        L.append(f"bandwidth probe start: loadavg {m.group(1)}")
+    L.append(loads or "(not recorded)")
+    L.append("```\n")
+    quants = {}
+    for q in ("Q8_0", "Q4_0"):
+        try:
+            t = open(f"{a.res}/quantize-{q}.log").read()
+            mm = re.search(r"token_embd\.weight.*?converting to (\w+)", t)
+            quants[q] = mm.group(1) if mm else "?"
+        except OSError:
+            pass
+    if quants:
+        L.append("llama-quantize keeps its defaults: token_embd (also the tied output matrix) becomes "
+                 + ", ".join(f"{v} in the {k} file" for k, v in quants.items())
+                 + "; every other 2-D tensor is the named type, norms stay F32. perry's w8a8/w4a8-g128 quantize "
+                 "lm_head in the same mode and keep the embedding rows in bf16.\n")
     L.append("## Equivalence of the weights\n```")
     for k, v in checks.items():
         L.append(f"# {k}\n{v}")

@@ -19,10 +19,19 @@ PY=/usr/bin/python3  # Debian python3-numpy
 perry=$PERRY_BUILD/perry
 bin=$LLAMA_DIR/bin-$LLAMA_BUILD
 g=$LLAMA_DIR/gguf
-res=$LLAMA_DIR/results/$(date +%Y%m%d-%H%M%S)
+res=${RESULTS:-$LLAMA_DIR/results/$(date +%Y%m%d-%H%M%S)}  # RESULTS=dir REPORT_ONLY=1: redo the report
 mkdir -p "$g" "$res"
 log() { echo "[run_peers $(date +%T)] $*" >&2; }
 
+load() { echo "$(date +%T) $1: loadavg $(cut -d' ' -f1-3 /proc/loadavg)" >> "$res/loadavg.txt"; }
+report() {
+  log "report"
+  $PY "$here/report.py" --res "$res" --root "$root" --llama-src "$LLAMA_DIR/src" --llama-build "$LLAMA_BUILD" \
+    --rounds "$ROUNDS" --reps "$REPS" --threads "$THREADS" --perry "$perry" \
+    --out "$root/docs/perf/peers-llama.cpp-cpu.md"
+  log "wrote docs/perf/peers-llama.cpp-cpu.md (raw results in $res)"
+}
+if [[ -n ${REPORT_ONLY:-} ]]; then report; exit 0; fi
 [[ -x $perry ]] || { echo "no perry binary at $perry (set PERRY_BUILD)" >&2; exit 1; }
 log "llama.cpp tools ($LLAMA_BUILD)"
 "$here/build_llama_cpp.sh" "$LLAMA_DIR" "$LLAMA_BUILD"
@@ -62,16 +71,13 @@ if [[ -n $lab ]]; then
 fi
 
 for r in $(seq 1 "$ROUNDS"); do
-  log "round $r/$ROUNDS: llama-bench"
+  log "round $r/$ROUNDS: llama-bench"; load "round $r llama-bench"
   "$bin/llama-bench" -m "$base-bf16.gguf" -m "$base-q8_0.gguf" -m "$base-q4_0.gguf" \
     -p 512 -n 128 -t "$THREADS" -r "$REPS" -o json > "$res/llama-$r.json" 2> "$res/llama-$r.err"
-  log "round $r/$ROUNDS: perry bench"
+  log "round $r/$ROUNDS: perry bench"; load "round $r perry bench"
   "$perry" bench --synthetic llama3.2-1b --modes bf16 w8a8 w4a8-g128 -p 512 -n 128 -r "$REPS" -t "$THREADS" \
     -o "$res/perry-$r" > "$res/perry-$r.txt" 2>&1
 done
 
-log "report"
-$PY "$here/report.py" --res "$res" --root "$root" --llama-src "$LLAMA_DIR/src" --llama-build "$LLAMA_BUILD" \
-  --rounds "$ROUNDS" --reps "$REPS" --threads "$THREADS" --perry "$perry" \
-  --out "$root/docs/perf/peers-llama.cpp-cpu.md"
-log "wrote docs/perf/peers-llama.cpp-cpu.md (raw results in $res)"
+load "end"
+report
