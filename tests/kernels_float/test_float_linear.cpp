@@ -64,7 +64,8 @@ void check(const std::vector<float>& y, const std::vector<float>& x, const Weigh
 struct Shape {
   int64_t M, N, K;
 };
-const Shape kShapes[] = {{1, 1, 1},    {1, 3, 17},   {1, 130, 63},  {3, 17, 130},  {4, 63, 1000},
+// {1, 21, 4500}: M = 1 with K above the row-sequential limit (8-row tiles + 5 leftover rows).
+const Shape kShapes[] = {{1, 1, 1}, {1, 21, 4500}, {1, 3, 17},   {1, 130, 63},  {3, 17, 130},  {4, 63, 1000},
                          {5, 130, 17}, {17, 63, 130}, {63, 17, 3}, {130, 130, 1000}, {2, 300, 64}};
 
 TEST(FloatLinear, MatchesFloat64EveryPathAndDtype) {
