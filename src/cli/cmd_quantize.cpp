@@ -65,6 +65,17 @@ Command register_quantize(CLI::App& root) {
         written.insert(name + ".weight");
       }
     }
+    // SmoothQuant changed the norm weights: write them from the model, in F32 (rounding the
+    // divided weights to bf16 would undo part of the smoothing's exactness).
+    std::vector<const std::vector<float>*> norm_keep;
+    if (model.smoothed()) {
+      for (const auto& [name, t] : ckpt.tensors())
+        if (name.find("layernorm.weight") != std::string::npos) {
+          const auto& v = model.norm_weight(name);
+          w.add(name, DType::F32, t.shape, v.data(), v.size() * 4);
+          written.insert(name);
+        }
+    }
     // Everything else, unchanged from the source checkpoint (embeddings, norms, biases, float linears).
     for (const auto& [name, t] : ckpt.tensors())
       if (!written.count(name)) w.add(name, t.dtype, t.shape, t.data, t.nbytes);
@@ -79,6 +90,8 @@ Command register_quantize(CLI::App& root) {
                                   {"mode", std::string(quant::quant_mode_name(model.mode()))},
                                   {"lm_head_quantized", !a->m.float_lm_head},
                                   {"modules", modules}};
+    if (model.smoothed())
+      cfg["quantization_config"]["smoothquant"] = {{"alpha", a->m.smooth}, {"calibration_tokens", a->m.calib_tokens}};
     std::ofstream(a->out + "/config.json") << cfg.dump(2) << "\n";
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja",
                           "special_tokens_map.json"})

@@ -1,6 +1,6 @@
 // perry serve: an OpenAI-compatible HTTP server with continuous batching (see src/server).
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -14,6 +14,12 @@
 namespace perry::cli {
 
 namespace {
+int g_sig_pipe[2] = {-1, -1};
+void on_signal(int) {
+  const char c = 's';
+  [[maybe_unused]] ssize_t n = write(g_sig_pipe[1], &c, 1);
+}
+
 struct ServeArgs {
   ModelArgs m;
   server::ServerOptions s;
@@ -41,21 +47,20 @@ Command register_serve(CLI::App& root) {
     PERRY_CHECK(a->s.n_parallel >= 1 && a->s.n_parallel <= 256, "--parallel must be in 1..256, got {}", a->s.n_parallel);
     PERRY_CHECK(a->drain_s >= 0, "--drain-timeout must be >= 0");
     a->s.log_requests = !a->quiet;
-    // Signals go to one thread (sigwait) instead of interrupting arbitrary threads: blocked here,
-    // before any thread exists, so every thread inherits the mask.
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    // Signals: libraries start threads before main (OpenBLAS), so masking signals to one thread
+    // cannot work; an async-signal-safe handler writes to a pipe that a watcher thread reads.
+    PERRY_CHECK(pipe(g_sig_pipe) == 0, "cannot create the signal pipe");
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, nullptr);   // also when the shell started us with SIGINT ignored
+    sigaction(SIGTERM, &sa, nullptr);
     std::atomic<server::Server*> srv{nullptr};
-    std::atomic<bool> exiting{false};
     std::thread stopper;
     std::thread sig_thread([&] {
       for (int n = 0;; ++n) {
-        int sig = 0;
-        sigwait(&set, &sig);
-        if (exiting) return;
+        char c = 0;
+        if (read(g_sig_pipe[0], &c, 1) != 1 || c == 'q') return;
         server::Server* s = srv.load();
         if (!s || n > 0) {
           std::fprintf(stderr, "\n[perry serve] interrupted\n");
@@ -67,8 +72,8 @@ Command register_serve(CLI::App& root) {
       }
     });
     auto wake_sig_thread = [&] {
-      exiting = true;
-      pthread_kill(sig_thread.native_handle(), SIGTERM);
+      const char q = 'q';
+      if (write(g_sig_pipe[1], &q, 1) != 1) std::_Exit(1);
       sig_thread.join();
       if (stopper.joinable()) stopper.join();
     };

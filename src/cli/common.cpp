@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/thread_pool.h"
 #include "quant/quant.h"
 
@@ -26,6 +27,12 @@ void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic) {
   app->add_option("-q,--quant", a->quant,
                   "Quantize at load: " + quant::quant_mode_names() + " (default: the checkpoint's own dtype)");
   app->add_flag("--float-lm-head", a->float_lm_head, "Keep lm_head in bf16 when quantizing (default: same mode as the rest)");
+  app->add_option("--smooth", a->smooth,
+                  "SmoothQuant: migrate activation outliers into the weights with strength ALPHA in [0,1] "
+                  "(typically 0.5) before quantizing; needs --calib")
+      ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--calib", a->calib, "Calibration text for --smooth (activation statistics are collected on it)");
+  app->add_option("--calib-tokens", a->calib_tokens, "Tokens of --calib text to run (default 32768)");
   app->add_option("-t,--threads", a->threads, "CPU threads (default: all cores, or $PERRY_THREADS)");
   app->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
 }
@@ -68,6 +75,32 @@ void ProgressBar::finish() {
   drawn_ = false;
 }
 
+model::SmoothingPlan calibrate_smoothing(const std::string& dir, const std::string& calib_file, int64_t max_tokens,
+                                         double alpha) {
+  model::LoadOptions fo;
+  fo.dir = dir;
+  auto fm = model::Model::load(fo);
+  auto tok = tokenizer::Tokenizer::from_file(dir + "/tokenizer.json");
+  auto ids = tok.encode(read_text_file(calib_file), false);
+  PERRY_CHECK(ids.size() >= 2, "--calib {}: the text is too short", calib_file);
+  if (int64_t(ids.size()) > max_tokens) ids.resize(size_t(max_tokens));
+  const int64_t ctx = std::min<int64_t>(512, fm->config().max_position_embeddings);
+  model::CalibrationStats stats;
+  fm->set_calibration(&stats);
+  auto cache = fm->make_cache(ctx, 1);
+  std::vector<float> logits;
+  ProgressBar bar("calibrating");
+  for (size_t b = 0; b < ids.size(); b += size_t(ctx)) {
+    const int64_t n = std::min<int64_t>(ctx, int64_t(ids.size() - b));
+    cache.reset(0);
+    fm->forward({{0, ids.data() + b, n, false}}, cache, logits);
+    bar.update(int64_t(b) + n, int64_t(ids.size()), "tokens");
+  }
+  bar.finish();
+  fm->set_calibration(nullptr);
+  return model::compute_smoothing_plan(fm->weights(), stats, alpha);
+}
+
 LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
   if (a.device == "cuda")
     fail("--device cuda: this perry build has no CUDA backend yet (it runs on the CPU: use --device cpu)");
@@ -88,6 +121,14 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
   o.progress = [&](int64_t d, int64_t t, const std::string& w) { bar.update(d, t, w); };
   LoadedModel lm;
   auto t0 = std::chrono::steady_clock::now();
+  model::SmoothingPlan plan;
+  if (a.smooth >= 0) {
+    if (a.calib.empty()) fail("--smooth needs --calib FILE (text to collect activation statistics on)");
+    if (!o.synthetic.empty()) fail("--smooth works on checkpoints with a tokenizer, not --synthetic");
+    if (!o.quant || !quant::is_quantized(*o.quant)) fail("--smooth only makes sense with a quantized --quant mode");
+    plan = calibrate_smoothing(o.dir, a.calib, a.calib_tokens, a.smooth);
+    o.smoothing = &plan;
+  }
   lm.model = model::Model::load(o);
   bar.finish();
   lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -21,6 +21,9 @@ struct ModelArgs {
   bool float_lm_head = false;
   int threads = 0;
   std::string device = "cpu";
+  double smooth = -1;       // --smooth ALPHA (SmoothQuant), < 0 = off
+  std::string calib;        // --calib FILE
+  int64_t calib_tokens = 32768;
 };
 
 void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic = true);
@@ -35,6 +38,10 @@ struct LoadedModel {
   std::string source;
   double load_seconds = 0;
 };
+
+// SmoothQuant calibration: runs the float model over the text and computes the factors.
+model::SmoothingPlan calibrate_smoothing(const std::string& dir, const std::string& calib_file, int64_t max_tokens,
+                                         double alpha);
 
 // Applies --threads/--device, resolves the directory, loads with a progress bar on stderr.
 LoadedModel load_model(const ModelArgs& a, bool need_tokenizer);

@@ -62,7 +62,8 @@ std::unique_ptr<Model> Model::load(const LoadOptions& opts) {
   return m;
 }
 
-Linear Model::make_linear(const std::string& base, const LoadOptions& opts, bool is_lm_head) {
+Linear Model::make_linear(const std::string& base, const LoadOptions& opts, bool is_lm_head,
+                          const std::vector<float>* col_scale) {
   const WeightSource& src = *src_;
   const std::string wname = base + ".weight";
   const io::TensorView* bias = src.has(base + ".bias") ? &src.get(base + ".bias") : nullptr;
@@ -86,6 +87,20 @@ Linear Model::make_linear(const std::string& base, const LoadOptions& opts, bool
   if (is_lm_head && !opts.quant_lm_head) mode = quant::QuantMode::BF16;
   if (!cfg_.quantization_config.is_null()) mode = quant::QuantMode::BF16;  // left float by perry quantize
   const io::TensorView& w = (is_lm_head && cfg_.tie_word_embeddings) ? embed_ : src.get(wname);
+  if (col_scale) {
+    // SmoothQuant: W[:, j] *= s_j (the preceding norm weight was divided by s_j).
+    std::vector<float> wf = to_f32(w);
+    const int64_t K = w.shape[1];
+    for (size_t i = 0; i < wf.size(); ++i) wf[i] *= (*col_scale)[i % size_t(K)];
+    owned_.push_back(std::move(wf));
+    io::TensorView v = w;
+    v.dtype = DType::F32;
+    v.data = reinterpret_cast<const uint8_t*>(owned_.back().data());
+    v.nbytes = owned_.back().size() * 4;
+    Linear l = Linear::from_float(v, bias, mode);
+    if (quant::is_quantized(mode)) owned_.pop_back();
+    return l;
+  }
   Linear l = Linear::from_float(w, bias, mode);
   if (quant::is_quantized(mode) && !(is_lm_head && cfg_.tie_word_embeddings)) src.release(wname);
   return l;
@@ -122,12 +137,26 @@ void Model::load_layers(const LoadOptions& opts) {
       L.q_norm = norm(p + "self_attn.q_norm.weight");
       L.k_norm = norm(p + "self_attn.k_norm.weight");
     }
-    L.q = make_linear(p + "self_attn.q_proj", opts, false);
-    L.k = make_linear(p + "self_attn.k_proj", opts, false);
-    L.v = make_linear(p + "self_attn.v_proj", opts, false);
+    const std::vector<float>* sa = nullptr;
+    const std::vector<float>* sm = nullptr;
+    if (opts.smoothing && !opts.smoothing->empty()) {
+      PERRY_CHECK(int64_t(opts.smoothing->attn.size()) == c.num_layers, "smoothing plan has the wrong layer count");
+      sa = &opts.smoothing->attn[size_t(l)];
+      sm = &opts.smoothing->mlp[size_t(l)];
+      for (int64_t j = 0; j < c.hidden_size; ++j) {
+        L.in_norm[size_t(j)] /= (*sa)[size_t(j)];
+        L.post_norm[size_t(j)] /= (*sm)[size_t(j)];
+      }
+      norms_by_name_[p + "input_layernorm.weight"] = L.in_norm;
+      norms_by_name_[p + "post_attention_layernorm.weight"] = L.post_norm;
+      smoothed_ = true;
+    }
+    L.q = make_linear(p + "self_attn.q_proj", opts, false, sa);
+    L.k = make_linear(p + "self_attn.k_proj", opts, false, sa);
+    L.v = make_linear(p + "self_attn.v_proj", opts, false, sa);
     L.o = make_linear(p + "self_attn.o_proj", opts, false);
-    L.gate = make_linear(p + "mlp.gate_proj", opts, false);
-    L.up = make_linear(p + "mlp.up_proj", opts, false);
+    L.gate = make_linear(p + "mlp.gate_proj", opts, false, sm);
+    L.up = make_linear(p + "mlp.up_proj", opts, false, sm);
     L.down = make_linear(p + "mlp.down_proj", opts, false);
   }
   if (opts.progress) opts.progress(c.num_layers, total, "lm_head");
@@ -183,6 +212,7 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
   for (int64_t l = 0; l < c.num_layers; ++l) {
     Layer& L = layers_[size_t(l)];
     kernels::rms_norm(S.x.data(), L.in_norm.data(), eps, M, H, S.xn.data());
+    if (calib_) calib_->attn_in[size_t(l)].observe(S.xn.data(), M, H);
     L.q.forward(S.xn.data(), M, S.q.data());
     L.k.forward(S.xn.data(), M, S.k.data());
     L.v.forward(S.xn.data(), M, S.v.data());
@@ -212,6 +242,7 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
     L.o.forward(S.attn.data(), M, S.o.data());
     kernels::add_inplace(S.x.data(), S.o.data(), M * H);
     kernels::rms_norm(S.x.data(), L.post_norm.data(), eps, M, H, S.xn.data());
+    if (calib_) calib_->mlp_in[size_t(l)].observe(S.xn.data(), M, H);
     L.gate.forward(S.xn.data(), M, S.gate.data());
     L.up.forward(S.xn.data(), M, S.up.data());
     kernels::silu_mul(S.gate.data(), S.up.data(), M * I, S.gate.data());
@@ -219,6 +250,7 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
     kernels::add_inplace(S.x.data(), S.o.data(), M * H);
   }
   for (const SeqInput& s : batch) cache.advance(s.slot, s.n_tokens);
+  if (calib_) calib_->tokens += M;
 
   // Only the rows whose logits are wanted go through the final norm and lm_head.
   fit(S.last, out_rows * H);

@@ -11,6 +11,7 @@
 
 #include "io/model_config.h"
 #include "kernels/cpu/ops.h"
+#include "model/calibration.h"
 #include "model/kv_cache.h"
 #include "model/linear.h"
 #include "model/weight_source.h"
@@ -23,6 +24,8 @@ struct LoadOptions {
   std::string synthetic;            // preset name instead of dir (random weights)
   std::optional<quant::QuantMode> quant;  // convert at load; default: float, or the file's mode
   bool quant_lm_head = true;        // lm_head follows --quant (false keeps it float)
+  // SmoothQuant factors to fold into norms and q/k/v, gate/up weights before quantizing.
+  const SmoothingPlan* smoothing = nullptr;
   // progress(done, total, what) while converting/loading layers.
   std::function<void(int64_t, int64_t, const std::string&)> progress;
 };
@@ -47,6 +50,16 @@ class Model {
   // (resized): for each sequence in order, n_tokens rows if all_logits else 1 row, vocab wide.
   void forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits);
 
+  // While set, forward() records per-channel activation absmax at the linear-group inputs.
+  void set_calibration(CalibrationStats* stats) {
+    calib_ = stats;
+    if (stats) {
+      stats->attn_in.resize(size_t(cfg_.num_layers));
+      stats->mlp_in.resize(size_t(cfg_.num_layers));
+    }
+  }
+  bool smoothed() const { return smoothed_; }
+
   int64_t parameter_count() const;
   size_t weight_bytes() const;          // bytes streamed per decode step (all linears + embedding row)
   std::string kernel_summary() const;   // which kernel each kind of layer uses at M=1 and M=512
@@ -66,7 +79,8 @@ class Model {
   };
   Model() = default;
   void load_layers(const LoadOptions& opts);
-  Linear make_linear(const std::string& base, const LoadOptions& opts, bool is_lm_head);
+  Linear make_linear(const std::string& base, const LoadOptions& opts, bool is_lm_head,
+                     const std::vector<float>* col_scale = nullptr);
 
   io::ModelConfig cfg_;
   std::shared_ptr<WeightSource> src_;
@@ -78,6 +92,9 @@ class Model {
   std::unique_ptr<kernels::RopeTable> rope_;
   std::map<std::string, std::vector<float>> norms_by_name_;
   Scratch s_;
+  CalibrationStats* calib_ = nullptr;
+  bool smoothed_ = false;
+  std::vector<std::vector<float>> owned_;  // smoothed float weights kept alive for float modes
 };
 
 }  // namespace perry::model
