@@ -152,6 +152,7 @@ void Scheduler::finish(Seq& s, runtime::FinishReason why, bool flush) {
   {
     std::lock_guard lk(mu_);
     ++stats_.finished;
+    if (s.slot >= 0) --stats_.active;  // before the client hears of it, so stats() is never stale
     if (why == runtime::FinishReason::Cancelled) {
       ++stats_.cancelled;
       stats_.cancelled_tokens += s.res.completion_tokens;
@@ -236,10 +237,6 @@ bool Scheduler::step() {
     }
   if (any_done) {
     active_.erase(std::remove_if(active_.begin(), active_.end(), [](const auto& s) { return s->done; }), active_.end());
-    {
-      std::lock_guard lk(mu_);
-      stats_.active = int64_t(active_.size());
-    }
     cv_.notify_all();  // drain() waits for the last sequence
   }
   return !batch.empty() || any_done;

@@ -338,7 +338,7 @@ bool sse(httplib::DataSink& sink, const std::string& payload) {
 
 }  // namespace
 
-void Server::handle_generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+void Server::handle_generate(const std::string& req_body, httplib::Response& res, bool chat) {
   const std::string id = fmt::format("{}-{:x}", chat ? "chatcmpl" : "cmpl", impl_->next_id.fetch_add(1));
   const std::time_t created = std::time(nullptr);
   std::shared_ptr<RequestChannel> ch;
@@ -347,7 +347,7 @@ void Server::handle_generate(const httplib::Request& req, httplib::Response& res
     if (!sched_->accepting()) throw ApiError(503, "the server is shutting down", "", "", "server_error");
     json body;
     try {
-      body = json::parse(req.body);
+      body = json::parse(req_body);
     } catch (const json::parse_error& e) {
       throw ApiError(400, fmt::format("the request body is not valid JSON (UTF-8): {}", e.what()), "", "invalid_json");
     }
@@ -451,8 +451,22 @@ void Server::setup_routes() {
                         "invalid_request_error", "model", "model_not_found");
     res.set_content(dump(model_obj()), "application/json");
   });
-  h.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, true); });
-  h.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle_generate(req, res, false); });
+  // Content-reader handlers read the body themselves: httplib would otherwise cap bodies sent as
+  // application/x-www-form-urlencoded (curl -d) at 8 KiB. The payload limit (413) still applies.
+  for (bool chat : {true, false})
+    h.Post(chat ? "/v1/chat/completions" : "/v1/completions",
+           [this, chat](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& read) {
+             std::string body;
+             const bool ok = read([&](const char* d, size_t n) {
+               body.append(d, n);
+               return true;
+             });
+             if (!ok) {
+               if (res.status < 400) send_error(res, 400, "could not read the request body");
+               return;
+             }
+             handle_generate(body, res, chat);
+           });
 
   // Known routes with the wrong method: 405 with Allow.
   auto not_allowed = [](const char* allow) {

@@ -62,7 +62,7 @@ class Server {
  private:
   struct Impl;
   void setup_routes();
-  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_generate(const std::string& body, httplib::Response& res, bool chat);
   ServerOptions opts_;
   int port_ = 0;
   std::unique_ptr<Scheduler> sched_;

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,10 @@ struct LoadedTiny {
   std::unique_ptr<tokenizer::Tokenizer> tok;
 };
 
-inline LoadedTiny load_tiny() {
+inline LoadedTiny load_tiny(std::optional<quant::QuantMode> quant = std::nullopt) {
   model::LoadOptions o;
   o.dir = model_dir();
+  o.quant = quant;
   LoadedTiny t;
   t.model = model::Model::load(o);
   t.tok = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_file(o.dir + "/tokenizer.json"));

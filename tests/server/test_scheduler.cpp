@@ -27,8 +27,16 @@ RequestResult wait(RequestChannel& ch, std::string* text) {
 const char* kPrompts[] = {"The ship sailed out of the harbor", "Once upon a time, there was a",
                           "In the morning the old man", "She opened the door and"};
 
-TEST(Scheduler, ConcurrentSequencesMatchSingleSequenceGenerator) {
-  auto& t = tiny();
+// Batching puts M = (number of sequences) rows through every linear layer instead of M = 1, so a
+// different kernel (GEMM instead of GEMV) computes each row. Rows are independent (activation
+// scales are per token), so greedy tokens must agree; checked for the float checkpoint and the
+// integer modes.
+class SchedulerModes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SchedulerModes, ConcurrentSequencesMatchSingleSequenceGenerator) {
+  LoadedTiny owned;
+  if (GetParam() != "bf16") owned = test_util::load_tiny(quant::parse_quant_mode(GetParam()));
+  auto& t = GetParam() == "bf16" ? tiny() : owned;
   const auto eos = test_util::completion_eos(*t.model);
   // Different lengths so prefill chunks and decode tokens of different sequences share steps.
   const int64_t max_tokens[] = {40, 25, 33, 48};
@@ -64,6 +72,8 @@ TEST(Scheduler, ConcurrentSequencesMatchSingleSequenceGenerator) {
   EXPECT_EQ(st.finished, 4);
   EXPECT_EQ(st.active, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, SchedulerModes, ::testing::Values("bf16", "w8a8", "w4a8-g128"));
 
 TEST(Scheduler, MoreRequestsThanSlotsQueueAndMatch) {
   auto& t = tiny();
