@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/cpu_features.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/qgemm.h"
 #include "quant/quant.h"
@@ -19,6 +20,7 @@ struct Scratch {
   AlignedBuffer<uint8_t> a;
   AlignedBuffer<float> sa;
   AlignedBuffer<uint16_t> xb;
+  AlignedBuffer<float> xf;
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -30,7 +32,7 @@ T* grow(AlignedBuffer<T>& b, size_t n) {
   return b.data();
 }
 
-enum class Family { Reference, IntAvx512, IntAvx2, WoAvx512 };
+enum class Family { Reference, IntAvx512, IntAvx2, WoAvx512, WoAvx2 };
 }  // namespace
 
 void set_quant_force_reference(bool on) { g_force_reference = on; }
@@ -66,6 +68,7 @@ struct LinearImpl {
       return Family::Reference;
     }
     if (supports_avx512_bf16()) return Family::WoAvx512;
+    if (supports_avx2()) return Family::WoAvx2;
     return Family::Reference;
   }
 };
@@ -100,6 +103,7 @@ std::string QuantizedLinear::kernel_name(int64_t M) const {
     case Family::IntAvx512: return fmt::format("{}:{}_avx512_vnni", mode, gemv ? "gemv" : "gemm");
     case Family::IntAvx2: return fmt::format("{}:{}_avx2", mode, gemv ? "gemv" : "gemm");
     case Family::WoAvx512: return fmt::format("{}:{}_avx512_bf16", mode, gemv ? "gemv" : "gemm");
+    case Family::WoAvx2: return fmt::format("{}:gemm_avx2", mode);  // one loop for every M
     case Family::Reference: break;
   }
   return fmt::format("{}:reference", mode);
@@ -135,6 +139,16 @@ void QuantizedLinear::forward(const float* x, int64_t M, float* y, const float* 
       uint16_t* xb = grow(s.xb, size_t(M * ldx));
       kq::avx512::to_bf16_rows(x, M, K, xb, ldx);
       kq::avx512::wo_forward(I.pwo, xb, M, y, bias, path);
+      return;
+    }
+    case Family::WoAvx2: {
+      const int64_t ldx = I.pwo.ldx();
+      float* xf = grow(s.xf, size_t(M * ldx));
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t k = 0; k < K; ++k) xf[m * ldx + k] = bf16_to_f32(f32_to_bf16(x[m * K + k]));
+        for (int64_t k = K; k < ldx; ++k) xf[m * ldx + k] = 0.0f;
+      }
+      kq::avx2::wo_forward(I.pwo, xf, M, y, bias);
       return;
     }
     case Family::Reference:

@@ -295,10 +295,11 @@ TEST(QuantizedLinear, KernelSelection) {
   if (have_avx2()) {
     perry::set_max_isa(IsaLevel::Avx2);
     EXPECT_EQ(l8.kernel_name(512), "w8a8:gemm_avx2");
-    EXPECT_EQ(lwo.kernel_name(512), "w4a16:reference");  // no AVX2 weight-only kernel: says so
+    EXPECT_EQ(lwo.kernel_name(512), "w4a16:gemm_avx2");
   }
   perry::set_max_isa(IsaLevel::Scalar);
   EXPECT_EQ(l8.kernel_name(1), "w8a8:reference");
+  EXPECT_EQ(lwo.kernel_name(1), "w4a16:reference");
   perry::set_max_isa(guard.saved);
   pq::set_quant_force_reference(true);
   EXPECT_EQ(l4.kernel_name(512), "w4a8-g128:reference");

@@ -85,12 +85,14 @@ void wo_forward(const PackedWo& p, const uint16_t* xb, int64_t M, float* y, cons
 uint64_t stream_read(const uint8_t* p, int64_t bytes);
 }  // namespace avx512
 
-// ---- AVX2 fallback (sign trick with vpmaddubsw; activations as s8) ----
+// ---- AVX2 fallback (sign trick with vpmaddubsw, activations as s8; weight-only in fp32 FMA) ----
 namespace avx2 {
 void quantize_rows_s8(const float* x, int64_t M, int64_t K, int8_t* q, int64_t ldq, float* scales);
 void int_forward(const PackedInt& p, const int8_t* a, int64_t M, const float* sa, float* y,
                  const float* bias, Path path);
 void int_accumulators(const PackedInt& p, const int8_t* a, int64_t M, int32_t* acc, Path path);
+// Weight-only: xbf = the activations rounded to bf16, stored as fp32 [M][ldx] (zero-padded).
+void wo_forward(const PackedWo& p, const float* xbf, int64_t M, float* y, const float* bias);
 }  // namespace avx2
 
 }  // namespace perry::kernels::q
