@@ -155,9 +155,9 @@ def main():
                  + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bw.items()) + ".\n")
         b = bw.get("thp", max(bw.values()))
         L.append(f"Bound = bandwidth ({b:.1f} GB/s, THP) ÷ weight bytes read per token. llama.cpp reads the whole "
-                 "file per token (token_embd doubles as the tied output matrix); for perry the bytes are its "
-                 "`weight_bytes` (all weights it holds, so the bound is conservative if the embedding is a "
-                 "separate float copy that decode only reads one row of).\n")
+                 "file per token (token_embd doubles as the tied output matrix); for perry the bytes are "
+                 "`Model::weight_bytes()` = lm_head + every layer's q/k/v/o/gate/up/down in the run's mode (what "
+                 "the kernels stream per token; the embedding is read one row per token and is not counted).\n")
         L.append("| model | bytes/token (MB) | bound tok/s | measured tok/s | % of bound | effective GB/s |")
         L.append("|---|---:|---:|---:|---:|---:|")
         for q, m in PAIRS:
