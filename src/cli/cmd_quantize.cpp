@@ -1,11 +1,5 @@
-// perry quantize: writes a quantized checkpoint directory that loads without re-quantizing.
-//
-// Format (documented in docs/quantization.md): for each quantized linear `X`, tensors
-// `X.qweight` (I8 [N,K], or U8 [N,ceil(K/2)] packed int4, low nibble = even k) and `X.scales`
-// (F32 [N, groups]); `X.bias` stays float. Everything else (embeddings, norms, float linears) is
-// copied unchanged. config.json gets quantization_config = {quant_method: "perry",
-// format_version: 1, mode, lm_head_quantized, modules: {name: mode}} (per-module modes allow mixed
-// precision). Tokenizer and generation files are copied.
+// perry quantize: writes a quantized checkpoint directory that loads without re-quantizing
+// (format: src/model/quantized_checkpoint.h).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +8,7 @@
 #include "core/error.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
-#include "model/tensor_names.h"
+#include "model/quantized_checkpoint.h"
 
 namespace perry::cli {
 
@@ -44,60 +38,14 @@ Command register_quantize(CLI::App& root) {
     margs.dir = in;
     LoadedModel lm = load_model(margs, false);
     const model::Model& model = *lm.model;
-    if (!model.config().quantization_config.is_null()) fail("{} is already quantized", in);
-    auto ckpt = io::Checkpoint::open(in);
-    fs::create_directories(a->out);
-
-    io::SafetensorsWriter w;
-    nlohmann::json modules = nlohmann::json::object();
-    std::set<std::string> written;
-    // Quantized linears.
-    std::vector<std::vector<uint8_t>> keep;  // not needed: canonical() buffers live in the model
-    for (const auto& [name, lin] : model.named_linears()) {
-      if (const auto* q = lin->quantized()) {
-        const auto& c = q->canonical();
-        const auto s = quant::quant_scheme(c.mode);
-        const int64_t groups = int64_t(c.scales.size()) / c.N;
-        if (s.weight_bits == 8) w.add(name + ".qweight", DType::I8, {c.N, c.K}, c.qweight.data(), c.qweight.size());
-        else w.add(name + ".qweight", DType::U8, {c.N, (c.K + 1) / 2}, c.qweight.data(), c.qweight.size());
-        w.add(name + ".scales", DType::F32, {c.N, groups}, c.scales.data(), c.scales.size() * 4);
-        modules[name] = std::string(quant::quant_mode_name(c.mode));
-        written.insert(name + ".weight");
-      }
-    }
-    // SmoothQuant changed the norm weights: write them from the model, in F32 (rounding the
-    // divided weights to bf16 would undo part of the smoothing's exactness).
-    std::vector<const std::vector<float>*> norm_keep;
-    if (model.smoothed()) {
-      for (const auto& [name, t] : ckpt.tensors())
-        if (name.find("layernorm.weight") != std::string::npos) {
-          const auto& v = model.norm_weight(name);
-          w.add(name, DType::F32, t.shape, v.data(), v.size() * 4);
-          written.insert(name);
-        }
-    }
-    // Everything else, unchanged from the source checkpoint (embeddings, norms, biases, float linears).
-    for (const auto& [name, t] : ckpt.tensors())
-      if (!written.count(name)) w.add(name, t.dtype, t.shape, t.data, t.nbytes);
-    w.set_metadata("format", "pt");
-    w.set_metadata("perry_quant_mode", std::string(quant::quant_mode_name(model.mode())));
-    std::fprintf(stderr, "writing %s/model.safetensors\n", a->out.c_str());
-    w.write(a->out + "/model.safetensors");
-
-    nlohmann::json cfg = nlohmann::json::parse(read_text_file(in + "/config.json"));
-    cfg["quantization_config"] = {{"quant_method", "perry"},
-                                  {"format_version", 1},
-                                  {"mode", std::string(quant::quant_mode_name(model.mode()))},
-                                  {"lm_head_quantized", !a->m.float_lm_head},
-                                  {"modules", modules}};
-    if (model.smoothed())
-      cfg["quantization_config"]["smoothquant"] = {{"alpha", a->m.smooth}, {"calibration_tokens", a->m.calib_tokens}};
-    std::ofstream(a->out + "/config.json") << cfg.dump(2) << "\n";
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja",
-                          "special_tokens_map.json"})
-      if (fs::exists(in + "/" + f)) fs::copy_file(in + "/" + f, a->out + "/" + f, fs::copy_options::overwrite_existing);
+    nlohmann::json extra = nlohmann::json::object();
+    if (model.smoothed()) extra["smoothquant"] = {{"alpha", a->m.smooth}, {"calibration_tokens", a->m.calib_tokens}};
+    std::fprintf(stderr, "writing %s\n", a->out.c_str());
+    model::save_quantized_checkpoint(model, in, a->out, extra);
+    size_t n_quantized = 0;
+    for (const auto& [name, lin] : model.named_linears()) n_quantized += lin->quantized() != nullptr;
     std::fprintf(stderr, "quantized %s → %s (%s, %zu linears)\n", in.c_str(), a->out.c_str(),
-                 std::string(quant::quant_mode_name(model.mode())).c_str(), modules.size());
+                 std::string(quant::quant_mode_name(model.mode())).c_str(), n_quantized);
     return 0;
   }};
 }

@@ -88,8 +88,11 @@ std::string Linear::kernel_name(int64_t M) const { return f_ ? f_->kernel_name(M
 
 size_t Linear::weight_bytes() const {
   if (f_) return float_bytes_;
-  const auto& c = q_->canonical();
-  return c.qweight.size() + c.scales.size() * 4;
+  // From the scheme, not canonical(): that rebuilds (and caches) an unpacked copy.
+  const auto s = quant::quant_scheme(mode_);
+  const int64_t groups = s.group_size ? (k_ + s.group_size - 1) / s.group_size : 1;
+  const int64_t wbytes = s.weight_bits == 8 ? n_ * k_ : n_ * ((k_ + 1) / 2);
+  return size_t(wbytes + n_ * groups * 4);
 }
 
 }  // namespace perry::model

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "model/quantized_checkpoint.h"
 #include "tiny_checkpoint.h"
 
 using namespace perry;
@@ -151,4 +152,32 @@ TEST(ModelLoad, ContextOverflowIsAnError) {
   EXPECT_THROW(m->forward({{0, a.data(), 9, false}}, c, out), Error);
   a[0] = int32_t(cfg.vocab_size) + 5;  // out-of-vocabulary id
   EXPECT_THROW(m->forward({{0, a.data(), 4, false}}, c, out), Error);
+}
+
+TEST(QuantizedCheckpoint, SaveAndReloadGivesIdenticalLogits) {
+  auto cfg = test_util::tiny_config(io::Architecture::Qwen2);  // with q/k/v biases, tied
+  LoadOptions o;
+  o.dir = test_util::write_tiny_checkpoint("qsave_src", cfg, 4);
+  auto a = tokens(12, int(cfg.vocab_size), 6);
+  for (auto mode : {quant::QuantMode::W8A8, quant::QuantMode::W4A8_G128, quant::QuantMode::W8A16}) {
+    o.quant = mode;
+    auto m = Model::load(o);
+    const std::string out = (std::filesystem::temp_directory_path() / "perry_test_models" /
+                             ("qsave_" + std::string(quant::quant_mode_name(mode)))).string();
+    std::filesystem::remove_all(out);
+    save_quantized_checkpoint(*m, o.dir, out);
+    LoadOptions r;
+    r.dir = out;
+    auto back = Model::load(r);
+    EXPECT_EQ(back->mode(), mode);
+    EXPECT_NE(back->lm_head().quantized(), nullptr);
+    std::vector<float> l1, l2;
+    KvCache c1 = m->make_cache(16, 1), c2 = back->make_cache(16, 1);
+    m->forward({{0, a.data(), 12, false}}, c1, l1);
+    back->forward({{0, a.data(), 12, false}}, c2, l2);
+    EXPECT_EQ(l1, l2) << quant::quant_mode_name(mode);
+    // Asking to convert a quantized checkpoint to another mode is a clear error.
+    r.quant = quant::QuantMode::W8A8_G64;
+    EXPECT_THROW(Model::load(r), Error);
+  }
 }
