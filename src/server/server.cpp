@@ -244,8 +244,10 @@ Parsed Server::Impl::parse(const json& body, Kind kind, int64_t ctx, const std::
         p.gen.stop_strings.push_back(e.get<std::string>());
       }
     } else throw ApiError(400, "'stop' must be a string or an array of strings", "stop");
+    // Every generated piece is searched for every stop string: keep that cost bounded.
+    if (p.gen.stop_strings.size() > 16) throw ApiError(400, "'stop' may hold at most 16 strings", "stop");
     for (const auto& e : p.gen.stop_strings)
-      if (e.empty()) throw ApiError(400, "'stop' strings must not be empty", "stop");
+      if (e.empty() || e.size() > 256) throw ApiError(400, "'stop' strings must be 1 to 256 bytes long", "stop");
   }
   if (!get_bool(body, "ignore_eos").value_or(false)) p.gen.eos_ids = kind == Kind::Chat ? chat_eos_ids : eos_ids;
   (void)served_name;  // any model name is accepted: one model is served

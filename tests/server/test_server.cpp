@@ -304,6 +304,8 @@ TEST_F(ServerTest, BadRequestsGiveOpenAIErrors) {
       {"/v1/chat/completions", "{\"messages\": " + msgs + ", \"stream\": \"yes\"}", "stream"},
       {"/v1/chat/completions", "{\"messages\": " + msgs + ", \"stop\": 5}", "stop"},
       {"/v1/chat/completions", "{\"messages\": " + msgs + ", \"stop\": [\"a\", 1]}", "stop"},
+      {"/v1/chat/completions", "{\"messages\": " + msgs + ", \"stop\": [\"\"]}", "stop"},
+      {"/v1/chat/completions", "{\"messages\": " + msgs + ", \"stop\": " + json(std::vector<std::string>(17, "x")).dump() + "}", "stop"},
       {"/v1/chat/completions", "{\"messages\": " + msgs + ", \"frequency_penalty\": 0.5}", "frequency_penalty"},
       {"/v1/chat/completions", "{\"messages\": " + msgs + ", \"logprobs\": true}", "logprobs"},
       {"/v1/chat/completions", "{\"messages\": " + msgs + ", \"tools\": [{\"type\": \"function\"}]}", "tools"},
