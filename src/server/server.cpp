@@ -96,6 +96,7 @@ struct Server::Impl {
   model::Model& model;
   const tokenizer::Tokenizer& tok;
   std::unique_ptr<tokenizer::ChatTemplate> chat;
+  std::mutex chat_mu;
   tokenizer::ChatTemplateConfig chat_cfg;
   io::GenerationDefaults gen_defaults;
   std::vector<int32_t> eos_ids, chat_eos_ids;
@@ -142,6 +143,7 @@ std::vector<int32_t> Server::Impl::chat_prompt(const json& messages) {
   json extra = {{"bos_token", chat_cfg.bos_token}, {"eos_token", chat_cfg.eos_token}};
   std::string text;
   try {
+    std::lock_guard lk(chat_mu);  // the template interpreter is not documented as thread-safe
     text = chat->render(msgs, true, extra);
   } catch (const Error& e) {
     throw ApiError(400, fmt::format("the chat template rejected the messages: {}", e.what()), "messages");

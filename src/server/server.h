@@ -5,6 +5,15 @@
 //   POST /v1/completions       (raw prompt)
 // Errors are OpenAI error objects {"error": {message, type, param, code}}: 400 for bad input,
 // 404 unknown route, 405 wrong method, 413 body too large, 503 while shutting down.
+// Request semantics: any "model" name is accepted (one model is served); max_tokens (or
+// max_completion_tokens) defaults to the rest of the context for chat and to 16 for completions;
+// sampling fields default to generation_config.json, else OpenAI's (temperature 1, or 0 when the
+// file says do_sample: false); no seed = a random one. Fields that would change the result but are
+// not implemented (non-zero frequency/presence penalty, logprobs, tools, logit_bias, n > 1, echo,
+// best_of, suffix) and unknown fields are 400s; harmless ones (user, metadata, store) are ignored.
+// Extension: "ignore_eos": true (as vLLM) generates past end-of-sequence tokens (benchmarks).
+// A streaming client that disconnects cancels its sequence at the next token; a non-streaming
+// one is only noticed when the response is written (httplib 0.11 cannot tell earlier).
 #pragma once
 #include <atomic>
 #include <chrono>
