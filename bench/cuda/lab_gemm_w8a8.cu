@@ -1,0 +1,590 @@
+// Kernel lab for the CUDA W8A8 GEMM (llm.c dev/cuda style): CPU references, exactness checks,
+// then a timing sweep against cuBLAS bf16 and cuBLASLt int8 at Llama-3-8B-like shapes.
+//
+//   lab_cuda_gemm_w8a8 OUT_DIR [--quick] [--check-only] [--time-only]
+//
+// Correctness (exit code 1 on any failure, timing still runs so the numbers come back):
+//   quantize_per_token (fp32 and bf16 input) vs the CPU rule, bytes and scale bits exactly;
+//   gemm_w8a8 int32 output vs an int64 CPU dot product exactly (all entries for small shapes, a
+//   random sample of 4096 + the corners for big ones); bf16 / fp32 fused-epilogue output vs a
+//   float64 reference (per-element relative error, floor at 1e-3·rms); at every timed shape the
+//   timed outputs (perry bf16, cuBLASLt int32, cuBLAS bf16) are checked on a 64×64 sample.
+// Timing: CUDA events around each run, 256 MiB L2 flush (memset) before every run (H200 L2 is
+// 60 MB), 3 warm-ups, median of 20 (5 with --quick). Writes OUT_DIR/lab_cuda_gemm_w8a8.{json,md}.
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/gemm_w8a8.h"
+
+using perry::DType;
+namespace pc = perry::cuda;
+
+#define CK(call) PERRY_CUDA_CHECK(call)
+#define CB(call)                                                                     \
+  do {                                                                               \
+    cublasStatus_t st_ = (call);                                                     \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                \
+      throw perry::Error(std::string(#call) + " failed: cublas status " + std::to_string(int(st_))); \
+  } while (0)
+
+namespace {
+
+int g_failures = 0;
+std::vector<std::string> g_check_lines;
+
+void report(bool ok, const std::string& what) {
+  if (!ok) ++g_failures;
+  std::string line = std::string(ok ? "PASS " : "FAIL ") + what;
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  g_check_lines.push_back(line);
+}
+
+// ---------------------------------------------------------------- CPU references
+// The per-token rule of perry::quant::quantize_row_ref (src/quant/quant.cpp), restated here so
+// the lab is one self-contained program.
+float quantize_row_cpu(const float* x, int K, int8_t* q) {
+  float amax = 0;
+  for (int k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
+  float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  float scale = amax / 127.0f;
+  if (!std::isfinite(inv) || !std::isfinite(amax)) inv = scale = 0;
+  for (int k = 0; k < K; ++k) {
+    float v = std::nearbyint(x[k] * inv);
+    v = std::min(std::max(v, -127.0f), 127.0f);
+    q[k] = v == v ? int8_t(v) : int8_t(0);
+  }
+  return scale;
+}
+
+int64_t dot_i8(const int8_t* a, const int8_t* b, int K) {
+  int64_t s = 0;
+  for (int k = 0; k < K; ++k) s += int64_t(a[k]) * int64_t(b[k]);
+  return s;
+}
+
+float bf16_bits_to_f32(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) { CK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T))); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void upload(const std::vector<T>& h) { CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+std::vector<int8_t> random_i8(size_t n, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> d(-127, 127);
+  std::vector<int8_t> v(n);
+  for (auto& x : v) x = int8_t(d(rng));
+  return v;
+}
+std::vector<float> random_f32(size_t n, std::mt19937_64& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// ---------------------------------------------------------------- correctness: quantize
+void check_quantize(int M, int K, DType in, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(M) * K);
+  for (auto& v : x) v = nd(rng);
+  // Outliers, an all-zero row, a NaN, an infinity, a denormal row, exact .5 ties.
+  for (int m = 0; m < M; ++m) x[size_t(m) * K + (m * 37) % K] *= 40.0f;
+  if (M > 1) std::fill(x.begin() + K, x.begin() + 2 * K, 0.0f);
+  if (M > 2) x[size_t(2) * K + K / 2] = NAN;
+  if (M > 3) x[size_t(3) * K + 1] = INFINITY;
+  if (M > 4) for (int k = 0; k < K; ++k) x[size_t(4) * K + k] = 1e-40f * float((k % 5) - 2);
+  if (M > 5) {  // amax 127 → inv 1 → x*inv = x exactly: ties at ±0.5, ±1.5, ±2.5 round to even
+    for (int k = 0; k < K; ++k) x[size_t(5) * K + k] = float((k % 11) - 5) + 0.5f;
+    x[size_t(5) * K] = 127.0f;
+  }
+  if (in == DType::BF16)  // the kernel sees bf16 values: the reference must see the same ones
+    for (auto& v : x) v = bf16_bits_to_f32(f32_to_bf16_bits(v));
+
+  std::vector<int8_t> q_ref(x.size());
+  std::vector<float> s_ref(M);
+  for (int m = 0; m < M; ++m) s_ref[m] = quantize_row_cpu(&x[size_t(m) * K], K, &q_ref[size_t(m) * K]);
+
+  DevBuf<int8_t> dq(x.size());
+  DevBuf<float> ds(M);
+  if (in == DType::F32) {
+    DevBuf<float> dx(x.size());
+    dx.upload(x);
+    pc::quantize_per_token(dx.p, in, M, K, dq.p, ds.p, nullptr);
+  } else {
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16_bits(x[i]);
+    DevBuf<uint16_t> dx(x.size());
+    dx.upload(xb);
+    pc::quantize_per_token(dx.p, in, M, K, dq.p, ds.p, nullptr);
+  }
+  CK(cudaDeviceSynchronize());
+  auto q = dq.download();
+  auto s = ds.download();
+  size_t bad_q = 0, first = 0;
+  for (size_t i = 0; i < q.size(); ++i)
+    if (q[i] != q_ref[i] && bad_q++ == 0) first = i;
+  int bad_s = 0;
+  for (int m = 0; m < M; ++m) bad_s += std::memcmp(&s[m], &s_ref[m], 4) != 0;
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "quantize_per_token %s M=%d K=%d: %zu/%zu bytes differ, %d/%d scales differ%s",
+                in == DType::F32 ? "f32" : "bf16", M, K, bad_q, q.size(), bad_s, M,
+                bad_q ? (" (first at row " + std::to_string(first / K) + " col " + std::to_string(first % K) +
+                         ": gpu " + std::to_string(q[first]) + " cpu " + std::to_string(q_ref[first]) + ")").c_str()
+                      : "");
+  report(bad_q == 0 && bad_s == 0, buf);
+}
+
+// ---------------------------------------------------------------- correctness: gemm
+void check_gemm(int M, int N, int K, std::mt19937_64& rng) {
+  auto X = random_i8(size_t(M) * K, rng);
+  auto W = random_i8(size_t(N) * K, rng);
+  auto sa = random_f32(M, rng, 1e-3f, 2e-2f);
+  auto sw = random_f32(N, rng, 1e-3f, 2e-2f);
+  auto bias = random_f32(N, rng, -2.0f, 2.0f);
+  DevBuf<int8_t> dX(X.size()), dW(W.size());
+  DevBuf<float> dsa(M), dsw(N), db(N);
+  dX.upload(X); dW.upload(W); dsa.upload(sa); dsw.upload(sw); db.upload(bias);
+  DevBuf<int32_t> dY32(size_t(M) * N);
+  DevBuf<uint16_t> dYb(size_t(M) * N);
+  DevBuf<float> dYf(size_t(M) * N);
+  pc::gemm_w8a8(dX.p, nullptr, dW.p, nullptr, nullptr, dY32.p, DType::I32, M, N, K, nullptr);
+  pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, db.p, dYb.p, DType::BF16, M, N, K, nullptr);
+  pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, nullptr, dYf.p, DType::F32, M, N, K, nullptr);
+  CK(cudaDeviceSynchronize());
+  auto Y32 = dY32.download();
+  auto Yb = dYb.download();
+  auto Yf = dYf.download();
+
+  // Entries to check: all of them when small, else 4096 random + the four corners + last row/col.
+  std::vector<std::pair<int, int>> idx;
+  const bool all = int64_t(M) * N <= (1 << 20);
+  if (all) {
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) idx.push_back({m, n});
+  } else {
+    std::uniform_int_distribution<int> dm(0, M - 1), dn(0, N - 1);
+    for (int i = 0; i < 4096; ++i) idx.push_back({dm(rng), dn(rng)});
+    for (int n = 0; n < N; n += std::max(1, N / 64)) idx.push_back({M - 1, n});
+    for (int m = 0; m < M; m += std::max(1, M / 64)) idx.push_back({m, N - 1});
+    idx.push_back({0, 0}); idx.push_back({0, N - 1}); idx.push_back({M - 1, 0}); idx.push_back({M - 1, N - 1});
+  }
+  // float64 references and the error floor (1e-3 × rms of the reference).
+  std::vector<int64_t> acc(idx.size());
+  double ss_b = 0, ss_f = 0;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    auto [m, n] = idx[i];
+    acc[i] = dot_i8(&X[size_t(m) * K], &W[size_t(n) * K], K);
+    double rb = double(acc[i]) * sa[m] * sw[n] + bias[n], rf = double(acc[i]) * sa[m] * sw[n];
+    ss_b += rb * rb; ss_f += rf * rf;
+  }
+  const double floor_b = 1e-3 * std::sqrt(ss_b / idx.size()) + 1e-30;
+  const double floor_f = 1e-3 * std::sqrt(ss_f / idx.size()) + 1e-30;
+  size_t bad32 = 0;
+  double err_b = 0, err_f = 0;
+  std::string first_bad;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    auto [m, n] = idx[i];
+    const size_t o = size_t(m) * N + n;
+    if (int64_t(Y32[o]) != acc[i] && bad32++ == 0)
+      first_bad = " first at (" + std::to_string(m) + "," + std::to_string(n) + "): gpu " +
+                  std::to_string(Y32[o]) + " cpu " + std::to_string(acc[i]);
+    double rb = double(acc[i]) * sa[m] * sw[n] + bias[n], rf = double(acc[i]) * sa[m] * sw[n];
+    err_b = std::max(err_b, std::fabs(double(bf16_bits_to_f32(Yb[o])) - rb) / std::max(std::fabs(rb), floor_b));
+    err_f = std::max(err_f, std::fabs(double(Yf[o]) - rf) / std::max(std::fabs(rf), floor_f));
+  }
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "gemm_w8a8 i32 M=%d N=%d K=%d: %zu/%zu %s entries differ from the int64 reference%s",
+                M, N, K, bad32, idx.size(), all ? "(all)" : "(sampled)", first_bad.c_str());
+  report(bad32 == 0, buf);
+  std::snprintf(buf, sizeof buf, "gemm_w8a8 bf16+bias M=%d N=%d K=%d: max rel err %.3g (limit 1e-2)", M, N, K, err_b);
+  report(err_b < 1e-2, buf);
+  std::snprintf(buf, sizeof buf, "gemm_w8a8 f32 M=%d N=%d K=%d: max rel err %.3g (limit 1e-4)", M, N, K, err_f);
+  report(err_f < 1e-4, buf);
+}
+
+void check_errors() {
+  // Bad arguments must be a perry::Error naming the problem, never a launch.
+  DevBuf<int8_t> d(64 * 64);
+  DevBuf<int32_t> y(64 * 64);
+  bool threw = false;
+  try {
+    pc::gemm_w8a8(d.p, nullptr, d.p, nullptr, nullptr, y.p, DType::I32, 4, 4, 40, nullptr);
+  } catch (const perry::Error& e) {
+    threw = std::string(e.what()).find("multiple of 16") != std::string::npos;
+  }
+  report(threw, "gemm_w8a8 rejects K % 16 != 0 with a perry::Error");
+  threw = false;
+  try {
+    pc::gemm_w8a8(d.p + 1, nullptr, d.p, nullptr, nullptr, y.p, DType::I32, 4, 4, 16, nullptr);
+  } catch (const perry::Error& e) {
+    threw = std::string(e.what()).find("aligned") != std::string::npos;
+  }
+  report(threw, "gemm_w8a8 rejects a misaligned X with a perry::Error");
+}
+
+// ---------------------------------------------------------------- device fills
+__global__ void fill_i8(int8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 29;
+    p[i] = int8_t(int(h % 255) - 127);
+  }
+}
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 29;
+    p[i] = __float2bfloat16_rn(scale * (float(h % 20001) / 10000.0f - 1.0f));
+  }
+}
+__global__ void fill_f32(float* p, size_t n, uint64_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 29;
+    p[i] = lo + (hi - lo) * float(h % 10007) / 10007.0f;
+  }
+}
+
+// ---------------------------------------------------------------- timing
+struct Timer {
+  cudaStream_t stream;
+  void* flush = nullptr;
+  size_t flush_bytes = size_t(256) << 20;
+  int reps = 20, warmup = 3;
+  explicit Timer(cudaStream_t s) : stream(s) { CK(cudaMalloc(&flush, flush_bytes)); }
+  ~Timer() { cudaFree(flush); }
+  // Median milliseconds of op(), each run timed alone after an L2 flush.
+  double median_ms(const std::function<void()>& op) {
+    for (int i = 0; i < warmup; ++i) op();
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto& e : ev) CK(cudaEventCreate(&e));
+    for (int r = 0; r < reps; ++r) {
+      CK(cudaMemsetAsync(flush, r & 0xff, flush_bytes, stream));
+      CK(cudaEventRecord(ev[2 * r], stream));
+      op();
+      CK(cudaEventRecord(ev[2 * r + 1], stream));
+    }
+    CK(cudaStreamSynchronize(stream));
+    std::vector<double> t(reps);
+    for (int r = 0; r < reps; ++r) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]));
+      t[r] = ms;
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+    std::sort(t.begin(), t.end());
+    return reps % 2 ? t[reps / 2] : 0.5 * (t[reps / 2 - 1] + t[reps / 2]);
+  }
+};
+
+struct Row {
+  int M, N, K;
+  double ms_qgemm, ms_gemm, ms_bf16, ms_lt;  // < 0: not available
+  std::string lt_note;
+};
+
+double tops(const Row& r, double ms) { return ms > 0 ? 2.0 * r.M * double(r.N) * r.K / (ms * 1e-3) / 1e12 : -1; }
+
+// Checks the timed outputs at 64 sampled rows × 64 sampled columns.
+void check_timed(int M, int N, int K, const int8_t* dXq, const float* dsa, const int8_t* dW,
+                 const float* dsw, const float* dbias, const uint16_t* dY, const int32_t* dY32,
+                 const uint16_t* dXb, const uint16_t* dWb, const uint16_t* dYbf, bool have_lt,
+                 std::mt19937_64& rng) {
+  std::vector<int8_t> W(size_t(N) * K);
+  CK(cudaMemcpy(W.data(), dW, W.size(), cudaMemcpyDeviceToHost));
+  std::vector<float> sw(N), bias(N), sa(M);
+  CK(cudaMemcpy(sw.data(), dsw, 4 * N, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(bias.data(), dbias, 4 * N, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(sa.data(), dsa, 4 * M, cudaMemcpyDeviceToHost));
+  std::uniform_int_distribution<int> dm(0, M - 1), dn(0, N - 1);
+  std::vector<int> rows, cols;
+  for (int i = 0; i < 64; ++i) { rows.push_back(dm(rng)); cols.push_back(dn(rng)); }
+  rows[0] = M - 1; cols[0] = N - 1;
+  std::vector<int8_t> xr(K);
+  std::vector<uint16_t> yr(N), xbr(K), ybfr(N), wbr(K);
+  std::vector<int32_t> y32r(N);
+  double err = 0, err_bf = 0, ss = 0, ss_bf = 0;
+  size_t bad_lt = 0;
+  std::vector<double> ref(64 * 64), ref_bf(64 * 64), got(64 * 64), got_bf(64 * 64);
+  for (int i = 0; i < 64; ++i) {
+    const int m = rows[i];
+    CK(cudaMemcpy(xr.data(), dXq + size_t(m) * K, K, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(yr.data(), dY + size_t(m) * N, 2 * N, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(xbr.data(), dXb + size_t(m) * K, 2 * K, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ybfr.data(), dYbf + size_t(m) * N, 2 * N, cudaMemcpyDeviceToHost));
+    if (have_lt) CK(cudaMemcpy(y32r.data(), dY32 + size_t(m) * N, 4 * N, cudaMemcpyDeviceToHost));
+    for (int j = 0; j < 64; ++j) {
+      const int n = cols[j];
+      int64_t a = dot_i8(xr.data(), &W[size_t(n) * K], K);
+      if (have_lt && int64_t(y32r[n]) != a) ++bad_lt;
+      ref[i * 64 + j] = double(a) * sa[m] * sw[n] + bias[n];
+      got[i * 64 + j] = bf16_bits_to_f32(yr[n]);
+      CK(cudaMemcpy(wbr.data(), dWb + size_t(n) * K, 2 * K, cudaMemcpyDeviceToHost));
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += double(bf16_bits_to_f32(xbr[k])) * bf16_bits_to_f32(wbr[k]);
+      ref_bf[i * 64 + j] = s;
+      got_bf[i * 64 + j] = bf16_bits_to_f32(ybfr[n]);
+      ss += ref[i * 64 + j] * ref[i * 64 + j];
+      ss_bf += s * s;
+    }
+  }
+  const double fl = 1e-3 * std::sqrt(ss / 4096) + 1e-30, fl_bf = 1e-3 * std::sqrt(ss_bf / 4096) + 1e-30;
+  for (int i = 0; i < 4096; ++i) {
+    err = std::max(err, std::fabs(got[i] - ref[i]) / std::max(std::fabs(ref[i]), fl));
+    err_bf = std::max(err_bf, std::fabs(got_bf[i] - ref_bf[i]) / std::max(std::fabs(ref_bf[i]), fl_bf));
+  }
+  char buf[320];
+  std::snprintf(buf, sizeof buf, "timed M=%d N=%d K=%d: perry bf16 max rel err %.3g (limit 1e-2)", M, N, K, err);
+  report(err < 1e-2, buf);
+  std::snprintf(buf, sizeof buf, "timed M=%d N=%d K=%d: cuBLAS bf16 max rel err %.3g (limit 2e-2)", M, N, K, err_bf);
+  report(err_bf < 2e-2, buf);
+  if (have_lt) {
+    std::snprintf(buf, sizeof buf, "timed M=%d N=%d K=%d: cuBLASLt int8 %zu/4096 sampled entries differ from int64 ref", M, N, K, bad_lt);
+    report(bad_lt == 0, buf);
+  }
+}
+
+std::vector<Row> run_timing(bool quick, std::mt19937_64& rng) {
+  struct NK { int N, K; };
+  std::vector<NK> shapes = {{10240, 2560}, {2560, 10240}, {14336, 4096}, {4096, 14336}, {6144, 4096}};
+  std::vector<int> Ms = {16, 128, 512, 1024, 2048, 4096, 8192};
+  std::vector<std::pair<NK, std::vector<int>>> plan;
+  if (quick) {
+    plan = {{{10240, 2560}, {2048}}, {{4096, 14336}, {4096}}, {{6144, 4096}, {16}}};
+  } else {
+    for (auto s : shapes) plan.push_back({s, Ms});
+  }
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  cublasHandle_t blas;
+  CB(cublasCreate(&blas));
+  CB(cublasSetStream(blas, stream));
+  cublasLtHandle_t lt;
+  CB(cublasLtCreate(&lt));
+  size_t ws_bytes = size_t(64) << 20;
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, ws_bytes));
+  Timer timer(stream);
+  if (quick) timer.reps = 5;
+  std::vector<Row> rows;
+  for (auto& [nk, mlist] : plan) {
+    const int N = nk.N, K = nk.K;
+    const int Mmax = *std::max_element(mlist.begin(), mlist.end());
+    DevBuf<int8_t> W(size_t(N) * K), Xq(size_t(Mmax) * K);
+    DevBuf<uint16_t> Xb(size_t(Mmax) * K), Wb(size_t(N) * K), Y(size_t(Mmax) * N), Ybf(size_t(Mmax) * N);
+    DevBuf<int32_t> Y32(size_t(Mmax) * N);
+    DevBuf<float> sa(Mmax), sw(N), bias(N);
+    fill_i8<<<1024, 256, 0, stream>>>(W.p, W.n, rng());
+    fill_bf16<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(Xb.p), Xb.n, rng(), 1.0f);
+    fill_bf16<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(Wb.p), Wb.n, rng(), 0.05f);
+    fill_f32<<<64, 256, 0, stream>>>(sw.p, N, rng(), 1e-3f, 2e-2f);
+    fill_f32<<<64, 256, 0, stream>>>(bias.p, N, rng(), -1.0f, 1.0f);
+    pc::check_launch("fill");
+    CK(cudaStreamSynchronize(stream));
+    for (int M : mlist) {
+      Row r{M, N, K, -1, -1, -1, -1, ""};
+      auto qgemm = [&] {
+        pc::quantize_per_token(Xb.p, DType::BF16, M, K, Xq.p, sa.p, stream);
+        pc::gemm_w8a8(Xq.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream);
+      };
+      auto gemm = [&] { pc::gemm_w8a8(Xq.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); };
+      const float one = 1.0f, zero = 0.0f;
+      auto bf16 = [&] {
+        CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, Wb.p, CUDA_R_16BF, K, Xb.p,
+                        CUDA_R_16BF, K, &zero, Ybf.p, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+      };
+      r.ms_qgemm = timer.median_ms(qgemm);
+      r.ms_gemm = timer.median_ms(gemm);
+      r.ms_bf16 = timer.median_ms(bf16);
+      // cuBLASLt int8: Y32ᵀ[N,M] (column-major) = Wᵀ-op(W) · Xq, int32 compute and output (TN).
+      cublasLtMatmulDesc_t desc = nullptr;
+      cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+      cublasLtMatmulPreference_t pref = nullptr;
+      CB(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+      cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+      CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+      CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+      CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8I, K, N, K));
+      CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8I, K, M, K));
+      CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32I, N, M, N));
+      CB(cublasLtMatmulPreferenceCreate(&pref));
+      uint64_t wsb = ws_bytes;
+      CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+      cublasLtMatmulHeuristicResult_t res[4];
+      int nres = 0;
+      cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 4, res, &nres);
+      bool have_lt = false;
+      if (hs == CUBLAS_STATUS_SUCCESS && nres > 0) {
+        const int32_t ione = 1, izero = 0;
+        auto i8 = [&] {
+          CB(cublasLtMatmul(lt, desc, &ione, W.p, la, Xq.p, lb, &izero, Y32.p, lc, Y32.p, lc, &res[0].algo,
+                            ws, ws_bytes, stream));
+        };
+        r.ms_lt = timer.median_ms(i8);
+        have_lt = true;
+      } else {
+        r.lt_note = "no cuBLASLt int8 algorithm (status " + std::to_string(int(hs)) + ")";
+      }
+      cublasLtMatmulPreferenceDestroy(pref);
+      cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(lc);
+      cublasLtMatmulDescDestroy(desc);
+      CK(cudaStreamSynchronize(stream));
+      // The outputs of the last timed runs (qgemm then gemm wrote Y from the same Xq) are checked.
+      check_timed(M, N, K, Xq.p, sa.p, W.p, sw.p, bias.p, Y.p, Y32.p, Xb.p, Wb.p, Ybf.p, have_lt, rng);
+      std::printf("M=%5d N=%5d K=%5d | perry q+gemm %8.3f ms %7.1f TOPS | perry gemm %8.3f ms %7.1f TOPS | "
+                  "cuBLAS bf16 %8.3f ms %7.1f TFLOPS | cuBLASLt i8 %8.3f ms %7.1f TOPS | gemm/bf16 %.2fx\n",
+                  M, N, K, r.ms_qgemm, tops(r, r.ms_qgemm), r.ms_gemm, tops(r, r.ms_gemm), r.ms_bf16,
+                  tops(r, r.ms_bf16), r.ms_lt, tops(r, r.ms_lt), r.ms_bf16 / r.ms_gemm);
+      std::fflush(stdout);
+      rows.push_back(r);
+    }
+  }
+  cudaFree(ws);
+  cublasLtDestroy(lt);
+  cublasDestroy(blas);
+  cudaStreamDestroy(stream);
+  return rows;
+}
+
+void write_results(const std::string& dir, const std::vector<Row>& rows, const std::string& device, bool quick) {
+  std::string jpath = dir + "/lab_cuda_gemm_w8a8.json", mpath = dir + "/lab_cuda_gemm_w8a8.md";
+  FILE* j = std::fopen(jpath.c_str(), "w");
+  FILE* md = std::fopen(mpath.c_str(), "w");
+  if (!j || !md) throw perry::Error("cannot write results into " + dir);
+  std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"kernel\": \"%s\",\n  \"quick\": %s,\n  \"check_failures\": %d,\n",
+               device.c_str(), pc::gemm_w8a8_kernel_name(), quick ? "true" : "false", g_failures);
+  std::fprintf(j, "  \"timing\": \"CUDA events, 256 MiB L2 flush before each run, median\",\n  \"rows\": [\n");
+  std::fprintf(md, "# lab_cuda_gemm_w8a8 on %s\n\nkernel `%s`; CUDA events, L2 flushed before every run, "
+               "median; TOPS = 2MNK/t. Ratios are cuBLAS bf16 time / other time (>1 = faster than bf16).\n\n"
+               "correctness checks failed: %d\n\n",
+               device.c_str(), pc::gemm_w8a8_kernel_name(), g_failures);
+  std::fprintf(md, "| M | N | K | perry q+gemm ms | TOPS | perry gemm ms | TOPS | cuBLAS bf16 ms | TFLOPS | cuBLASLt i8 ms | TOPS | q+gemm/bf16 | gemm/bf16 | gemm/Lt-i8 |\n"
+                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    std::fprintf(j, "    {\"M\": %d, \"N\": %d, \"K\": %d, \"perry_quant_gemm_ms\": %.5f, \"perry_gemm_ms\": %.5f, "
+                 "\"cublas_bf16_ms\": %.5f, \"cublaslt_i8_ms\": %.5f, \"perry_quant_gemm_tops\": %.2f, "
+                 "\"perry_gemm_tops\": %.2f, \"cublas_bf16_tflops\": %.2f, \"cublaslt_i8_tops\": %.2f, "
+                 "\"note\": \"%s\"}%s\n",
+                 r.M, r.N, r.K, r.ms_qgemm, r.ms_gemm, r.ms_bf16, r.ms_lt, tops(r, r.ms_qgemm), tops(r, r.ms_gemm),
+                 tops(r, r.ms_bf16), tops(r, r.ms_lt), r.lt_note.c_str(), i + 1 < rows.size() ? "," : "");
+    std::fprintf(md, "| %d | %d | %d | %.3f | %.0f | %.3f | %.0f | %.3f | %.0f | %.3f | %.0f | %.2f | %.2f | %.2f |\n",
+                 r.M, r.N, r.K, r.ms_qgemm, tops(r, r.ms_qgemm), r.ms_gemm, tops(r, r.ms_gemm), r.ms_bf16,
+                 tops(r, r.ms_bf16), r.ms_lt, tops(r, r.ms_lt), r.ms_bf16 / r.ms_qgemm, r.ms_bf16 / r.ms_gemm,
+                 r.ms_lt > 0 ? r.ms_lt / r.ms_gemm : -1.0);
+  }
+  std::fprintf(j, "  ],\n  \"checks\": [\n");
+  for (size_t i = 0; i < g_check_lines.size(); ++i)
+    std::fprintf(j, "    \"%s\"%s\n", g_check_lines[i].c_str(), i + 1 < g_check_lines.size() ? "," : "");
+  std::fprintf(j, "  ]\n}\n");
+  std::fprintf(md, "\n## Checks\n\n```\n");
+  for (auto& l : g_check_lines) std::fprintf(md, "%s\n", l.c_str());
+  std::fprintf(md, "```\n");
+  std::fclose(j);
+  std::fclose(md);
+  std::printf("wrote %s and %s\n", jpath.c_str(), mpath.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_dir;
+  bool quick = false, check_only = false, time_only = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--check-only") check_only = true;
+    else if (a == "--time-only") time_only = true;
+    else if (!a.empty() && a[0] != '-' && out_dir.empty()) out_dir = a;
+    else {
+      std::fprintf(stderr, "usage: %s OUT_DIR [--quick] [--check-only] [--time-only]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (out_dir.empty()) {
+    std::fprintf(stderr, "usage: %s OUT_DIR [--quick] [--check-only] [--time-only]\n", argv[0]);
+    return 2;
+  }
+  try {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+      std::fprintf(stderr, "no CUDA device: this lab needs a GPU (sm_80 or newer)\n");
+      return 3;
+    }
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const std::string device = std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
+                               std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs)";
+    std::printf("device: %s\nkernel: %s\n", device.c_str(), pc::gemm_w8a8_kernel_name());
+    if (!pc::gemm_w8a8_supported()) {
+      std::fprintf(stderr, "gemm_w8a8 needs sm_80 or newer\n");
+      return 3;
+    }
+    std::mt19937_64 rng(20261129);
+    if (!time_only) {
+      std::printf("== correctness\n");
+      check_errors();
+      for (DType in : {DType::F32, DType::BF16})
+        for (auto [M, K] : std::vector<std::pair<int, int>>{{1, 16}, {7, 100}, {9, 4096}, {130, 2560}, {64, 14336}, {3, 4100}})
+          check_quantize(M, K, in, rng);
+      for (int M : {1, 7, 130, 1000})
+        for (int N : {2560, 1000})
+          for (int K : {2560, 4096}) check_gemm(M, N, K, rng);
+      // Edge shapes: K = 16 (one partial k-tile), K not a multiple of the 64 k-tile, odd N.
+      check_gemm(3, 5, 16, rng);
+      check_gemm(129, 131, 80, rng);
+      check_gemm(257, 7, 48, rng);
+      check_gemm(200, 1, 32, rng);
+      std::printf("== correctness: %d failure(s)\n", g_failures);
+    }
+    std::vector<Row> rows;
+    if (!check_only) {
+      std::printf("== timing%s\n", quick ? " (quick)" : "");
+      rows = run_timing(quick, rng);
+    }
+    write_results(out_dir, rows, device, quick);
+    std::printf("== %s: %d check failure(s)\n", g_failures ? "FAILED" : "OK", g_failures);
+    return g_failures ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,39 @@
+// CUDA W8A8 kernels: per-token activation quantization and the int8 tensor-core GEMM with the
+// dequantizing epilogue fused (y = acc·sa[m]·sw[n] (+bias[n])).
+//
+// Layouts follow the canonical CPU format (src/quant/quant.h): X int8 [M,K] row-major, W int8
+// [N,K] row-major (one output channel per row), sa fp32 [M], sw fp32 [N], y [M,N] row-major.
+// All pointers are device pointers; calls are asynchronous on `stream`. Errors (bad arguments,
+// launch failures) are thrown as perry::Error naming the kernel.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace perry::cuda {
+
+// Per-token quantization, the exact rule of perry::quant::quantize_row_ref:
+//   amax = max|x|, scale = amax/127, inv = 127/amax, q = clamp(rint_half_even(x*inv), -127, 127);
+//   scale = inv = 0 when amax == 0 or not finite / 127/amax overflows; NaN elements give q = 0.
+// dX: [M,K] fp32 (in = DType::F32) or bf16 (DType::BF16); dQ int8 [M,K]; dScale fp32 [M].
+void quantize_per_token(const void* dX, DType in, int M, int K, int8_t* dQ, float* dScale,
+                        cudaStream_t stream);
+
+// Y[M,N] = X[M,K] · W[N,K]ᵀ on int8 tensor cores (mma.sync m16n8k32, int32 accumulation), then
+//   out = BF16 or F32: y = float(acc)·dSa[m]·dSw[n] (+ dBias[n] when dBias != nullptr);
+//   out = I32: the raw accumulators (dSa, dSw, dBias ignored, may be null) — the exactness check.
+// Requirements (checked, perry::Error otherwise): M, N, K > 0; K % 16 == 0 (pad X and W with
+// zero columns on the host otherwise: zeros add nothing to the dot products); dX and dW 16-byte
+// aligned (cudaMalloc gives 256); dY aligned to its element size. M and N are arbitrary
+// (tiles are predicated and zero-filled).
+void gemm_w8a8(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
+               const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream);
+
+// True when the current device can run gemm_w8a8 (int8 mma.sync + cp.async: sm_80 or newer).
+bool gemm_w8a8_supported();
+// Which kernel gemm_w8a8 runs, for logs and `perry info`.
+const char* gemm_w8a8_kernel_name();
+
+}  // namespace perry::cuda

@@ -1,0 +1,126 @@
+// Per-token int8 quantization of activations: one block per row, warp-shuffle absmax, then the
+// same rounding as the CPU rule (quantize_row_ref): q = clamp(rint(x * (127/amax))), half-even.
+// The division and the multiply are plain IEEE fp32 operations (nvcc's default -prec-div=true,
+// no fast-math), so the bits match the CPU exactly.
+#include <cuda_bf16.h>
+
+#include <string>
+
+#include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/gemm_w8a8.h"
+
+namespace perry::cuda {
+namespace {
+
+constexpr int kQuantThreads = 256;
+
+__device__ __forceinline__ float load_elem(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float load_elem(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+
+// 8 consecutive elements (16 bytes of bf16 or 32 bytes of fp32); caller guarantees alignment.
+__device__ __forceinline__ void load8(const float* p, float v[8]) {
+  float4 a = reinterpret_cast<const float4*>(p)[0];
+  float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+  v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float v[8]) {
+  uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(w[i] << 16);
+    v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ int8_t quant_one(float x, float inv) {
+  float v = x * inv;
+  if (!(v == v)) return 0;  // NaN input: the CPU rule stores 0
+  int q = __float2int_rn(v);  // round half to even, like std::nearbyint in the default mode
+  q = q < -127 ? -127 : (q > 127 ? 127 : q);
+  return int8_t(q);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kQuantThreads)
+    quantize_per_token_kernel(const T* __restrict__ X, int K, bool vec8, int8_t* __restrict__ Q,
+                              float* __restrict__ scales) {
+  const int64_t row = blockIdx.x;
+  const T* x = X + row * K;
+  int8_t* q = Q + row * K;
+  float amax = 0.0f;
+  // fmaxf ignores a NaN operand, like std::max(amax, NaN) in the CPU rule.
+  if (vec8) {
+    for (int k = threadIdx.x * 8; k < K; k += kQuantThreads * 8) {
+      float v[8];
+      load8(x + k, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    }
+  } else {
+    for (int k = threadIdx.x; k < K; k += kQuantThreads) amax = fmaxf(amax, fabsf(load_elem(x, k)));
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  __shared__ float warp_max[kQuantThreads / 32];
+  __shared__ float row_inv;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_max[warp] = amax;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = 0.0f;
+    for (int w = 0; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
+    float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    float scale = m / 127.0f;
+    if (!isfinite(inv) || !isfinite(m)) inv = scale = 0.0f;
+    row_inv = inv;
+    scales[row] = scale;
+  }
+  __syncthreads();
+  const float inv = row_inv;
+  if (vec8) {
+    for (int k = threadIdx.x * 8; k < K; k += kQuantThreads * 8) {
+      float v[8];
+      load8(x + k, v);
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) lo |= uint32_t(uint8_t(quant_one(v[i], inv))) << (8 * i);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) hi |= uint32_t(uint8_t(quant_one(v[4 + i], inv))) << (8 * i);
+      *reinterpret_cast<uint2*>(q + k) = make_uint2(lo, hi);
+    }
+  } else {
+    for (int k = threadIdx.x; k < K; k += kQuantThreads) q[k] = quant_one(load_elem(x, k), inv);
+  }
+}
+
+bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
+
+}  // namespace
+
+void quantize_per_token(const void* dX, DType in, int M, int K, int8_t* dQ, float* dScale,
+                        cudaStream_t stream) {
+  if (M <= 0 || K <= 0)
+    throw Error("quantize_per_token: M and K must be positive (M=" + std::to_string(M) +
+                ", K=" + std::to_string(K) + ")");
+  if (!dX || !dQ || !dScale) throw Error("quantize_per_token: null device pointer");
+  if (in != DType::F32 && in != DType::BF16)
+    throw Error("quantize_per_token: input dtype must be F32 or BF16");
+  const size_t esize = in == DType::F32 ? 4 : 2;
+  // Vector path: 8 elements per step, every row start aligned (K % 8 == 0 keeps row starts aligned).
+  const bool vec8 = K % 8 == 0 && aligned(dX, 8 * esize) && aligned(dQ, 8);
+  if (in == DType::F32) {
+    quantize_per_token_kernel<float><<<M, kQuantThreads, 0, stream>>>(
+        static_cast<const float*>(dX), K, vec8, dQ, dScale);
+    check_launch("quantize_per_token<f32>");
+  } else {
+    quantize_per_token_kernel<__nv_bfloat16><<<M, kQuantThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(dX), K, vec8, dQ, dScale);
+    check_launch("quantize_per_token<bf16>");
+  }
+}
+
+}  // namespace perry::cuda

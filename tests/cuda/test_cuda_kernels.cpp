@@ -1,0 +1,222 @@
+// CUDA W8A8 kernels against the CPU oracles: quantize_per_token byte- and bit-exact against
+// perry::quant::quantize_row_ref (the rule every backend follows), gemm_w8a8 int32 output exact
+// against an int64 dot product, fused bf16/fp32 epilogues against float64, unaligned M/N/K.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cuda/gemm_w8a8.h"
+#include "quant/quant.h"
+
+namespace pc = perry::cuda;
+using perry::DType;
+
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && pc::gemm_w8a8_supported();
+}
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device with sm_80+: CUDA kernel tests skipped"
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n;
+  explicit Dev(size_t count) : n(count) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess); }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
+    EXPECT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+std::vector<int8_t> rand_i8(size_t n, std::mt19937& g) {
+  std::uniform_int_distribution<int> d(-127, 127);
+  std::vector<int8_t> v(n);
+  for (auto& x : v) x = int8_t(d(g));
+  return v;
+}
+std::vector<float> rand_f(size_t n, std::mt19937& g, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+std::vector<float> activations(int M, int K, std::mt19937& g) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(size_t(M) * K);
+  for (auto& v : x) v = nd(g);
+  for (int m = 0; m < M; ++m) x[size_t(m) * K + (m * 13) % K] *= 50.f;  // outliers
+  if (M > 1) std::fill(x.begin() + K, x.begin() + 2 * K, 0.f);          // scale 0 row
+  if (M > 2) x[size_t(2) * K] = NAN;
+  if (M > 3) x[size_t(3) * K + K - 1] = -INFINITY;
+  if (M > 4)
+    for (int k = 0; k < K; ++k) x[size_t(4) * K + k] = 1e-41f * float(k % 3 - 1);  // denormals
+  if (M > 5) {  // ties: amax 127 → x*inv == x, so .5 values must round half to even
+    for (int k = 0; k < K; ++k) x[size_t(5) * K + k] = float(k % 9 - 4) + 0.5f;
+    x[size_t(5) * K] = -127.f;
+  }
+  return x;
+}
+
+void expect_quantize_matches_cpu(const std::vector<float>& x, int M, int K, DType in) {
+  std::vector<int8_t> q_ref(x.size());
+  std::vector<float> s_ref(M);
+  for (int m = 0; m < M; ++m)
+    s_ref[m] = perry::quant::quantize_row_ref(&x[size_t(m) * K], K, &q_ref[size_t(m) * K]);
+  Dev<int8_t> dq(x.size());
+  Dev<float> ds(M);
+  if (in == DType::F32) {
+    Dev<float> dx(x);
+    pc::quantize_per_token(dx.p, in, M, K, dq.p, ds.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  } else {
+    std::vector<uint16_t> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = perry::f32_to_bf16(x[i]);
+    Dev<uint16_t> dx(xb);
+    pc::quantize_per_token(dx.p, in, M, K, dq.p, ds.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  auto q = dq.get();
+  auto s = ds.get();
+  size_t bad = 0;
+  for (size_t i = 0; i < q.size(); ++i) bad += q[i] != q_ref[i];
+  EXPECT_EQ(bad, 0u) << "M=" << M << " K=" << K;
+  for (int m = 0; m < M; ++m)
+    EXPECT_EQ(std::memcmp(&s[m], &s_ref[m], 4), 0) << "row " << m << ": gpu " << s[m] << " cpu " << s_ref[m];
+}
+
+TEST(CudaQuantize, F32MatchesCpuRuleExactly) {
+  REQUIRE_GPU();
+  std::mt19937 g(1);
+  for (auto [M, K] : {std::pair{1, 16}, {7, 100}, {8, 4096}, {33, 2560}, {3, 4100}}) {
+    auto x = activations(M, K, g);
+    expect_quantize_matches_cpu(x, M, K, DType::F32);
+  }
+}
+
+TEST(CudaQuantize, Bf16MatchesCpuRuleExactly) {
+  REQUIRE_GPU();
+  std::mt19937 g(2);
+  for (auto [M, K] : {std::pair{1, 16}, {7, 100}, {8, 4096}, {33, 2560}, {3, 4100}}) {
+    auto x = activations(M, K, g);
+    for (auto& v : x) v = perry::bf16_to_f32(perry::f32_to_bf16(v));  // what the kernel sees
+    expect_quantize_matches_cpu(x, M, K, DType::BF16);
+  }
+}
+
+void check_gemm(int M, int N, int K, std::mt19937& g) {
+  SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+  auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);
+  auto sa = rand_f(M, g, 1e-3f, 2e-2f), sw = rand_f(N, g, 1e-3f, 2e-2f), bias = rand_f(N, g, -2.f, 2.f);
+  Dev<int8_t> dX(X), dW(W);
+  Dev<float> dsa(sa), dsw(sw), db(bias);
+  Dev<int32_t> y32(size_t(M) * N);
+  Dev<uint16_t> yb(size_t(M) * N);
+  Dev<float> yf(size_t(M) * N);
+  pc::gemm_w8a8(dX.p, nullptr, dW.p, nullptr, nullptr, y32.p, DType::I32, M, N, K, nullptr);
+  pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, db.p, yb.p, DType::BF16, M, N, K, nullptr);
+  pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, nullptr, yf.p, DType::F32, M, N, K, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto Y32 = y32.get();
+  auto Yb = yb.get();
+  auto Yf = yf.get();
+  std::vector<double> rb(size_t(M) * N), rf(size_t(M) * N);
+  size_t bad = 0, nonzero = 0;
+  double ssb = 0, ssf = 0;
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      int64_t acc = 0;
+      for (int k = 0; k < K; ++k) acc += int64_t(X[size_t(m) * K + k]) * W[size_t(n) * K + k];
+      const size_t o = size_t(m) * N + n;
+      bad += int64_t(Y32[o]) != acc;
+      nonzero += acc != 0;
+      rf[o] = double(acc) * sa[m] * sw[n];
+      rb[o] = rf[o] + bias[n];
+      ssb += rb[o] * rb[o];
+      ssf += rf[o] * rf[o];
+    }
+  EXPECT_EQ(bad, 0u) << "int32 accumulators differ from the int64 reference";
+  EXPECT_GT(nonzero, size_t(M) * N / 2);  // the data is not degenerate
+  const double flb = 1e-3 * std::sqrt(ssb / rb.size()), flf = 1e-3 * std::sqrt(ssf / rf.size());
+  double eb = 0, ef = 0;
+  for (size_t o = 0; o < rb.size(); ++o) {
+    eb = std::max(eb, std::fabs(perry::bf16_to_f32(Yb[o]) - rb[o]) / std::max(std::fabs(rb[o]), flb));
+    ef = std::max(ef, std::fabs(Yf[o] - rf[o]) / std::max(std::fabs(rf[o]), flf));
+  }
+  EXPECT_LT(eb, 1e-2) << "bf16 + bias epilogue";
+  EXPECT_LT(ef, 1e-4) << "fp32 epilogue";
+}
+
+TEST(CudaGemmW8A8, ExactInt32AndFusedEpilogueUnalignedShapes) {
+  REQUIRE_GPU();
+  std::mt19937 g(3);
+  // M, N not multiples of the 128 tile; K = 16 (a single partial k-tile), K % 64 != 0, odd N.
+  const int shapes[][3] = {{1, 8, 16}, {3, 5, 16},    {7, 130, 48},   {130, 7, 80},   {129, 131, 272},
+                           {1, 1000, 256}, {200, 1, 32}, {257, 384, 1024}, {64, 2560, 2560}};
+  for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g);
+}
+
+TEST(CudaGemmW8A8, QuantizeThenGemmMatchesCpuPipeline) {
+  REQUIRE_GPU();
+  std::mt19937 g(4);
+  const int M = 37, N = 300, K = 512;
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(size_t(M) * K);
+  for (auto& v : x) v = nd(g);
+  auto W = rand_i8(size_t(N) * K, g);
+  Dev<float> dx(x);
+  Dev<int8_t> dq(x.size()), dW(W);
+  Dev<float> dsa(M), dsw(rand_f(N, g, 1e-3f, 1e-2f));
+  Dev<int32_t> y(size_t(M) * N);
+  pc::quantize_per_token(dx.p, DType::F32, M, K, dq.p, dsa.p, nullptr);
+  pc::gemm_w8a8(dq.p, dsa.p, dW.p, nullptr, nullptr, y.p, DType::I32, M, N, K, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto Y = y.get();
+  std::vector<int8_t> q(K);
+  size_t bad = 0;
+  for (int m = 0; m < M; ++m) {
+    perry::quant::quantize_row_ref(&x[size_t(m) * K], K, q.data());
+    for (int n = 0; n < N; ++n) {
+      int64_t acc = 0;
+      for (int k = 0; k < K; ++k) acc += int64_t(q[k]) * W[size_t(n) * K + k];
+      bad += acc != Y[size_t(m) * N + n];
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(CudaGemmW8A8, BadArgumentsThrowNamedErrors) {
+  REQUIRE_GPU();
+  Dev<int8_t> d(4096);
+  Dev<int32_t> y(4096);
+  Dev<float> s(64);
+  EXPECT_THROW(pc::gemm_w8a8(d.p, nullptr, d.p, nullptr, nullptr, y.p, DType::I32, 4, 4, 40, nullptr), perry::Error);
+  EXPECT_THROW(pc::gemm_w8a8(d.p + 1, nullptr, d.p, nullptr, nullptr, y.p, DType::I32, 4, 4, 16, nullptr), perry::Error);
+  EXPECT_THROW(pc::gemm_w8a8(d.p, nullptr, d.p, nullptr, nullptr, y.p, DType::BF16, 4, 4, 16, nullptr), perry::Error);
+  EXPECT_THROW(pc::gemm_w8a8(d.p, s.p, d.p, s.p, nullptr, y.p, DType::I8, 4, 4, 16, nullptr), perry::Error);
+  EXPECT_THROW(pc::gemm_w8a8(d.p, nullptr, d.p, nullptr, nullptr, y.p, DType::I32, 0, 4, 16, nullptr), perry::Error);
+  EXPECT_THROW(pc::quantize_per_token(d.p, DType::I8, 4, 16, d.p, s.p, nullptr), perry::Error);
+  try {
+    pc::gemm_w8a8(d.p, nullptr, d.p, nullptr, nullptr, y.p, DType::I32, 4, 4, 40, nullptr);
+  } catch (const perry::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
