@@ -172,6 +172,27 @@ TEST(CudaGemmW8A8, ExactInt32AndFusedEpilogueUnalignedShapes) {
   for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g);
 }
 
+TEST(CudaGemmW8A8, OddOffsetOutputUsesElementStores) {
+  // Y one element past an allocation: paired stores would be misaligned, so the kernel must
+  // store element by element and still produce the same values.
+  REQUIRE_GPU();
+  std::mt19937 g(5);
+  const int M = 5, N = 6, K = 32;
+  auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);
+  Dev<int8_t> dX(X), dW(W);
+  Dev<float> dsa(rand_f(M, g, 0.01f, 0.02f)), dsw(rand_f(N, g, 0.01f, 0.02f));
+  for (DType out : {DType::BF16, DType::F32, DType::I32}) {
+    Dev<int32_t> a(size_t(M) * N + 1), b(size_t(M) * N + 1);  // 4-byte slots fit every dtype
+    const size_t es = out == DType::BF16 ? 2 : 4;
+    pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, nullptr, a.p, out, M, N, K, nullptr);
+    pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, nullptr, reinterpret_cast<char*>(b.p) + es, out, M, N, K, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto ha = a.get(), hb = b.get();
+    EXPECT_EQ(std::memcmp(ha.data(), reinterpret_cast<const char*>(hb.data()) + es, size_t(M) * N * es), 0)
+        << "dtype " << perry::dtype_name(out);
+  }
+}
+
 TEST(CudaGemmW8A8, QuantizeThenGemmMatchesCpuPipeline) {
   REQUIRE_GPU();
   std::mt19937 g(4);

@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads)
     gemm_w8a8_mma_kernel(const int8_t* __restrict__ X, const float* __restrict__ Sa,
                          const int8_t* __restrict__ W, const float* __restrict__ Sw,
                          const float* __restrict__ bias, void* __restrict__ Y, int M, int N,
-                         int K) {
+                         int K, bool pair_stores) {
   extern __shared__ __align__(128) int8_t smem[];
 
   // Grouped rasterization: pid → (tile_m, tile_n), walking kGroupM M-tiles per N column.
@@ -203,7 +203,6 @@ __global__ void __launch_bounds__(kThreads)
 
   // Epilogue. Accumulator layout of m16n8: c0,c1 at (row g, cols 2t, 2t+1), c2,c3 at row g+8.
   const int g = lane >> 2, t = lane & 3;
-  const bool n_even = (N % 2) == 0;  // pair stores need 2-element alignment of every row
 #pragma unroll
   for (int ni = 0; ni < 4; ++ni) {
     const int c = n0 + warp_n * 32 + ni * 8 + 2 * t;
@@ -217,7 +216,7 @@ __global__ void __launch_bounds__(kThreads)
         b1 = c + 1 < N ? bias[c + 1] : 0.0f;
       }
     }
-    const bool pair_ok = n_even && c + 1 < N;
+    const bool pair_ok = pair_stores && c + 1 < N;
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
@@ -250,8 +249,12 @@ void launch(const int8_t* dX, const float* dSa, const int8_t* dW, const float* d
     throw_cuda(std::string("cudaFuncSetAttribute(") + name + ", 80 KiB shared memory)", attr_err);
   const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + kBN - 1) / kBN);
   if (tiles > 0x7fffffffLL) throw Error(std::string(name) + ": too many tiles");
-  gemm_w8a8_mma_kernel<kOut><<<(unsigned)tiles, kThreads, kSmemBytes, stream>>>(dX, dSa, dW, dSw,
-                                                                                dBias, dY, M, N, K);
+  // Paired (2-element) stores need every (row, even column) address 2-element aligned: N even
+  // and Y itself aligned to two elements; otherwise the epilogue stores element by element.
+  const size_t esize = kOut == Out::BF16 ? 2 : 4;
+  const bool pair_stores = N % 2 == 0 && aligned(dY, 2 * esize);
+  gemm_w8a8_mma_kernel<kOut><<<(unsigned)tiles, kThreads, kSmemBytes, stream>>>(
+      dX, dSa, dW, dSw, dBias, dY, M, N, K, pair_stores);
   check_launch(name);
 }
 
