@@ -1,7 +1,10 @@
 // Kernel lab for the CUDA W8A8 GEMM (llm.c dev/cuda style): CPU references, exactness checks,
 // then a timing sweep against cuBLAS bf16 and cuBLASLt int8 at Llama-3-8B-like shapes.
 //
-//   lab_cuda_gemm_w8a8 OUT_DIR [--quick] [--check-only] [--time-only]
+//   lab_cuda_gemm_w8a8 OUT_DIR [--quick] [--check-only] [--time-only] [--wgmma]
+//
+// --wgmma runs only the EXPERIMENTAL sm_90a kernel (gemm_w8a8_sm90.cu): exactness checks and a
+// timing comparison with the mma.sync kernel, into OUT_DIR/lab_cuda_gemm_w8a8_wgmma.md.
 //
 // Correctness (exit code 1 on any failure, timing still runs so the numbers come back):
 //   quantize_per_token (fp32 and bf16 input) vs the CPU rule, bytes and scale bits exactly;
@@ -172,7 +175,11 @@ void check_quantize(int M, int K, DType in, std::mt19937_64& rng) {
 }
 
 // ---------------------------------------------------------------- correctness: gemm
-void check_gemm(int M, int N, int K, std::mt19937_64& rng) {
+using GemmFn = void (*)(const int8_t*, const float*, const int8_t*, const float*, const float*, void*, DType,
+                       int, int, int, cudaStream_t);
+
+void check_gemm(int M, int N, int K, std::mt19937_64& rng, GemmFn gemm = pc::gemm_w8a8,
+                const char* name = "gemm_w8a8") {
   auto X = random_i8(size_t(M) * K, rng);
   auto W = random_i8(size_t(N) * K, rng);
   auto sa = random_f32(M, rng, 1e-3f, 2e-2f);
@@ -184,9 +191,9 @@ void check_gemm(int M, int N, int K, std::mt19937_64& rng) {
   DevBuf<int32_t> dY32(size_t(M) * N);
   DevBuf<uint16_t> dYb(size_t(M) * N);
   DevBuf<float> dYf(size_t(M) * N);
-  pc::gemm_w8a8(dX.p, nullptr, dW.p, nullptr, nullptr, dY32.p, DType::I32, M, N, K, nullptr);
-  pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, db.p, dYb.p, DType::BF16, M, N, K, nullptr);
-  pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, nullptr, dYf.p, DType::F32, M, N, K, nullptr);
+  gemm(dX.p, nullptr, dW.p, nullptr, nullptr, dY32.p, DType::I32, M, N, K, nullptr);
+  gemm(dX.p, dsa.p, dW.p, dsw.p, db.p, dYb.p, DType::BF16, M, N, K, nullptr);
+  gemm(dX.p, dsa.p, dW.p, dsw.p, nullptr, dYf.p, DType::F32, M, N, K, nullptr);
   CK(cudaDeviceSynchronize());
   auto Y32 = dY32.download();
   auto Yb = dYb.download();
@@ -230,12 +237,12 @@ void check_gemm(int M, int N, int K, std::mt19937_64& rng) {
     err_f = std::max(err_f, std::fabs(double(Yf[o]) - rf) / std::max(std::fabs(rf), floor_f));
   }
   char buf[320];
-  std::snprintf(buf, sizeof buf, "gemm_w8a8 i32 M=%d N=%d K=%d: %zu/%zu %s entries differ from the int64 reference%s",
-                M, N, K, bad32, idx.size(), all ? "(all)" : "(sampled)", first_bad.c_str());
+  std::snprintf(buf, sizeof buf, "%s i32 M=%d N=%d K=%d: %zu/%zu %s entries differ from the int64 reference%s",
+                name, M, N, K, bad32, idx.size(), all ? "(all)" : "(sampled)", first_bad.c_str());
   report(bad32 == 0, buf);
-  std::snprintf(buf, sizeof buf, "gemm_w8a8 bf16+bias M=%d N=%d K=%d: max rel err %.3g (limit 1e-2)", M, N, K, err_b);
+  std::snprintf(buf, sizeof buf, "%s bf16+bias M=%d N=%d K=%d: max rel err %.3g (limit 1e-2)", name, M, N, K, err_b);
   report(err_b < 1e-2, buf);
-  std::snprintf(buf, sizeof buf, "gemm_w8a8 f32 M=%d N=%d K=%d: max rel err %.3g (limit 1e-4)", M, N, K, err_f);
+  std::snprintf(buf, sizeof buf, "%s f32 M=%d N=%d K=%d: max rel err %.3g (limit 1e-4)", name, M, N, K, err_f);
   report(err_f < 1e-4, buf);
 }
 
@@ -505,6 +512,90 @@ std::vector<Row> run_timing(bool quick, std::mt19937_64& rng) {
   return rows;
 }
 
+__global__ void count_mismatch(const int32_t* a, const int32_t* b, size_t n, unsigned long long* out) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    local += a[i] != b[i];
+  if (local) atomicAdd(out, local);
+}
+
+// --wgmma: the experimental sm_90a kernel. Exactness against the int64 reference on the
+// correctness shapes, then at every timing shape its whole int32 output compared on the device
+// with the mma.sync kernel's, and both timed (bf16 out, GEMM alone).
+void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const std::string& device) {
+  if (!pc::gemm_w8a8_wgmma_supported()) {
+    report(false, "gemm_w8a8_wgmma: device is not sm_90, nothing to test");
+    return;
+  }
+  std::printf("== wgmma correctness\n");
+  for (int M : {1, 7, 130, 1000})
+    for (int N : {2560, 1000}) check_gemm(M, N, 2560, rng, pc::gemm_w8a8_wgmma, "gemm_w8a8_wgmma");
+  check_gemm(3, 5, 16, rng, pc::gemm_w8a8_wgmma, "gemm_w8a8_wgmma");
+  check_gemm(129, 131, 80, rng, pc::gemm_w8a8_wgmma, "gemm_w8a8_wgmma");
+  check_gemm(257, 7, 48, rng, pc::gemm_w8a8_wgmma, "gemm_w8a8_wgmma");
+  const int failures_before_timing = g_failures;
+  std::printf("== wgmma vs mma.sync timing\n");
+  struct NK { int N, K; };
+  std::vector<std::pair<NK, std::vector<int>>> plan;
+  if (quick)
+    plan = {{{10240, 2560}, {2048}}, {{4096, 14336}, {4096}}, {{6144, 4096}, {16}}};
+  else
+    for (NK s : {NK{10240, 2560}, NK{2560, 10240}, NK{14336, 4096}, NK{4096, 14336}, NK{6144, 4096}})
+      plan.push_back({s, {16, 128, 512, 1024, 2048, 4096, 8192}});
+  cudaStream_t stream;
+  CK(cudaStreamCreate(&stream));
+  Timer timer(stream);
+  if (quick) timer.reps = 5;
+  std::string md = "| M | N | K | mma.sync ms | TOPS | wgmma ms | TOPS | wgmma/mma.sync speed | int32 mismatches |\n|---|---|---|---|---|---|---|---|---|\n";
+  DevBuf<unsigned long long> cnt(1);
+  for (auto& [nk, mlist] : plan) {
+    const int N = nk.N, K = nk.K, Mmax = *std::max_element(mlist.begin(), mlist.end());
+    DevBuf<int8_t> W(size_t(N) * K), X(size_t(Mmax) * K);
+    DevBuf<float> sa(Mmax), sw(N), bias(N);
+    DevBuf<uint16_t> Y(size_t(Mmax) * N);
+    DevBuf<int32_t> A(size_t(Mmax) * N), B(size_t(Mmax) * N);
+    fill_i8<<<1024, 256, 0, stream>>>(W.p, W.n, rng());
+    fill_i8<<<1024, 256, 0, stream>>>(X.p, X.n, rng());
+    fill_f32<<<64, 256, 0, stream>>>(sa.p, Mmax, rng(), 1e-3f, 2e-2f);
+    fill_f32<<<64, 256, 0, stream>>>(sw.p, N, rng(), 1e-3f, 2e-2f);
+    fill_f32<<<64, 256, 0, stream>>>(bias.p, N, rng(), -1.0f, 1.0f);
+    pc::check_launch("fill");
+    for (int M : mlist) {
+      pc::gemm_w8a8(X.p, nullptr, W.p, nullptr, nullptr, A.p, DType::I32, M, N, K, stream);
+      CK(cudaMemsetAsync(B.p, 0x55, size_t(M) * N * 4, stream));
+      pc::gemm_w8a8_wgmma(X.p, nullptr, W.p, nullptr, nullptr, B.p, DType::I32, M, N, K, stream);
+      CK(cudaMemsetAsync(cnt.p, 0, 8, stream));
+      count_mismatch<<<1024, 256, 0, stream>>>(A.p, B.p, size_t(M) * N, cnt.p);
+      pc::check_launch("count_mismatch");
+      CK(cudaStreamSynchronize(stream));
+      const unsigned long long bad = cnt.download()[0];
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "gemm_w8a8_wgmma i32 M=%d N=%d K=%d: %llu/%zu entries differ from gemm_w8a8 (mma.sync)",
+                    M, N, K, bad, size_t(M) * N);
+      report(bad == 0, buf);
+      const double t0 = timer.median_ms([&] { pc::gemm_w8a8(X.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); });
+      const double t1 = timer.median_ms([&] { pc::gemm_w8a8_wgmma(X.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); });
+      const double ops = 2.0 * M * double(N) * K;
+      std::printf("M=%5d N=%5d K=%5d | mma.sync %8.3f ms %7.1f TOPS | wgmma %8.3f ms %7.1f TOPS | %.2fx\n", M, N, K,
+                  t0, ops / t0 / 1e9, t1, ops / t1 / 1e9, t0 / t1);
+      std::fflush(stdout);
+      char row[512];
+      std::snprintf(row, sizeof row, "| %d | %d | %d | %.3f | %.0f | %.3f | %.0f | %.2f | %llu |\n", M, N, K, t0, ops / t0 / 1e9,
+                    t1, ops / t1 / 1e9, t0 / t1, bad);
+      md += row;
+    }
+  }
+  cudaStreamDestroy(stream);
+  FILE* f = std::fopen((dir + "/lab_cuda_gemm_w8a8_wgmma.md").c_str(), "w");
+  if (!f) throw perry::Error("cannot write wgmma results into " + dir);
+  std::fprintf(f, "# EXPERIMENTAL wgmma kernel vs mma.sync on %s\n\nGEMM alone, bf16 out, L2 flushed, median. "
+               "Check failures: %d (correctness shapes: %d)\n\n%s\n## Checks\n\n```\n", device.c_str(), g_failures,
+               failures_before_timing, md.c_str());
+  for (auto& l : g_check_lines) std::fprintf(f, "%s\n", l.c_str());
+  std::fprintf(f, "```\n");
+  std::fclose(f);
+}
+
 void write_results(const std::string& dir, const std::vector<Row>& rows, const std::string& device, bool quick) {
   std::string jpath = dir + "/lab_cuda_gemm_w8a8.json", mpath = dir + "/lab_cuda_gemm_w8a8.md";
   FILE* j = std::fopen(jpath.c_str(), "w");
@@ -548,20 +639,21 @@ void write_results(const std::string& dir, const std::vector<Row>& rows, const s
 
 int main(int argc, char** argv) {
   std::string out_dir;
-  bool quick = false, check_only = false, time_only = false;
+  bool quick = false, check_only = false, time_only = false, wgmma = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--check-only") check_only = true;
     else if (a == "--time-only") time_only = true;
+    else if (a == "--wgmma") wgmma = true;
     else if (!a.empty() && a[0] != '-' && out_dir.empty()) out_dir = a;
     else {
-      std::fprintf(stderr, "usage: %s OUT_DIR [--quick] [--check-only] [--time-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s OUT_DIR [--quick] [--check-only] [--time-only] [--wgmma]\n", argv[0]);
       return 2;
     }
   }
   if (out_dir.empty()) {
-    std::fprintf(stderr, "usage: %s OUT_DIR [--quick] [--check-only] [--time-only]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s OUT_DIR [--quick] [--check-only] [--time-only] [--wgmma]\n", argv[0]);
     return 2;
   }
   try {
@@ -580,6 +672,11 @@ int main(int argc, char** argv) {
       return 3;
     }
     std::mt19937_64 rng(20261129);
+    if (wgmma) {  // the experimental kernel, in its own process (a fault cannot spoil the main run)
+      run_wgmma(out_dir, quick, rng, device);
+      std::printf("== wgmma %s: %d check failure(s)\n", g_failures ? "FAILED" : "OK", g_failures);
+      return g_failures ? 1 : 0;
+    }
     if (!time_only) {
       std::printf("== correctness\n");
       check_errors();

@@ -37,3 +37,12 @@ bool gemm_w8a8_supported();
 const char* gemm_w8a8_kernel_name();
 
 }  // namespace perry::cuda
+
+namespace perry::cuda {
+// EXPERIMENTAL (src/kernels/cuda/gemm_w8a8_sm90.cu): the same contract as gemm_w8a8, on sm_90
+// wgmma. Not dispatched to by gemm_w8a8 until the kernel lab has verified and timed it on an
+// H100/H200; throws perry::Error on other devices.
+bool gemm_w8a8_wgmma_supported();
+void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
+                     const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream);
+}  // namespace perry::cuda
