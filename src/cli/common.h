@@ -74,5 +74,6 @@ Command register_tokenize(CLI::App& root);
 Command register_quantize(CLI::App& root);
 Command register_bench(CLI::App& root);
 Command register_bench_op(CLI::App& root);
+Command register_serve(CLI::App& root);
 
 }  // namespace perry::cli

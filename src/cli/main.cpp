@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "perry 0.1.0");
   std::vector<Command> cmds = {register_run(app),      register_ppl(app),   register_info(app),
                                register_tokenize(app), register_quantize(app), register_bench(app),
-                               register_bench_op(app)};
+                               register_bench_op(app), register_serve(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
