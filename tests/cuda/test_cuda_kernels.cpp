@@ -120,7 +120,10 @@ TEST(CudaQuantize, Bf16MatchesCpuRuleExactly) {
   }
 }
 
-void check_gemm(int M, int N, int K, std::mt19937& g) {
+using GemmFn = void (*)(const int8_t*, const float*, const int8_t*, const float*, const float*, void*, DType,
+                       int, int, int, cudaStream_t);
+
+void check_gemm(int M, int N, int K, std::mt19937& g, GemmFn gemm = pc::gemm_w8a8) {
   SCOPED_TRACE("M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
   auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);
   auto sa = rand_f(M, g, 1e-3f, 2e-2f), sw = rand_f(N, g, 1e-3f, 2e-2f), bias = rand_f(N, g, -2.f, 2.f);
@@ -129,9 +132,9 @@ void check_gemm(int M, int N, int K, std::mt19937& g) {
   Dev<int32_t> y32(size_t(M) * N);
   Dev<uint16_t> yb(size_t(M) * N);
   Dev<float> yf(size_t(M) * N);
-  pc::gemm_w8a8(dX.p, nullptr, dW.p, nullptr, nullptr, y32.p, DType::I32, M, N, K, nullptr);
-  pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, db.p, yb.p, DType::BF16, M, N, K, nullptr);
-  pc::gemm_w8a8(dX.p, dsa.p, dW.p, dsw.p, nullptr, yf.p, DType::F32, M, N, K, nullptr);
+  gemm(dX.p, nullptr, dW.p, nullptr, nullptr, y32.p, DType::I32, M, N, K, nullptr);
+  gemm(dX.p, dsa.p, dW.p, dsw.p, db.p, yb.p, DType::BF16, M, N, K, nullptr);
+  gemm(dX.p, dsa.p, dW.p, dsw.p, nullptr, yf.p, DType::F32, M, N, K, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   auto Y32 = y32.get();
   auto Yb = yb.get();
@@ -170,6 +173,15 @@ TEST(CudaGemmW8A8, ExactInt32AndFusedEpilogueUnalignedShapes) {
   const int shapes[][3] = {{1, 8, 16}, {3, 5, 16},    {7, 130, 48},   {130, 7, 80},   {129, 131, 272},
                            {1, 1000, 256}, {200, 1, 32}, {257, 384, 1024}, {64, 2560, 2560}};
   for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g);
+}
+
+// The experimental sm_90a wgmma kernel (not dispatched to yet) under the same checks.
+TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
+  REQUIRE_GPU();
+  if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";
+  std::mt19937 g(6);
+  const int shapes[][3] = {{1, 8, 16}, {3, 5, 16}, {7, 130, 48}, {130, 7, 80}, {129, 131, 272}, {257, 384, 1024}};
+  for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g, pc::gemm_w8a8_wgmma);
 }
 
 TEST(CudaGemmW8A8, OddOffsetOutputUsesElementStores) {
