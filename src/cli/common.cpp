@@ -8,7 +8,9 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/cpu_features.h"
 #include "core/mapped_file.h"
+#include "kernels/cpu/float_linear.h"
 #include "core/thread_pool.h"
 #include "quant/quant.h"
 
@@ -33,6 +35,8 @@ void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic) {
       ->check(CLI::Range(0.0, 1.0));
   app->add_option("--calib", a->calib, "Calibration text for --smooth (activation statistics are collected on it)");
   app->add_option("--calib-tokens", a->calib_tokens, "Tokens of --calib text to run (default 32768)");
+  app->add_flag("--reference-kernels", a->reference_kernels,
+                "Run the scalar reference kernels instead of the AVX-512/AVX2 ones (slow; for checking results)");
   app->add_option("-t,--threads", a->threads, "CPU threads (default: all cores, or $PERRY_THREADS)");
   app->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
 }
@@ -105,6 +109,11 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
   if (a.device == "cuda")
     fail("--device cuda: this perry build has no CUDA backend yet (it runs on the CPU: use --device cpu)");
   if (a.threads > 0) set_num_threads(a.threads);
+  if (a.reference_kernels) {
+    quant::set_quant_force_reference(true);
+    kernels::set_float_linear_force_reference(true);
+    set_max_isa(IsaLevel::Scalar);
+  }
   if (a.threads < 0) fail("--threads must be positive");
   model::LoadOptions o;
   if (!a.synthetic.empty() && !a.dir.empty()) fail("give either -m DIR or --synthetic PRESET, not both");

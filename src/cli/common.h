@@ -24,6 +24,7 @@ struct ModelArgs {
   double smooth = -1;       // --smooth ALPHA (SmoothQuant), < 0 = off
   std::string calib;        // --calib FILE
   int64_t calib_tokens = 32768;
+  bool reference_kernels = false;  // --reference-kernels
 };
 
 void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic = true);
