@@ -28,7 +28,9 @@ void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic) {
                     "llama3.2-1b, llama3-8b, qwen3-0.6b, qwen3-1.7b, qwen3-8b, qwen2.5-1.5b");
   app->add_option("-q,--quant", a->quant,
                   "Quantize at load: " + quant::quant_mode_names() + " (default: the checkpoint's own dtype)");
-  app->add_flag("--float-lm-head", a->float_lm_head, "Keep lm_head in bf16 when quantizing (default: same mode as the rest)");
+  app->add_flag("--float-lm-head,!--quant-lm-head", a->float_lm_head,
+                "--float-lm-head keeps lm_head in bf16 when quantizing; --quant-lm-head (the default) "
+                "quantizes it with the same mode as the other linears");
   app->add_option("--smooth", a->smooth,
                   "SmoothQuant: migrate activation outliers into the weights with strength ALPHA in [0,1] "
                   "(typically 0.5) before quantizing; needs --calib")
