@@ -30,14 +30,6 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    x = int32_t((seed >> 33) % uint64_t(vocab));
-  }
-  return t;
-}
 }  // namespace
 
 Command register_bench(CLI::App& root) {
@@ -69,7 +61,7 @@ Command register_bench(CLI::App& root) {
       std::vector<float> logits;
       // Warm-up: one short prefill and a few decode steps (page-in, thread wake-up, allocations).
       {
-        auto t = random_tokens(16, vocab, 7);
+        auto t = random_token_ids(16, vocab, 7);
         model.forward({{0, t.data(), 16, false}}, cache, logits);
         cache.reset(0);
       }
@@ -77,7 +69,7 @@ Command register_bench(CLI::App& root) {
         PERRY_CHECK(P + a->decode <= ctx, "prompt {} + decode {} exceeds the model context {}", P, a->decode, ctx);
         std::vector<double> pre, dec;
         for (int64_t r = 0; r < a->repeats; ++r) {
-          auto toks = random_tokens(P, vocab, uint64_t(100 + r));
+          auto toks = random_token_ids(P, vocab, uint64_t(100 + r));
           for (int64_t b = 0; b < a->batch; ++b) cache.reset(b);
           double t0 = now_s();
           for (int64_t off = 0; off < P; off += 1024)

@@ -33,11 +33,7 @@ Command register_ppl(CLI::App& root) {
     LoadedModel lm = load_model(a->m, !synth);
     std::vector<int32_t> ids;
     if (synth) {
-      uint64_t x = 42;
-      for (int64_t i = 0; i < a->synthetic_tokens; ++i) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        ids.push_back(int32_t((x >> 33) % uint64_t(lm.model->config().vocab_size)));
-      }
+      ids = random_token_ids(a->synthetic_tokens, lm.model->config().vocab_size, 42);
     } else {
       ids = lm.tokenizer->encode(text, false);
     }

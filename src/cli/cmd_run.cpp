@@ -30,12 +30,7 @@ int run_synthetic(RunArgs& a) {
   LoadedModel lm = load_model(a.m, false);
   const auto& cfg = lm.model->config();
   PERRY_CHECK(a.prompt_tokens >= 1, "--prompt-tokens must be >= 1");
-  std::vector<int32_t> prompt(static_cast<size_t>(a.prompt_tokens));
-  uint64_t x = 12345;
-  for (auto& t : prompt) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = int32_t((x >> 33) % uint64_t(cfg.vocab_size));
-  }
+  std::vector<int32_t> prompt = random_token_ids(a.prompt_tokens, cfg.vocab_size, 12345);
   const int64_t ctx = a.ctx > 0 ? a.ctx : std::min<int64_t>(cfg.max_position_embeddings, a.prompt_tokens + a.n + 1);
   model::KvCache cache = lm.model->make_cache(ctx, 1);
   runtime::SamplingParams sp = a.s;

@@ -151,6 +151,15 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
   return lm;
 }
 
+std::vector<int32_t> random_token_ids(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;  // 64-bit LCG (Knuth's MMIX)
+    x = int32_t((seed >> 33) % uint64_t(vocab));
+  }
+  return t;
+}
+
 double peak_rss_mib() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);

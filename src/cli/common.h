@@ -60,6 +60,9 @@ class ProgressBar {
   bool drawn_ = false;
 };
 
+// Deterministic pseudo-random token ids in [0, vocab) (prompts for --synthetic models and benchmarks).
+std::vector<int32_t> random_token_ids(int64_t n, int64_t vocab, uint64_t seed);
+
 double peak_rss_mib();
 std::string human_bytes(double b);
 
