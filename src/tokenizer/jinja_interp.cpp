@@ -159,6 +159,27 @@ void Interpreter::exec_for(const Node& n, const EnvPtr& env, std::string& out) {
   if (no_iteration) out += exec_block(n.alt, scope);
 }
 
+namespace {
+// Whether `v` holds (directly or nested) the dict `target`. Values share their containers by
+// shared_ptr, so storing a namespace inside itself would make a reference cycle that is never
+// freed (and cannot be printed): refuse it at the assignment.
+bool contains_dict(const Value& v, const Dict* target, int depth = 0) {
+  if (depth > 64) return false;
+  switch (v.kind()) {
+    case Kind::Dict: case Kind::Namespace: case Kind::KwArgs:
+      if (&v.map() == target) return true;
+      for (const auto& [k, x] : v.map().items)
+        if (contains_dict(x, target, depth + 1)) return true;
+      return false;
+    case Kind::List: case Kind::Tuple:
+      for (const auto& x : v.items())
+        if (contains_dict(x, target, depth + 1)) return true;
+      return false;
+    default: return false;
+  }
+}
+}  // namespace
+
 void Interpreter::exec_set(const Node& n, const EnvPtr& env) {
   Value rhs = n.b ? eval(*n.b, env) : Value::string(exec_block(n.body, env));
   const Node& target = *n.a;
@@ -177,6 +198,7 @@ void Interpreter::exec_set(const Node& n, const EnvPtr& env) {
     const Value obj = eval(*target.a, env);
     if (obj.kind() != Kind::Namespace) error_at(target, "can only assign attributes of a namespace()");
     if (target.flag || target.b->type != NodeType::Identifier) error_at(target, "namespace attribute must be a name");
+    if (contains_dict(rhs, &obj.map())) error_at(target, "cyclic value: a namespace cannot contain itself");
     obj.map().set(target.b->str, std::move(rhs));
   } else {
     error_at(target, "invalid assignment target in set");

@@ -4,6 +4,8 @@
 // and decoders. Every variant is checked against the HF oracle on the same file.
 #include <gtest/gtest.h>
 
+#include <deque>
+
 #include <functional>
 
 #include "tok_test_support.h"
@@ -109,7 +111,9 @@ std::vector<Variant> variants() {
   for (const char* behavior :
        {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"}) {
     for (bool invert : {false, true}) {
-      static std::vector<std::string> names;  // keeps the c_str alive
+      // A deque never moves its elements, so the c_str() handed out stays valid (a vector
+      // would reallocate and leave dangling pointers: caught by ASan).
+      static std::deque<std::string> names;
       names.push_back(std::string("split_") + behavior + (invert ? "_invert" : ""));
       std::string b = behavior;
       v.push_back({names.back().c_str(), [b, invert](json& j) {
