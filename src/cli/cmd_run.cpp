@@ -96,20 +96,20 @@ Command register_run(CLI::App& root) {
     LoadedModel lm = load_model(a->m, true);
     const auto& cfg = lm.model->config();
     std::vector<int32_t> prompt;
-    auto ckpt = io::Checkpoint::open(lm.source);
+    // The checkpoint the model was loaded from (not opened a second time).
+    const auto* src = dynamic_cast<const model::CheckpointWeights*>(&lm.model->weights());
+    PERRY_CHECK(src != nullptr, "perry run needs a checkpoint directory");
+    const io::Checkpoint& ckpt = src->checkpoint();
+    tokenizer::ChatTemplateConfig chat_cfg;
     if (a->chat) {
-      auto tmpl_src = ckpt.chat_template();
-      if (!tmpl_src) fail("{} has no chat template (tokenizer_config.json chat_template); run without --chat", lm.source);
-      tokenizer::ChatTemplate tmpl(*tmpl_src);
+      chat_cfg = tokenizer::load_chat_template_config(lm.source);
+      if (chat_cfg.source.empty())
+        fail("{} has no chat template (tokenizer_config.json chat_template); run without --chat", lm.source);
+      tokenizer::ChatTemplate tmpl(chat_cfg.source);
       std::vector<tokenizer::ChatMessage> msgs;
       if (!a->system.empty()) msgs.push_back({"system", a->system});
       msgs.push_back({"user", text});
-      nlohmann::json extra = nlohmann::json::object();
-      for (const char* k : {"bos_token", "eos_token"}) {
-        const auto& tc = ckpt.tokenizer_config();
-        if (tc.contains(k) && tc[k].is_string()) extra[k] = tc[k];
-        else if (tc.contains(k) && tc[k].is_object() && tc[k].contains("content")) extra[k] = tc[k]["content"];
-      }
+      const nlohmann::json extra = {{"bos_token", chat_cfg.bos_token}, {"eos_token", chat_cfg.eos_token}};
       std::string rendered = tmpl.render(msgs, true, extra);
       prompt = lm.tokenizer->encode(rendered, false);  // the template already has the special tokens
     } else {
@@ -125,8 +125,9 @@ Command register_run(CLI::App& root) {
     go.stop_strings = a->stops;
     go.eos_ids = ckpt.generation_defaults().eos_token_ids;
     for (int32_t e : cfg.eos_token_ids) go.eos_ids.push_back(e);
-    if (a->chat)
-      if (auto im_end = lm.tokenizer->token_id("<|im_end|>")) go.eos_ids.push_back(*im_end);
+    if (a->chat)  // the template's end-of-turn token ends the answer
+      for (const std::string& t : {chat_cfg.eos_token, std::string("<|im_end|>")})
+        if (auto id = t.empty() ? std::nullopt : lm.tokenizer->token_id(t)) go.eos_ids.push_back(*id);
     if (!a->chat && isatty(STDOUT_FILENO)) std::printf("%s", text.c_str());
     std::fflush(stdout);
     auto st = runtime::generate(*lm.model, *lm.tokenizer, cache, 0, prompt, go, [](const std::string& piece) {
