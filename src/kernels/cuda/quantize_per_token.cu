@@ -1,5 +1,6 @@
 // Per-token int8 quantization of activations: one block per row, warp-shuffle absmax, then the
 // same rounding as the CPU rule (quantize_row_ref): q = clamp(rint(x * (127/amax))), half-even.
+// The rule itself lives in quant_rule.cuh, shared with the fused kernels of elementwise.cu.
 // The division and the multiply are plain IEEE fp32 operations (nvcc's default -prec-div=true,
 // no fast-math), so the bits match the CPU exactly.
 #include <cuda_bf16.h>
@@ -8,6 +9,7 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/quant_rule.cuh"
 
 namespace perry::cuda {
 namespace {
@@ -34,14 +36,6 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, float v[8]) {
     v[2 * i] = __uint_as_float(w[i] << 16);
     v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
-}
-
-__device__ __forceinline__ int8_t quant_one(float x, float inv) {
-  float v = x * inv;
-  if (!(v == v)) return 0;  // NaN input: the CPU rule stores 0
-  int q = __float2int_rn(v);  // round half to even, like std::nearbyint in the default mode
-  q = q < -127 ? -127 : (q > 127 ? 127 : q);
-  return int8_t(q);
 }
 
 template <typename T>
@@ -73,9 +67,8 @@ __global__ void __launch_bounds__(kQuantThreads)
   if (threadIdx.x == 0) {
     float m = 0.0f;
     for (int w = 0; w < kQuantThreads / 32; ++w) m = fmaxf(m, warp_max[w]);
-    float inv = m > 0.0f ? 127.0f / m : 0.0f;
-    float scale = m / 127.0f;
-    if (!isfinite(inv) || !isfinite(m)) inv = scale = 0.0f;
+    float scale, inv;
+    per_token_params(m, scale, inv);
     row_inv = inv;
     scales[row] = scale;
   }

@@ -1,0 +1,511 @@
+// Elementwise / normalization kernels (contracts in elementwise.h).
+//
+// Layout choices: the row kernels (RMSNorm, SwiGLU) run one block per row with a block-wide
+// reduction, 4-wide vector loads when the width is a multiple of 4 and every pointer is aligned
+// (scalar path otherwise, same arithmetic per element). A row is read again for the second pass
+// (and a third for the int8 variants) instead of being cached in shared memory: a row is at most
+// ~112 KiB (I = 28672 fp32) and sits in L1/L2 between the passes, and this keeps the kernels free
+// of width limits and dynamic shared memory opt-ins. Recomputing y in each pass is exact: the same
+// fp32 operations on the same inputs give the same bits, so the int8 amax and the quantized values
+// come from identical fp32 values.
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/quant_rule.cuh"
+
+namespace perry::cuda {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+// ---------------------------------------------------------------- device helpers
+
+// Same bits as perry::f32_to_bf16 (host): RNE, NaN kept quiet with its upper payload.
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+template <int V>
+__device__ __forceinline__ void load(const float* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = p[j];
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void store_f32(float* p, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = v[j];
+  }
+}
+
+// Writes V consecutive outputs at element index idx in the format of `o`; inv is the row's
+// int8 multiplier (used by I8 only). The vector stores need 16/8/4-byte alignment, checked on
+// the host before V = 4 is chosen.
+template <int V>
+__device__ __forceinline__ void store_out(const ActOut& o, int64_t idx, const float (&v)[V], float inv) {
+  if (o.fmt == ActFormat::F32) {
+    store_f32<V>(static_cast<float*>(o.data) + idx, v);
+  } else if (o.fmt == ActFormat::BF16) {
+    uint16_t* p = static_cast<uint16_t*>(o.data) + idx;
+    if constexpr (V == 4) {
+      const uint32_t lo = uint32_t(bf16_bits(v[0])) | (uint32_t(bf16_bits(v[1])) << 16);
+      const uint32_t hi = uint32_t(bf16_bits(v[2])) | (uint32_t(bf16_bits(v[3])) << 16);
+      *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) p[j] = bf16_bits(v[j]);
+    }
+  } else {
+    int8_t* p = static_cast<int8_t*>(o.data) + idx;
+    if constexpr (V == 4) {
+      uint32_t w = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w |= uint32_t(uint8_t(quant_one(v[j], inv))) << (8 * j);
+      *reinterpret_cast<uint32_t*>(p) = w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) p[j] = quant_one(v[j], inv);
+    }
+  }
+}
+
+struct SumOp {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct MaxOp {
+  // fmaxf ignores a NaN operand, like std::max(amax, NaN) in the CPU rule.
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Every thread gets the same result: the xor butterfly gives all lanes the same value
+// (a + b == b + a), and all threads fold the per-warp partials in the same order, so the result
+// is also deterministic run to run. blockDim.x must be a multiple of 32. The leading barrier lets
+// a kernel call it twice (the partials buffer is reused).
+template <typename T, typename Op>
+__device__ T block_all_reduce(T v, Op op) {
+  __shared__ T part[32];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_xor_sync(kFull, v, off));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T r = part[0];
+  for (int w = 1; w < int(blockDim.x >> 5); ++w) r = op(r, part[w]);
+  return r;
+}
+
+// The normalized value, written as two rounded fp32 multiplies like the CPU ((x * inv) * w);
+// __fmul_rn keeps the compiler from reassociating.
+__device__ __forceinline__ float norm_one(float x, float inv, float w) { return __fmul_rn(__fmul_rn(x, inv), w); }
+
+// silu(g) * u = g / (1 + exp(-g)) * u, in the CPU's order. expf is within 2 ulp (CUDA math
+// guide), glibc's within 1: the product differs from the CPU by a few ulp at most.
+__device__ __forceinline__ float swiglu_one(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// ---------------------------------------------------------------- kernels
+
+// One block per row. delta != nullptr: x += delta first (written back), then normalize.
+// x is not __restrict__/const: in the fused form it is written in pass 1 and read in pass 2 by
+// the same thread at the same addresses (program order makes that coherent).
+template <int V>
+__global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ w,
+                                float eps, int H, ActOut out) {
+  const int64_t row = blockIdx.x;
+  float* xr = x + row * H;
+  const int step = int(blockDim.x) * V;
+  double ss = 0.0;  // x*x is exact in double; only the summation order differs from the CPU
+  for (int i = int(threadIdx.x) * V; i < H; i += step) {
+    float v[V];
+    load<V>(xr + i, v);
+    if (delta) {
+      float d[V];
+      load<V>(delta + row * H + i, d);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = __fadd_rn(v[j], d[j]);
+      store_f32<V>(xr + i, v);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += double(v[j]) * double(v[j]);
+  }
+  ss = block_all_reduce(ss, SumOp{});
+  // Exactly the CPU reference's expression: double mean + eps, IEEE sqrt and division.
+  const float inv = float(1.0 / sqrt(ss / double(H) + double(eps)));
+
+  float qinv = 0.0f;
+  if (out.fmt == ActFormat::I8) {
+    float amax = 0.0f;
+    for (int i = int(threadIdx.x) * V; i < H; i += step) {
+      float v[V], wv[V];
+      load<V>(xr + i, v);
+      load<V>(w + i, wv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(norm_one(v[j], inv, wv[j])));
+    }
+    amax = block_all_reduce(amax, MaxOp{});
+    float scale;
+    per_token_params(amax, scale, qinv);
+    if (threadIdx.x == 0) out.scale[row] = scale;
+  }
+  for (int i = int(threadIdx.x) * V; i < H; i += step) {
+    float v[V], wv[V], y[V];
+    load<V>(xr + i, v);
+    load<V>(w + i, wv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) y[j] = norm_one(v[j], inv, wv[j]);
+    store_out<V>(out, row * H + i, y, qinv);
+  }
+}
+
+// One block per row of gu [M, 2I]; output [M, I].
+template <int V>
+__global__ void swiglu_kernel(const float* __restrict__ gu, int I, ActOut out) {
+  const int64_t row = blockIdx.x;
+  const float* g = gu + row * 2 * int64_t(I);
+  const float* u = g + I;
+  const int step = int(blockDim.x) * V;
+  float qinv = 0.0f;
+  if (out.fmt == ActFormat::I8) {
+    float amax = 0.0f;
+    for (int i = int(threadIdx.x) * V; i < I; i += step) {
+      float gv[V], uv[V];
+      load<V>(g + i, gv);
+      load<V>(u + i, uv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(swiglu_one(gv[j], uv[j])));
+    }
+    amax = block_all_reduce(amax, MaxOp{});
+    float scale;
+    per_token_params(amax, scale, qinv);
+    if (threadIdx.x == 0) out.scale[row] = scale;
+  }
+  for (int i = int(threadIdx.x) * V; i < I; i += step) {
+    float gv[V], uv[V], y[V];
+    load<V>(g + i, gv);
+    load<V>(u + i, uv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) y[j] = swiglu_one(gv[j], uv[j]);
+    store_out<V>(out, row * I + i, y, qinv);
+  }
+}
+
+// One warp per (token, head) row of hd floats, kHeadRowsPerBlock rows per block. In place is
+// safe: each lane reads its elements for the sum before it writes them.
+constexpr int kHeadRowsPerBlock = 8;
+__global__ void head_rms_norm_kernel(float* x, int64_t row_stride, int64_t rows, int n_heads, int hd,
+                                     const float* __restrict__ w, float eps) {
+  const int64_t r = int64_t(blockIdx.x) * kHeadRowsPerBlock + (threadIdx.x >> 5);
+  if (r >= rows) return;  // whole warps exit together: no block-level barrier in this kernel
+  const int lane = threadIdx.x & 31;
+  float* v = x + (r / n_heads) * row_stride + (r % n_heads) * int64_t(hd);
+  double ss = 0.0;
+  for (int i = lane; i < hd; i += 32) ss += double(v[i]) * double(v[i]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(kFull, ss, off);
+  const float inv = float(1.0 / sqrt(ss / double(hd) + double(eps)));
+  for (int i = lane; i < hd; i += 32) v[i] = norm_one(v[i], inv, w[i]);
+}
+
+// One block per token; thread t handles pairs (head, i) for q then k heads.
+__global__ void rope_kernel(float* q, int64_t q_stride, int nq, float* k, int64_t k_stride, int nk,
+                            const int32_t* __restrict__ pos, RopeTableView t) {
+  const int64_t m = blockIdx.x;
+  const int half = t.head_dim / 2;
+  const int32_t p = pos[m];
+  const bool ok = p >= 0 && p < t.max_pos;
+  const float* cs = t.cos + (ok ? int64_t(p) * half : 0);
+  const float* sn = t.sin + (ok ? int64_t(p) * half : 0);
+  const int total = (nq + nk) * half;
+  for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
+    const int h = idx / half, i = idx - h * half;
+    float* v = h < nq ? q + m * q_stride + int64_t(h) * t.head_dim : k + m * k_stride + int64_t(h - nq) * t.head_dim;
+    if (!ok) {
+      v[i] = v[i + half] = __int_as_float(0x7fc00000);
+      continue;
+    }
+    const float a = v[i], b = v[i + half], c = cs[i], s = sn[i];
+    // Separate roundings, no FMA: the same operations as the scalar CPU reference.
+    v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    v[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  }
+}
+
+// DT: 0 = F32, 1 = F16, 2 = BF16 (exact widening conversions, like the CPU).
+template <int DT>
+__global__ void embedding_kernel(const void* __restrict__ table, int64_t hidden, const int32_t* __restrict__ tok,
+                                 int64_t vocab, float* __restrict__ out) {
+  const int64_t m = blockIdx.x;
+  const int32_t id = tok[m];
+  float* o = out + m * hidden;
+  if (id < 0 || (vocab >= 0 && id >= vocab)) {
+    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) o[j] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const int64_t base = int64_t(id) * hidden;
+  for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    if constexpr (DT == 0) {
+      o[j] = static_cast<const float*>(table)[base + j];
+    } else if constexpr (DT == 1) {
+      o[j] = __half2float(__ushort_as_half(static_cast<const unsigned short*>(table)[base + j]));
+    } else {
+      o[j] = __uint_as_float(uint32_t(static_cast<const uint16_t*>(table)[base + j]) << 16);
+    }
+  }
+}
+
+__global__ void residual_add_kernel(float* __restrict__ x, const float* __restrict__ d, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = __fadd_rn(x[i], d[i]);
+}
+
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = bf16_bits(x[i]);
+}
+
+// (v, i) beats (bv, bi) when larger, or equal with a lower index. NaN never beats anything
+// (all comparisons false) and the start (-inf, INT_MAX) loses to any non-NaN value.
+__device__ __forceinline__ bool beats(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+constexpr int kArgmaxThreads = 1024;
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_kernel(const float* __restrict__ logits, int vocab, int32_t* __restrict__ out) {
+  const float* r = logits + int64_t(blockIdx.x) * vocab;
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = r[i];
+    if (beats(v, i, bv, bi)) bv = v, bi = i;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, bv, off);
+    const int oi = __shfl_xor_sync(kFull, bi, off);
+    if (beats(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = bv, si[threadIdx.x >> 5] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x >> 5); ++w)
+      if (beats(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
+    out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
+  }
+}
+
+// ---------------------------------------------------------------- host side
+
+bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+[[noreturn]] void bad(const char* fn, const std::string& why) { throw Error(std::string(fn) + ": " + why); }
+
+// Threads for a row of `units` vector steps: about 4 steps per thread, whole warps, 32..1024.
+// (H = 4096 fp32 -> 256 threads, H = 8192 -> 512, I = 28672 -> 1024 with 7 steps each.)
+int row_threads(int units) {
+  int t = ((units + 3) / 4 + 31) / 32 * 32;
+  return t < 32 ? 32 : (t > 1024 ? 1024 : t);
+}
+
+// Validates `out` and reports whether its pointer allows the 4-wide stores.
+bool check_out(const char* fn, const ActOut& out) {
+  if (!out.data) bad(fn, "null output pointer");
+  switch (out.fmt) {
+    case ActFormat::F32: return aligned(out.data, 16);
+    case ActFormat::BF16: return aligned(out.data, 8);
+    case ActFormat::I8:
+      if (!out.scale) bad(fn, "ActFormat::I8 needs a scale pointer");
+      return aligned(out.data, 4);
+  }
+  bad(fn, "unknown ActFormat");
+}
+
+void check_rows(const char* fn, int M, int W) {
+  if (M < 0 || W <= 0) bad(fn, "bad shape M=" + std::to_string(M) + " width=" + std::to_string(W));
+}
+
+void launch_rms(const char* fn, float* x, const float* delta, const float* w, float eps, int M, int H, ActOut out,
+                cudaStream_t stream) {
+  check_rows(fn, M, H);
+  if (!x || !w) bad(fn, "null device pointer");
+  if (!(eps >= 0.0f)) bad(fn, "eps must be >= 0");
+  const bool out_vec = check_out(fn, out);
+  if (M == 0) return;
+  const bool vec = H % 4 == 0 && out_vec && aligned(x, 16) && aligned(w, 16) && (!delta || aligned(delta, 16));
+  if (vec) {
+    rms_norm_kernel<4><<<M, row_threads(H / 4), 0, stream>>>(x, delta, w, eps, H, out);
+  } else {
+    rms_norm_kernel<1><<<M, row_threads(H), 0, stream>>>(x, delta, w, eps, H, out);
+  }
+  check_launch(fn);
+}
+
+}  // namespace
+
+void embedding_lookup(const void* table, DType dt, int64_t hidden, const int32_t* d_tokens, int M, float* out,
+                      cudaStream_t stream, int64_t vocab) {
+  const char* fn = "embedding_lookup";
+  if (!table || !d_tokens || !out) bad(fn, "null device pointer");
+  if (hidden <= 0 || M < 0) bad(fn, "bad shape hidden=" + std::to_string(hidden) + " M=" + std::to_string(M));
+  if (M == 0) return;
+  const int threads = hidden >= 1024 ? 256 : 128;
+  switch (dt) {
+    case DType::F32: embedding_kernel<0><<<M, threads, 0, stream>>>(table, hidden, d_tokens, vocab, out); break;
+    case DType::F16: embedding_kernel<1><<<M, threads, 0, stream>>>(table, hidden, d_tokens, vocab, out); break;
+    case DType::BF16: embedding_kernel<2><<<M, threads, 0, stream>>>(table, hidden, d_tokens, vocab, out); break;
+    default: bad(fn, std::string("table dtype ") + std::string(dtype_name(dt)) + " not supported (F32, F16, BF16)");
+  }
+  check_launch(fn);
+}
+
+void rms_norm(const float* x, const float* w, float eps, int M, int H, ActOut out, cudaStream_t stream) {
+  // The kernel only writes x when delta is given.
+  launch_rms("rms_norm", const_cast<float*>(x), nullptr, w, eps, M, H, out, stream);
+}
+
+void add_rms_norm(float* x, const float* delta, const float* w, float eps, int M, int H, ActOut out,
+                  cudaStream_t stream) {
+  if (!delta) bad("add_rms_norm", "null device pointer");
+  launch_rms("add_rms_norm", x, delta, w, eps, M, H, out, stream);
+}
+
+void head_rms_norm(float* x, int64_t row_stride, int M, int n_heads, int hd, const float* w, float eps,
+                   cudaStream_t stream) {
+  const char* fn = "head_rms_norm";
+  if (!x || !w) bad(fn, "null device pointer");
+  if (M < 0 || n_heads <= 0 || hd <= 0 || hd > 1024 || row_stride < int64_t(n_heads) * hd)
+    bad(fn, "bad shape M=" + std::to_string(M) + " n_heads=" + std::to_string(n_heads) + " hd=" +
+                std::to_string(hd) + " row_stride=" + std::to_string(row_stride));
+  if (!(eps >= 0.0f)) bad(fn, "eps must be >= 0");
+  const int64_t rows = int64_t(M) * n_heads;
+  if (rows == 0) return;
+  const int64_t blocks = (rows + kHeadRowsPerBlock - 1) / kHeadRowsPerBlock;
+  if (blocks > INT_MAX) bad(fn, "too many rows");
+  head_rms_norm_kernel<<<unsigned(blocks), kHeadRowsPerBlock * 32, 0, stream>>>(x, row_stride, rows, n_heads, hd, w,
+                                                                                eps);
+  check_launch(fn);
+}
+
+DeviceRopeTable::DeviceRopeTable(const float* host_cos, const float* host_sin, int head_dim, int64_t max_pos)
+    : head_dim_(head_dim), max_pos_(max_pos) {
+  if (!host_cos || !host_sin) bad("DeviceRopeTable", "null host pointer");
+  if (head_dim <= 0 || head_dim % 2 != 0 || max_pos <= 0)
+    bad("DeviceRopeTable", "bad shape head_dim=" + std::to_string(head_dim) + " max_pos=" + std::to_string(max_pos));
+  const size_t bytes = size_t(max_pos) * size_t(head_dim / 2) * sizeof(float);
+  try {
+    check_cuda(cudaMalloc(&cos_, bytes), "DeviceRopeTable: cudaMalloc");
+    check_cuda(cudaMalloc(&sin_, bytes), "DeviceRopeTable: cudaMalloc");
+    check_cuda(cudaMemcpy(cos_, host_cos, bytes, cudaMemcpyHostToDevice), "DeviceRopeTable: cudaMemcpy");
+    check_cuda(cudaMemcpy(sin_, host_sin, bytes, cudaMemcpyHostToDevice), "DeviceRopeTable: cudaMemcpy");
+  } catch (...) {
+    cudaFree(cos_);  // cudaFree(nullptr) is a no-op
+    cudaFree(sin_);
+    throw;
+  }
+}
+
+DeviceRopeTable::~DeviceRopeTable() {
+  cudaFree(cos_);
+  cudaFree(sin_);
+}
+
+DeviceRopeTable::DeviceRopeTable(DeviceRopeTable&& o) noexcept
+    : cos_(std::exchange(o.cos_, nullptr)), sin_(std::exchange(o.sin_, nullptr)),
+      head_dim_(o.head_dim_), max_pos_(o.max_pos_) {}
+
+DeviceRopeTable& DeviceRopeTable::operator=(DeviceRopeTable&& o) noexcept {
+  if (this != &o) {
+    cudaFree(cos_);
+    cudaFree(sin_);
+    cos_ = std::exchange(o.cos_, nullptr);
+    sin_ = std::exchange(o.sin_, nullptr);
+    head_dim_ = o.head_dim_;
+    max_pos_ = o.max_pos_;
+  }
+  return *this;
+}
+
+void rope_apply(float* q, int64_t q_stride, int n_q_heads, float* k, int64_t k_stride, int n_kv_heads, int M,
+                const int32_t* d_pos, RopeTableView table, cudaStream_t stream) {
+  const char* fn = "rope_apply";
+  const int hd = table.head_dim;
+  if (!table.cos || !table.sin || hd <= 0 || hd % 2 != 0 || table.max_pos <= 0) bad(fn, "bad rope table");
+  if (!q || !d_pos || (n_kv_heads > 0 && !k)) bad(fn, "null device pointer");
+  if (M < 0 || n_q_heads <= 0 || n_kv_heads < 0 || q_stride < int64_t(n_q_heads) * hd ||
+      (n_kv_heads > 0 && k_stride < int64_t(n_kv_heads) * hd))
+    bad(fn, "bad shape M=" + std::to_string(M) + " heads=" + std::to_string(n_q_heads) + "/" +
+                std::to_string(n_kv_heads) + " head_dim=" + std::to_string(hd));
+  if (int64_t(n_q_heads + n_kv_heads) * (hd / 2) > INT_MAX) bad(fn, "too many heads");
+  if (M == 0) return;
+  const int pairs = (n_q_heads + n_kv_heads) * (hd / 2);
+  const int threads = pairs >= 1024 ? 512 : (pairs + 31) / 32 * 32;
+  rope_kernel<<<M, threads, 0, stream>>>(q, q_stride, n_q_heads, k, k_stride, n_kv_heads, d_pos, table);
+  check_launch(fn);
+}
+
+void swiglu(const float* gu, int M, int I, ActOut out, cudaStream_t stream) {
+  const char* fn = "swiglu";
+  check_rows(fn, M, I);
+  if (!gu) bad(fn, "null device pointer");
+  const bool out_vec = check_out(fn, out);
+  if (M == 0) return;
+  if (I % 4 == 0 && out_vec && aligned(gu, 16)) {
+    swiglu_kernel<4><<<M, row_threads(I / 4), 0, stream>>>(gu, I, out);
+  } else {
+    swiglu_kernel<1><<<M, row_threads(I), 0, stream>>>(gu, I, out);
+  }
+  check_launch(fn);
+}
+
+namespace {
+// Grid for the flat grid-stride kernels: enough blocks to fill an H200 several times over.
+unsigned flat_blocks(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return unsigned(b < 8192 ? b : 8192);
+}
+}  // namespace
+
+void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream) {
+  if (n < 0) bad("residual_add", "negative size");
+  if (n == 0) return;
+  if (!x || !d) bad("residual_add", "null device pointer");
+  residual_add_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, d, n);
+  check_launch("residual_add");
+}
+
+void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n < 0) bad("f32_to_bf16", "negative size");
+  if (n == 0) return;
+  if (!x || !y) bad("f32_to_bf16", "null device pointer");
+  f32_to_bf16_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, y, n);
+  check_launch("f32_to_bf16");
+}
+
+void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream) {
+  const char* fn = "argmax_rows";
+  if (!logits || !out) bad(fn, "null device pointer");
+  if (rows < 0 || vocab <= 0 || vocab > INT_MAX)
+    bad(fn, "bad shape rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab));
+  if (rows == 0) return;
+  argmax_kernel<<<rows, kArgmaxThreads, 0, stream>>>(logits, int(vocab), out);
+  check_launch(fn);
+}
+
+}  // namespace perry::cuda

@@ -1,0 +1,121 @@
+// CUDA elementwise / normalization kernels between the linear layers of the decoder: embedding
+// lookup, RMSNorm (plain, fused residual add, per head), RoPE, SwiGLU, residual add, fp32->bf16,
+// greedy argmax. They follow the CPU semantics of src/kernels/cpu/ops.h.
+//
+// Conventions: all pointers are device pointers, activations are fp32 row-major, calls are
+// asynchronous on `stream`. Bad arguments (null pointers, non-positive sizes, unknown formats)
+// throw perry::Error before anything is launched; launch failures throw perry::Error naming the
+// kernel. Errors that only the device can see (a token id or a position out of range) cannot
+// throw: the affected output row is filled with NaN instead of reading out of bounds, so the
+// mistake shows up in the logits rather than as silent garbage or a fault.
+//
+// Numerics: the RMSNorm sums of squares are accumulated in float64 (x*x is exact in double, so
+// only the summation order differs from the CPU reference kernels::ref::rms_norm, which also sums
+// in double); 1/sqrt(mean + eps) is computed in double and rounded to float exactly like the CPU
+// reference, then y = (x * inv) * w in fp32. So the outputs are bit-identical to ref::rms_norm
+// except when the reordered double sum flips the float rounding of inv (~1 row in 2^28). The
+// AVX-512 CPU path sums in fp32 and differs from both by a few ulp.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace perry::cuda {
+
+// Output format of a kernel that produces the input of the next linear layer, so that the norm
+// or SwiGLU writes it in one pass:
+//   F32:  data = float    [M, width]
+//   BF16: data = uint16_t [M, width], round-to-nearest-even bits (NaN kept as a quiet NaN, the
+//         same bits as perry::f32_to_bf16 on the host)
+//   I8:   data = int8_t   [M, width] and scale = float [M]: per-token quantization of the fp32
+//         row (the exact rule of quantize_per_token / quant::quantize_row_ref), i.e. the bytes
+//         and scales are those of quantize_per_token applied to the F32 output of the same call.
+enum class ActFormat : uint8_t { F32, BF16, I8 };
+
+struct ActOut {
+  ActFormat fmt = ActFormat::F32;
+  void* data = nullptr;
+  float* scale = nullptr;  // I8 only (ignored otherwise)
+
+  static ActOut f32(float* y) { return {ActFormat::F32, y, nullptr}; }
+  static ActOut bf16(uint16_t* y) { return {ActFormat::BF16, y, nullptr}; }
+  static ActOut i8(int8_t* q, float* scale) { return {ActFormat::I8, q, scale}; }
+};
+
+// out[m, :] = float(table[tokens[m], :]); table [vocab, hidden] of DType F32, F16 or BF16.
+// vocab >= 0 enables the upper range check; a token id < 0 (or >= vocab) gives a NaN row.
+void embedding_lookup(const void* table, DType dt, int64_t hidden, const int32_t* d_tokens, int M, float* out,
+                      cudaStream_t stream, int64_t vocab = -1);
+
+// y[m, :] = x[m, :] * (1/sqrt(mean(x[m, :]^2) + eps)) * w[:], x [M, H], w [H], written as `out`.
+// One block per row. out.data must not alias x unless out is F32 (then in place is fine).
+void rms_norm(const float* x, const float* w, float eps, int M, int H, ActOut out, cudaStream_t stream);
+
+// Fused residual + norm: x[m, :] += delta[m, :] (fp32, written back: x is the residual stream),
+// then out = rms_norm(x) as above. delta may be the output of the previous linear; it must not
+// alias x. out.data must not alias x or delta.
+void add_rms_norm(float* x, const float* delta, const float* w, float eps, int M, int H, ActOut out,
+                  cudaStream_t stream);
+
+// Per-head RMSNorm in place (Qwen3 q_norm / k_norm): for token m and head h, the hd floats at
+// x + m * row_stride + h * hd are normalized with weight w [hd]. row_stride >= n_heads * hd (in
+// floats) lets it work on q/k inside a fused QKV output. 1 <= hd <= 1024 (one warp per head).
+void head_rms_norm(float* x, int64_t row_stride, int M, int n_heads, int hd, const float* w, float eps,
+                   cudaStream_t stream);
+
+// The rotary cos/sin table on the device, the layout of kernels::RopeTable: cos and sin are each
+// [max_pos, head_dim/2] float, row p = the angles p * inv_freq[i]. Upload once with
+//   DeviceRopeTable t(rope.cos(0), rope.sin(0), rope.head_dim(), rope.max_positions());
+// (RopeTable stores each table contiguously, so cos(0) is the start of the whole array).
+struct RopeTableView {
+  const float* cos = nullptr;  // device [max_pos, head_dim/2]
+  const float* sin = nullptr;  // device [max_pos, head_dim/2]
+  int head_dim = 0;
+  int64_t max_pos = 0;
+};
+
+class DeviceRopeTable {
+ public:
+  // Synchronous copy of the host arrays (each max_pos * head_dim/2 floats). Throws perry::Error.
+  DeviceRopeTable(const float* host_cos, const float* host_sin, int head_dim, int64_t max_pos);
+  ~DeviceRopeTable();
+  DeviceRopeTable(const DeviceRopeTable&) = delete;
+  DeviceRopeTable& operator=(const DeviceRopeTable&) = delete;
+  DeviceRopeTable(DeviceRopeTable&& o) noexcept;
+  DeviceRopeTable& operator=(DeviceRopeTable&& o) noexcept;
+  RopeTableView view() const { return {cos_, sin_, head_dim_, max_pos_}; }
+
+ private:
+  float* cos_ = nullptr;
+  float* sin_ = nullptr;
+  int head_dim_ = 0;
+  int64_t max_pos_ = 0;
+};
+
+// RoPE in place on q and k in one launch, HF "rotate_half" layout exactly like
+// kernels::rope_apply: per head, pairs (i, i + hd/2), i < hd/2:
+//   x'[i] = x[i] c - x[i+hd/2] s,   x'[i+hd/2] = x[i+hd/2] c + x[i] s   (c, s at d_pos[m]).
+// q: token m's n_q_heads heads at q + m * q_stride; k likewise (k may be null with
+// n_kv_heads == 0). d_pos [M] int32. A position outside [0, max_pos) turns that token's q and k
+// heads into NaN. Strides in floats, >= heads * head_dim.
+void rope_apply(float* q, int64_t q_stride, int n_q_heads, float* k, int64_t k_stride, int n_kv_heads, int M,
+                const int32_t* d_pos, RopeTableView table, cudaStream_t stream);
+
+// SwiGLU of the fused gate/up projection: gu [M, 2I] with gate in columns [0, I) and up in
+// [I, 2I); out[m, i] = silu(gate) * up, silu(g) = g / (1 + exp(-g)), written as `out` [M, I].
+// out.data must not alias gu.
+void swiglu(const float* gu, int M, int I, ActOut out, cudaStream_t stream);
+
+// x[i] += d[i], n elements (may be 0).
+void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream);
+
+// y[i] = bf16 bits of x[i] (round-to-nearest-even, same bits as perry::f32_to_bf16), n >= 0.
+void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+
+// out[r] = index of the max of logits[r, :] ([rows, vocab], 1 <= vocab < 2^31), ties -> the
+// lowest index (like std::max_element). NaNs are never selected; a row of only NaN gives 0.
+void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream);
+
+}  // namespace perry::cuda

@@ -1,0 +1,508 @@
+// CUDA elementwise / normalization kernels (src/kernels/cuda/elementwise.h) against the CPU
+// kernels (kernels::ref::*, embedding_lookup, quant::quantize_row_ref) on fresh random data,
+// unaligned widths and offset (misaligned) pointers for the scalar paths. Outputs are poisoned
+// first (NaN, bf16 NaN, int8 -128 which the quantization rule never produces) so an element the
+// kernel forgot to write cannot pass.
+//
+// Tolerances: the GPU RMSNorm sums in double and computes inv exactly like ref::rms_norm, so its
+// fp32 output is expected bit-identical to the reference (>= 99% of elements required, the rest
+// within 1e-5 relative: a flipped rounding of inv moves y by ~1 ulp). SwiGLU uses CUDA expf
+// (<= 2 ulp) against glibc's: a few ulp, checked at 1e-5 relative. bf16 outputs must be exactly
+// the host RNE of the GPU's own fp32 result, and within 1 bf16 ulp of the CPU. int8 outputs must
+// be byte-exact against quantize_per_token / quantize_row_ref of the GPU's own fp32 result;
+// against the CPU pipeline only rare +-1 (<= 0.1%) are allowed.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemm_w8a8.h"
+#include "quant/quant.h"
+namespace pc = perry::cuda;  // before cuda_test_util.h, which names it
+#include "cuda/cuda_test_util.h"
+
+namespace kc = perry::kernels;
+using perry::DType;
+using pc::ActOut;
+
+namespace {
+using namespace perry::cuda::testing;
+
+const std::vector<int> kWidths = {96, 1000, 4096};
+const std::vector<int> kRows = {1, 3, 37};
+
+void device_sync() { ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess); }
+
+std::vector<float> normal(size_t n, std::mt19937& g, float sd = 1.f) {
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// A device buffer poisoned with `poison`, optionally offset by one element so the kernels must
+// take their scalar (unaligned) path.
+template <typename T>
+struct Out {
+  Dev<T> d;
+  size_t off;
+  Out(size_t n, T poison, bool misalign) : d(std::vector<T>(n + 1, poison)), off(misalign ? 1 : 0) {}
+  T* p() { return d.p + off; }
+  std::vector<T> get() const {
+    auto h = d.get();
+    return std::vector<T>(h.begin() + off, h.begin() + off + (h.size() - 1));
+  }
+};
+template <typename T>
+Dev<T> upload(const std::vector<T>& h, bool misalign) {
+  std::vector<T> v(h.size() + 1);
+  std::copy(h.begin(), h.end(), v.begin() + (misalign ? 1 : 0));
+  return Dev<T>(v);
+}
+
+bool same_float(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; }
+
+// fp32 GPU vs reference: every element written, <= 1e-5 relative, and `min_exact` of them
+// bit-identical.
+void expect_f32_close(const std::vector<float>& got, const std::vector<float>& ref, double min_exact,
+                      const char* what) {
+  ASSERT_EQ(got.size(), ref.size());
+  size_t exact = 0, bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (same_float(got[i], ref[i])) {
+      ++exact;
+      continue;
+    }
+    if (!(std::fabs(double(got[i]) - ref[i]) <= 1e-5 * std::fabs(double(ref[i])))) {
+      if (bad++ < 5) ADD_FAILURE() << what << " [" << i << "]: gpu " << got[i] << " ref " << ref[i];
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what;
+  EXPECT_GE(double(exact), min_exact * double(got.size())) << what << ": " << exact << "/" << got.size()
+                                                          << " bit-exact";
+}
+
+// bf16 GPU output: exactly the host RNE of the GPU's own fp32 values, within 1 bf16 ulp of ref.
+void expect_bf16(const std::vector<uint16_t>& got, const std::vector<float>& gpu_f32, const std::vector<float>& ref,
+                 const char* what) {
+  ASSERT_EQ(got.size(), gpu_f32.size());
+  size_t bad_round = 0, bad_ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const uint16_t want = perry::f32_to_bf16(gpu_f32[i]);
+    bad_round += got[i] != want && !(std::isnan(gpu_f32[i]) && std::isnan(perry::bf16_to_f32(got[i])));
+    const double r = ref[i], g = perry::bf16_to_f32(got[i]);
+    if (std::isnan(r)) {
+      bad_ref += !std::isnan(g);
+    } else if (r != 0.0) {
+      bad_ref += !(std::fabs(g - r) <= std::ldexp(1.0, std::ilogb(r) - 7));
+    } else {
+      bad_ref += g != 0.0;
+    }
+  }
+  EXPECT_EQ(bad_round, 0u) << what << ": bf16 bits differ from host RNE of the GPU fp32 output";
+  EXPECT_EQ(bad_ref, 0u) << what << ": bf16 more than 1 ulp from the CPU reference";
+}
+
+// int8 GPU output [M, K] + scales: byte/bit-exact vs quantize_row_ref(gpu fp32) and vs
+// quantize_per_token(gpu fp32) on the device; vs quantize_row_ref(cpu ref) only rare +-1.
+void expect_i8(const std::vector<int8_t>& q, const std::vector<float>& s, const std::vector<float>& gpu_f32,
+               const std::vector<float>& ref, int M, int K, const char* what) {
+  std::vector<int8_t> qg(q.size()), qc(q.size());
+  std::vector<float> sg(M), sc(M);
+  for (int m = 0; m < M; ++m) {
+    sg[m] = perry::quant::quantize_row_ref(&gpu_f32[size_t(m) * K], K, &qg[size_t(m) * K]);
+    sc[m] = perry::quant::quantize_row_ref(&ref[size_t(m) * K], K, &qc[size_t(m) * K]);
+  }
+  // The unfused GPU pipeline: quantize_per_token of the same fp32 values.
+  Dev<float> dx(gpu_f32);
+  Dev<int8_t> dq(std::vector<int8_t>(q.size(), int8_t(-128)));
+  Dev<float> ds(std::vector<float>(M, NAN));
+  pc::quantize_per_token(dx.p, DType::F32, M, K, dq.p, ds.p, nullptr);
+  device_sync();
+  const auto qu = dq.get();
+  const auto su = ds.get();
+  size_t bad_g = 0, bad_u = 0, off1 = 0, off_big = 0, poison = 0;
+  for (size_t i = 0; i < q.size(); ++i) {
+    poison += q[i] == -128;
+    bad_g += q[i] != qg[i];
+    bad_u += q[i] != qu[i];
+    const int d = std::abs(int(q[i]) - int(qc[i]));
+    off1 += d == 1;
+    off_big += d > 1;
+  }
+  EXPECT_EQ(poison, 0u) << what << ": unwritten int8 elements";
+  EXPECT_EQ(bad_g, 0u) << what << ": fused int8 != quantize_row_ref of the GPU fp32 row";
+  EXPECT_EQ(bad_u, 0u) << what << ": fused int8 != quantize_per_token of the GPU fp32 row";
+  EXPECT_EQ(off_big, 0u) << what << ": int8 off by more than 1 from the CPU pipeline";
+  EXPECT_LE(double(off1), 1e-3 * double(q.size()) + 2.0) << what << ": " << off1 << " elements off by 1";
+  for (int m = 0; m < M; ++m) {
+    EXPECT_TRUE(std::memcmp(&s[m], &sg[m], 4) == 0) << what << " row " << m << ": scale " << s[m] << " vs " << sg[m];
+    EXPECT_TRUE(std::memcmp(&s[m], &su[m], 4) == 0) << what << " row " << m << ": scale " << s[m] << " vs " << su[m];
+    EXPECT_NEAR(s[m], sc[m], 1e-5 * std::fabs(sc[m])) << what << " row " << m;
+  }
+}
+
+// Rows for the norm tests: random with outliers, row 1 all zero, row 2 with a NaN (the whole
+// normalized row is NaN then; the int8 rule maps it to scale 0, q 0 on both sides).
+std::vector<float> norm_input(int M, int H, std::mt19937& g) {
+  auto x = normal(size_t(M) * H, g, 2.f);
+  for (int m = 0; m < M; ++m) x[size_t(m) * H + (m * 7) % H] *= 30.f;
+  if (M > 1) std::fill(x.begin() + H, x.begin() + 2 * H, 0.f);
+  if (M > 2) x[size_t(2) * H + 5] = NAN;
+  return x;
+}
+
+// Runs (add_)rms_norm in all three formats and checks each against the CPU reference.
+void check_norm(int M, int H, bool fused_add, bool misalign, std::mt19937& g) {
+  SCOPED_TRACE(::testing::Message() << "M=" << M << " H=" << H << " add=" << fused_add << " misalign=" << misalign);
+  const float eps = 1e-6f;
+  auto x = norm_input(M, H, g);
+  auto delta = normal(x.size(), g, 0.5f);
+  auto w = normal(H, g, 0.3f);
+  for (auto& v : w) v += 1.f;
+  // CPU: x (+ delta) then ref::rms_norm (double sums, like the GPU).
+  std::vector<float> xs = x;
+  if (fused_add) kc::ref::add_inplace(xs.data(), delta.data(), int64_t(xs.size()));
+  std::vector<float> ref(x.size());
+  kc::ref::rms_norm(xs.data(), w.data(), eps, M, H, ref.data());
+
+  auto dw = upload(w, misalign);
+  auto dd = upload(delta, misalign);
+  const size_t o = misalign ? 1 : 0;
+  auto run = [&](ActOut out) {
+    auto dx = upload(x, misalign);
+    if (fused_add)
+      pc::add_rms_norm(dx.p + o, dd.p + o, dw.p + o, eps, M, H, out, nullptr);
+    else
+      pc::rms_norm(dx.p + o, dw.p + o, eps, M, H, out, nullptr);
+    device_sync();
+    auto hx = dx.get();
+    std::vector<float> xout(hx.begin() + o, hx.begin() + o + x.size());
+    size_t bad = 0;  // the residual stream: exactly x + delta (or untouched)
+    for (size_t i = 0; i < x.size(); ++i) bad += !same_float(xout[i], xs[i]);
+    EXPECT_EQ(bad, 0u) << "residual x after the call";
+  };
+  Out<float> yf(x.size(), NAN, misalign);
+  run(ActOut::f32(yf.p()));
+  const auto y = yf.get();
+  expect_f32_close(y, ref, 0.99, "rms_norm f32");
+
+  Out<uint16_t> yb(x.size(), 0xffff, misalign);
+  run(ActOut::bf16(yb.p()));
+  expect_bf16(yb.get(), y, ref, "rms_norm bf16");
+
+  Out<int8_t> yq(x.size(), int8_t(-128), misalign);
+  Out<float> ys(M, NAN, false);
+  run(ActOut::i8(yq.p(), ys.p()));
+  expect_i8(yq.get(), ys.get(), y, ref, M, H, "rms_norm i8");
+}
+
+TEST(CudaElementwise, RmsNormAllFormatsMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 g(11);
+  for (int H : kWidths)
+    for (int M : kRows) check_norm(M, H, false, false, g);
+  check_norm(5, 8192, false, false, g);
+  check_norm(3, 4096, false, true, g);  // misaligned pointers: scalar path
+  check_norm(3, 1001, false, true, g);
+}
+
+TEST(CudaElementwise, AddRmsNormAllFormatsMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 g(12);
+  for (int H : kWidths)
+    for (int M : kRows) check_norm(M, H, true, false, g);
+  check_norm(2, 8192, true, false, g);
+  check_norm(3, 4096, true, true, g);
+}
+
+TEST(CudaElementwise, HeadRmsNormInPlaceWithStride) {
+  REQUIRE_GPU();
+  std::mt19937 g(13);
+  for (int hd : {16, 64, 80, 128, 256})
+    for (int M : kRows)
+      for (int nh : {1, 8}) {
+        SCOPED_TRACE(::testing::Message() << "hd=" << hd << " M=" << M << " nh=" << nh);
+        const int64_t stride = int64_t(nh) * hd + 3 * hd + 1;  // q inside a wider (QKV) row
+        auto x = normal(size_t(M) * stride, g, 1.5f);
+        auto w = rand_f(hd, g, 0.5f, 1.5f);
+        std::vector<float> ref = x;
+        for (int m = 0; m < M; ++m)
+          kc::ref::rms_norm(&x[size_t(m) * stride], w.data(), 1e-6f, nh, hd, &ref[size_t(m) * stride]);
+        Dev<float> dx(x), dw(w);
+        pc::head_rms_norm(dx.p, stride, M, nh, hd, dw.p, 1e-6f, nullptr);
+        device_sync();
+        // ref holds x outside the heads: the columns past nh*hd must be untouched.
+        expect_f32_close(dx.get(), ref, 0.99, "head_rms_norm");
+      }
+}
+
+// RoPE on q and k (each inside a wider row) against ref::rope_apply with the same table.
+void check_rope(const kc::RopeTable& table, int M, int nq, int nk, std::mt19937& g) {
+  const int hd = table.head_dim();
+  SCOPED_TRACE(::testing::Message() << "hd=" << hd << " M=" << M << " nq=" << nq << " nk=" << nk);
+  pc::DeviceRopeTable dt(table.cos(0), table.sin(0), hd, table.max_positions());
+  const int64_t qs = int64_t(nq) * hd + 2 * hd + 4, ks = int64_t(nk) * hd + 4;
+  auto q = normal(size_t(M) * qs, g), k = normal(size_t(M) * ks, g);
+  std::vector<int32_t> pos(M);
+  std::uniform_int_distribution<int32_t> pd(0, int32_t(table.max_positions() - 1));
+  for (auto& p : pos) p = pd(g);
+  pos[0] = int32_t(table.max_positions() - 1);
+  if (M > 1) pos[1] = 0;
+  std::vector<float> qr = q, kr = k;
+  kc::ref::rope_apply(qr.data(), M, nq, qs, 0, table, pos.data());
+  kc::ref::rope_apply(kr.data(), M, nk, ks, 0, table, pos.data());
+  Dev<float> dq(q), dk(k);
+  Dev<int32_t> dp(pos);
+  pc::rope_apply(dq.p, qs, nq, dk.p, ks, nk, M, dp.p, dt.view(), nullptr);
+  device_sync();
+  // a*c - b*s cancels: relative error per element is meaningless, so bound the error by the pair's
+  // magnitude (~8 ulp of |a|+|b|). The scalar reference does the same separately rounded
+  // operations, so the results should be bit-identical; the count is printed, not required (a CPU
+  // build that contracts into FMA would differ by an ulp and still be right).
+  auto cmp = [&](const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& in,
+                 int64_t stride, int nh, const char* what) {
+    size_t exact = 0, bad = 0;
+    for (int m = 0; m < M; ++m)
+      for (int64_t c = 0; c < stride; ++c) {
+        const size_t i = size_t(m) * stride + c;
+        if (same_float(got[i], ref[i])) {
+          ++exact;
+          continue;
+        }
+        double tol = 0.0;  // columns past the heads must be untouched
+        if (c < int64_t(nh) * hd) {
+          const size_t a = size_t(m) * stride + (c / hd) * hd + (c % hd) % (hd / 2), b = a + hd / 2;
+          tol = 5e-7 * (std::fabs(in[a]) + std::fabs(in[b]));
+        }
+        if (!(std::fabs(double(got[i]) - ref[i]) <= tol) && bad++ < 5)
+          ADD_FAILURE() << what << " m=" << m << " col " << c << ": gpu " << got[i] << " ref " << ref[i];
+      }
+    EXPECT_EQ(bad, 0u) << what;
+    std::printf("%s: %zu/%zu bit-identical to ref::rope_apply\n", what, exact, got.size());
+  };
+  cmp(dq.get(), qr, q, qs, nq, "rope q");
+  cmp(dk.get(), kr, k, ks, nk, "rope k");
+}
+
+TEST(CudaElementwise, RopeMatchesCpuPlainAndLlama3) {
+  REQUIRE_GPU();
+  std::mt19937 g(14);
+  kc::RopeTable llama3(128, 500000.0, 8192, kc::Llama3RopeScaling{});
+  kc::RopeTable qwen(128, 1000000.0, 4096);
+  kc::RopeTable small(64, 10000.0, 512);
+  for (int M : kRows) {
+    check_rope(llama3, M, 32, 8, g);
+    check_rope(qwen, M, 16, 2, g);
+    check_rope(small, M, 3, 1, g);
+  }
+}
+
+TEST(CudaElementwise, RopeQOnlyAndBadPositionGivesNaNRow) {
+  REQUIRE_GPU();
+  std::mt19937 g(15);
+  kc::RopeTable table(64, 10000.0, 100);
+  pc::DeviceRopeTable dt(table.cos(0), table.sin(0), 64, 100);
+  pc::DeviceRopeTable moved = std::move(dt);  // ownership moves, the table stays valid
+  const int M = 3, nq = 2, hd = 64;
+  auto q = normal(size_t(M) * nq * hd, g);
+  std::vector<int32_t> pos = {7, 100, -1};  // rows 1 and 2 are out of range
+  std::vector<float> qr = q;
+  kc::ref::rope_apply(qr.data(), 1, nq, nq * hd, 0, table, pos.data());
+  Dev<float> dq(q);
+  Dev<int32_t> dp(pos);
+  pc::rope_apply(dq.p, nq * hd, nq, nullptr, 0, 0, M, dp.p, moved.view(), nullptr);
+  device_sync();
+  auto got = dq.get();
+  for (int c = 0; c < nq * hd; ++c) EXPECT_TRUE(same_float(got[c], qr[c])) << c;
+  for (size_t i = size_t(nq) * hd; i < got.size(); ++i) EXPECT_TRUE(std::isnan(got[i])) << i;
+}
+
+// SwiGLU over gu [M, 2I]: CPU = ref::silu_mul(gate row, up row).
+void check_swiglu(int M, int I, bool misalign, std::mt19937& g) {
+  SCOPED_TRACE(::testing::Message() << "M=" << M << " I=" << I << " misalign=" << misalign);
+  auto gu = normal(size_t(M) * 2 * I, g, 3.f);
+  gu[0] = -100.f;  // exp(100) overflows to inf: silu -> -0
+  gu[1] = 100.f;
+  gu[2] = 0.f;
+  if (M > 1) std::fill(gu.begin() + 2 * I + I, gu.begin() + 4 * I, 0.f);  // row 1: up = 0 -> scale 0
+  std::vector<float> ref(size_t(M) * I);
+  for (int m = 0; m < M; ++m)
+    kc::ref::silu_mul(&gu[size_t(m) * 2 * I], &gu[size_t(m) * 2 * I + I], I, &ref[size_t(m) * I]);
+  auto dgu = upload(gu, misalign);
+  const float* in = dgu.p + (misalign ? 1 : 0);
+  Out<float> yf(ref.size(), NAN, misalign);
+  pc::swiglu(in, M, I, ActOut::f32(yf.p()), nullptr);
+  Out<uint16_t> yb(ref.size(), 0xffff, misalign);
+  pc::swiglu(in, M, I, ActOut::bf16(yb.p()), nullptr);
+  Out<int8_t> yq(ref.size(), int8_t(-128), misalign);
+  Out<float> ys(M, NAN, false);
+  pc::swiglu(in, M, I, ActOut::i8(yq.p(), ys.p()), nullptr);
+  device_sync();
+  const auto y = yf.get();
+  expect_f32_close(y, ref, 0.0, "swiglu f32");  // expf vs glibc: not bit-exact by design
+  expect_bf16(yb.get(), y, ref, "swiglu bf16");
+  expect_i8(yq.get(), ys.get(), y, ref, M, I, "swiglu i8");
+}
+
+TEST(CudaElementwise, SwigluAllFormatsMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 g(16);
+  for (int I : kWidths)
+    for (int M : kRows) check_swiglu(M, I, false, g);
+  check_swiglu(3, 14336, false, g);
+  check_swiglu(2, 28672, false, g);
+  check_swiglu(3, 4096, true, g);
+  check_swiglu(3, 1001, true, g);
+}
+
+TEST(CudaElementwise, EmbeddingLookupExactAllDtypes) {
+  REQUIRE_GPU();
+  std::mt19937 g(17);
+  const int64_t vocab = 300;
+  for (int H : kWidths)
+    for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+      SCOPED_TRACE(::testing::Message() << "H=" << H << " dtype=" << perry::dtype_name(dt));
+      auto t = normal(size_t(vocab) * H, g);
+      std::vector<uint16_t> t16(t.size());
+      for (size_t i = 0; i < t.size(); ++i) t16[i] = dt == DType::F16 ? perry::f32_to_f16(t[i]) : perry::f32_to_bf16(t[i]);
+      const void* host = dt == DType::F32 ? static_cast<const void*>(t.data()) : t16.data();
+      Dev<float> d32(dt == DType::F32 ? t : std::vector<float>{});
+      Dev<uint16_t> d16(dt == DType::F32 ? std::vector<uint16_t>{} : t16);
+      const void* dev = dt == DType::F32 ? static_cast<const void*>(d32.p) : d16.p;
+      for (int M : kRows) {
+        std::vector<int32_t> tok(M);
+        std::uniform_int_distribution<int32_t> td(0, int32_t(vocab - 1));
+        for (auto& v : tok) v = td(g);
+        tok[0] = int32_t(vocab - 1);
+        std::vector<float> ref(size_t(M) * H);
+        kc::embedding_lookup(host, dt, H, tok.data(), M, ref.data(), vocab);
+        Dev<int32_t> dtok(tok);
+        Dev<float> out(std::vector<float>(ref.size(), NAN));
+        pc::embedding_lookup(dev, dt, H, dtok.p, M, out.p, nullptr, vocab);
+        device_sync();
+        auto got = out.get();
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i) bad += std::memcmp(&got[i], &ref[i], 4) != 0;
+        EXPECT_EQ(bad, 0u) << "M=" << M;
+      }
+      // Out-of-range ids give NaN rows, the valid row in between is still exact.
+      std::vector<int32_t> tok = {-1, 5, int32_t(vocab)};
+      Dev<int32_t> dtok(tok);
+      Dev<float> out(std::vector<float>(size_t(3) * H, 0.f));
+      pc::embedding_lookup(dev, dt, H, dtok.p, 3, out.p, nullptr, vocab);
+      device_sync();
+      auto got = out.get();
+      std::vector<float> ref(H);
+      kc::embedding_lookup(host, dt, H, &tok[1], 1, ref.data(), vocab);
+      for (int j = 0; j < H; ++j) {
+        EXPECT_TRUE(std::isnan(got[j]) && std::isnan(got[size_t(2) * H + j])) << j;
+        EXPECT_TRUE(same_float(got[size_t(H) + j], ref[j])) << j;
+      }
+    }
+}
+
+TEST(CudaElementwise, ResidualAddAndBf16ConversionExact) {
+  REQUIRE_GPU();
+  std::mt19937 g(18);
+  for (int64_t n : {int64_t(1), int64_t(1001), int64_t(3) << 20}) {
+    auto x = normal(size_t(n), g), d = normal(size_t(n), g);
+    x[0] = n > 1 ? NAN : x[0];
+    if (n > 8) {
+      x[1] = INFINITY, x[2] = -INFINITY, x[3] = 1.00390625f;  // exact bf16 tie -> even (1.0)
+      x[4] = 1.01171875f, x[5] = 3.4e38f, x[6] = 1e-40f, x[7] = -0.f;  // tie -> up; near max; denormal
+    }
+    Dev<float> dx(x), dd(d);
+    Dev<uint16_t> db(std::vector<uint16_t>(size_t(n), 0xffff));
+    pc::f32_to_bf16(dx.p, db.p, n, nullptr);
+    pc::residual_add(dx.p, dd.p, n, nullptr);
+    device_sync();
+    auto b = db.get();
+    auto s = dx.get();
+    size_t bad_b = 0, bad_s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      bad_b += b[i] != perry::f32_to_bf16(x[i]);
+      bad_s += !same_float(s[i], x[i] + d[i]);
+    }
+    EXPECT_EQ(bad_b, 0u) << "n=" << n;
+    EXPECT_EQ(bad_s, 0u) << "n=" << n;
+  }
+}
+
+TEST(CudaElementwise, ArgmaxRowsExact) {
+  REQUIRE_GPU();
+  std::mt19937 g(19);
+  for (int64_t vocab : {int64_t(1), int64_t(1000), int64_t(151936)}) {
+    const int rows = 7;
+    auto l = normal(size_t(rows) * vocab, g, 4.f);
+    std::vector<int32_t> want(rows);
+    if (vocab > 100) {
+      float* r1 = &l[size_t(vocab)];  // ties: the lowest index wins
+      r1[70] = r1[40] = r1[vocab - 1] = 100.f;
+      float* r2 = &l[size_t(2) * vocab];  // a NaN first is never picked
+      r2[0] = NAN;
+      r2[vocab - 2] = 50.f;
+      std::fill(l.begin() + 3 * vocab, l.begin() + 4 * vocab, -INFINITY);  // all -inf -> 0
+      float* r4 = &l[size_t(4) * vocab];
+      r4[vocab - 1] = 1e30f;
+    }
+    for (int r = 0; r < rows; ++r) {
+      const float* row = &l[size_t(r) * vocab];
+      int best = -1;
+      for (int64_t i = 0; i < vocab; ++i)
+        if (!std::isnan(row[i]) && (best < 0 || row[i] > row[best])) best = int(i);
+      want[r] = best < 0 ? 0 : best;
+      if (r != 2 || vocab <= 100) {  // std::max_element agrees wherever no NaN is involved
+        EXPECT_EQ(want[r], int(std::max_element(row, row + vocab) - row));
+      }
+    }
+    Dev<float> dl(l);
+    Dev<int32_t> out(std::vector<int32_t>(rows, -7));
+    pc::argmax_rows(dl.p, rows, vocab, out.p, nullptr);
+    device_sync();
+    EXPECT_EQ(out.get(), want) << "vocab=" << vocab;
+  }
+}
+
+TEST(CudaElementwise, BadArgumentsThrow) {
+  REQUIRE_GPU();
+  Dev<float> a(64), b(64), s(4);
+  Dev<int8_t> q(64);
+  Dev<int32_t> t(4);
+  const float* w = b.p;
+  EXPECT_THROW(pc::rms_norm(nullptr, w, 1e-6f, 1, 16, ActOut::f32(a.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::rms_norm(a.p, w, 1e-6f, 1, 0, ActOut::f32(b.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::rms_norm(a.p, w, 1e-6f, -1, 16, ActOut::f32(b.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::rms_norm(a.p, w, 1e-6f, 1, 16, ActOut::i8(q.p, nullptr), nullptr), perry::Error);
+  EXPECT_THROW(pc::rms_norm(a.p, w, 1e-6f, 1, 16, ActOut{}, nullptr), perry::Error);
+  EXPECT_THROW(pc::rms_norm(a.p, w, -1.f, 1, 16, ActOut::f32(b.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::add_rms_norm(a.p, nullptr, w, 1e-6f, 1, 16, ActOut::f32(b.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::swiglu(a.p, 1, 0, ActOut::f32(b.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::swiglu(nullptr, 1, 8, ActOut::f32(b.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::head_rms_norm(a.p, 8, 1, 1, 16, w, 1e-6f, nullptr), perry::Error);     // stride < hd
+  EXPECT_THROW(pc::head_rms_norm(a.p, 2048, 1, 1, 2048, w, 1e-6f, nullptr), perry::Error);  // hd > 1024
+  EXPECT_THROW(pc::embedding_lookup(a.p, DType::I8, 16, t.p, 1, b.p, nullptr), perry::Error);
+  EXPECT_THROW(pc::embedding_lookup(a.p, DType::F32, 0, t.p, 1, b.p, nullptr), perry::Error);
+  EXPECT_THROW(pc::DeviceRopeTable(a.p, b.p, 7, 4), perry::Error);  // odd head_dim
+  pc::RopeTableView v{a.p, b.p, 8, 4};
+  EXPECT_THROW(pc::rope_apply(a.p, 4, 1, nullptr, 0, 0, 1, t.p, v, nullptr), perry::Error);  // stride < hd
+  EXPECT_THROW(pc::rope_apply(a.p, 8, 1, nullptr, 8, 1, 1, t.p, v, nullptr), perry::Error);  // k null
+  EXPECT_THROW(pc::residual_add(a.p, b.p, -1, nullptr), perry::Error);
+  EXPECT_THROW(pc::f32_to_bf16(a.p, nullptr, 4, nullptr), perry::Error);
+  EXPECT_THROW(pc::argmax_rows(a.p, 1, 0, t.p, nullptr), perry::Error);
+  // Empty batches are no-ops, not errors.
+  EXPECT_NO_THROW(pc::rms_norm(a.p, w, 1e-6f, 0, 16, ActOut::f32(b.p), nullptr));
+  EXPECT_NO_THROW(pc::swiglu(a.p, 0, 8, ActOut::i8(q.p, s.p), nullptr));
+  device_sync();
+}
+
+}  // namespace
