@@ -1,0 +1,77 @@
+// CUDA attention over a bf16 KV cache: cache append, batched causal prefill (flash-attention on
+// bf16 tensor cores for hd 64/128, fp32 CUDA cores otherwise) and batched decode (flash-decoding:
+// split over the KV length, then a combine kernel).
+//
+// Layouts (fixed; the CUDA model backend depends on them):
+//   q        fp32 [M, nh*hd] row-major, the M new tokens of all sequences stacked;
+//   k, v     fp32 [M, nkv*hd] (already RoPE'd); out fp32 [M, nh*hd];
+//   k_cache, v_cache  bf16 (stored as uint16_t) [n_slots][nkv][capacity][hd] for ONE layer;
+//   GQA: q head h reads kv head h / (nh / nkv).
+// Sequences are described by an AttnSeq array in DEVICE memory (see below). All functions are
+// asynchronous on `stream`; bad arguments and launch failures throw perry::Error naming the
+// kernel. Semantics match kernels/cpu/attention.h: query t of a sequence (position pos0 + t)
+// attends to cache positions [0, pos0 + t], softmax(scale · q·k) · v.
+//
+// Caller obligations the kernels cannot check (the descriptors live on the device):
+//   * 0 <= pos0, n_new >= 1 (n_new == 0 sequences are skipped), pos0 + n_new <= capacity
+//     (kernels clamp reads/writes to capacity so a violation gives wrong numbers, never a stray
+//     write outside the slot), the sequences' row ranges [q_row, q_row + n_new) disjoint and
+//     inside [0, M), slots distinct within one call and < the number of allocated slots;
+//   * max_new >= every n_new and max_ctx >= every pos0 + n_new (blocks are launched for these
+//     maxima only; they are upper bounds, not exact values);
+//   * pointers from cudaMalloc (the cache pointers must be 16-byte aligned: cp.async copies).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace perry::cuda {
+
+struct AttnSeq {
+  int32_t q_row;  // first row of this sequence in q / k / v / out
+  int32_t n_new;  // new tokens this step (rows q_row .. q_row + n_new - 1)
+  int32_t pos0;   // tokens already in the slot before this step; new token t has position pos0 + t
+  int32_t slot;   // cache slot
+};
+
+// Largest head dimension any kernel here accepts.
+constexpr int kAttnMaxHeadDim = 256;
+
+// Writes row r's k / v (for every kv head) into the sequence's slot at position pos0 + (r - q_row),
+// converted to bf16 with round-to-nearest-even (NaN kept as a quiet NaN: bit-identical to
+// perry::f32_to_bf16). One launch, one block per row; each block finds its sequence by scanning
+// d_seqs (no host-side row map needed). Rows that belong to no sequence are left alone.
+void kv_cache_append(const float* k, const float* v, const AttnSeq* d_seqs, int n_seqs, int M,
+                     int nkv, int hd, int capacity, uint16_t* k_cache, uint16_t* v_cache,
+                     cudaStream_t stream);
+
+// Causal attention of every new token of every sequence against its slot's cache positions
+// [0, pos0 + t] (the new tokens must already be in the cache: call kv_cache_append first).
+// hd 64 / 128: tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate; q and P rounded to bf16),
+// 64-query × 64-key tiles, K/V double-buffered in shared memory with cp.async, online softmax.
+// Other hd (<= 256): fp32 CUDA-core kernel (exact fp32 math on the bf16 cache values).
+// Grid: (ceil(max_new / tile), nh, n_seqs); blocks past a sequence's n_new exit at once.
+void attention_prefill(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_new, int max_ctx,
+                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
+                       int capacity, float scale, float* out, cudaStream_t stream);
+
+// Batched decode: every sequence has exactly one new token (n_new is ignored and taken as 1; the
+// context is pos0 + 1 and must already include the new token). Flash-decoding: the context is
+// split into chunks (size chosen from n_seqs and max_ctx, see attention_decode_chunk); one block
+// per (chunk, kv head, sequence) handles all nh/nkv q heads of the GQA group, so each cache byte
+// is read once; a second kernel merges the partial (max, sum, acc) states into out. fp32 math.
+// workspace: device memory of at least attention_decode_workspace_bytes(n_seqs, nh, hd, max_ctx)
+// bytes (allocate once for the largest batch / context; any call with smaller values fits).
+void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_ctx,
+                      const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
+                      int capacity, float scale, float* out, float* workspace,
+                      size_t workspace_bytes, cudaStream_t stream);
+size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx);
+// Keys per decode chunk for this batch (a multiple of 64); exposed for tests and logs.
+int attention_decode_chunk(int n_seqs, int max_ctx);
+
+// Which prefill kernel a head dimension gets, for logs and `perry info`.
+const char* attention_prefill_kernel_name(int hd);
+
+}  // namespace perry::cuda

@@ -1,0 +1,304 @@
+// Flash-decoding for batched decode over the bf16 KV cache (contract in attention.h): a partial
+// kernel per (KV chunk, kv head, sequence) and a combine kernel. See attention.cu for the shared
+// conventions (log2-domain softmax, never reading past a sequence's context).
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/attention_device.cuh"
+
+namespace perry::cuda {
+namespace {
+using namespace attn_detail;
+
+// ---------------------------------------------------------------- decode (flash-decoding)
+// Partial kernel: block (chunk c, kv head, sequence), 128 threads, the G = nh/nkv q heads of the
+// group. The chunk is walked in tiles of 64 keys: K/V tile → shared (cp.async 16-byte copies when
+// hd % 8 == 0, else element loads), scores S[G][64] (one thread per (g, key), full-length dot
+// against K in shared memory: no shuffles), per-head online softmax (one warp per head), then
+// O[G][hd] += P·V (one thread per (g, dim pair)). O lives in shared memory because G is only
+// known at run time. The block writes its unnormalised (m, l, O) to the workspace; the combine
+// kernel merges the chunks. Several blocks per SM overlap one block's loads with another's math.
+constexpr int kDecThreads = 128, kDecTile = 64;
+constexpr int kDecMinChunk = 128, kDecTargetParts = 1024;
+
+int dec_stride(int hd) { return (hd + 7) / 8 * 8 + 8; }  // bf16 elements per shared K/V row
+size_t dec_smem_bytes(int G, int hd) {
+  return size_t(2) * kDecTile * dec_stride(hd) * 2 +
+         (size_t(2) * G * hd + size_t(G) * kDecTile + size_t(3) * G) * sizeof(float);
+}
+
+template <bool kVec>  // kVec: hd % 8 == 0 (16-byte rows: cp.async and 8-wide shared loads)
+__global__ void __launch_bounds__(kDecThreads)
+    decode_partial_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
+                          const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
+                          int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
+                          float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
+  extern __shared__ __align__(16) unsigned char dsm[];
+  const int G = nh / nkv, hdp = (hd + 7) / 8 * 8 + 8;
+  const AttnSeq sq = seqs[blockIdx.z];
+  const int kvh = blockIdx.y, c = blockIdx.x;
+  const int kv_len = min(sq.pos0 + 1, capacity);
+  const int j_begin = c * chunk;
+  if (j_begin >= kv_len) return;  // uniform for the block: before any barrier
+  const int j_end = min(j_begin + chunk, kv_len);
+
+  uint16_t* ks = reinterpret_cast<uint16_t*>(dsm);
+  uint16_t* vs = ks + kDecTile * hdp;
+  float* qs = reinterpret_cast<float*>(vs + kDecTile * hdp);  // [G][hd], 16-byte aligned
+  float* os = qs + G * hd;                                    // [G][hd]
+  float* ps = os + G * hd;                                    // [G][64]
+  float* ms = ps + G * kDecTile;                              // [G] running max
+  float* ls = ms + G;                                         // [G] running sum
+  float* as = ls + G;                                         // [G] this tile's rescale factor
+
+  const size_t head_off = ((size_t)sq.slot * nkv + kvh) * (size_t)capacity * hd;
+  const uint16_t* kg = kc + head_off;
+  const uint16_t* vg = vc + head_off;
+  const float* qg = q + (size_t)sq.q_row * nh * hd + (size_t)kvh * G * hd;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  for (int e = tid; e < G * hd; e += kDecThreads) {
+    qs[e] = qg[e];
+    os[e] = 0.f;
+  }
+  for (int g = tid; g < G; g += kDecThreads) {
+    ms[g] = -INFINITY;
+    ls[g] = 0.f;
+  }
+
+  for (int k0 = j_begin; k0 < j_end; k0 += kDecTile) {
+    const int nk = min(kDecTile, j_end - k0);  // >= 1
+    if constexpr (kVec) {
+      const int cpr = hd / 8;
+      for (int e = tid; e < kDecTile * cpr; e += kDecThreads) {
+        const int r = e / cpr, col = (e - r * cpr) * 8;
+        const bool ok = r < nk;
+        const size_t off = ok ? (size_t)(k0 + r) * hd + col : 0;
+        cp_async16(ks + r * hdp + col, kg + off, ok ? 16 : 0);
+        cp_async16(vs + r * hdp + col, vg + off, ok ? 16 : 0);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else {
+      for (int e = tid; e < kDecTile * hd; e += kDecThreads) {
+        const int r = e / hd, d = e - r * hd;
+        const bool ok = r < nk;
+        ks[r * hdp + d] = ok ? kg[(size_t)(k0 + r) * hd + d] : uint16_t(0);
+        vs[r * hdp + d] = ok ? vg[(size_t)(k0 + r) * hd + d] : uint16_t(0);
+      }
+    }
+    __syncthreads();  // K/V tile (and, first time, qs/os/ms/ls) visible
+
+    for (int idx = tid; idx < G * kDecTile; idx += kDecThreads) {
+      const int g = idx / kDecTile, j = idx - g * kDecTile;
+      float sc = -INFINITY;
+      if (j < nk) {
+        const float* qv = qs + g * hd;
+        const uint16_t* kr = ks + j * hdp;
+        float dot = 0.f;
+        if constexpr (kVec) {
+          // Row stride hdp·2 bytes ≡ 16 (mod 128): 8 lanes' 16-byte loads hit distinct banks.
+          for (int d = 0; d < hd; d += 8) {
+            const uint4 kk = *reinterpret_cast<const uint4*>(kr + d);
+            const float4 q0 = *reinterpret_cast<const float4*>(qv + d);
+            const float4 q1 = *reinterpret_cast<const float4*>(qv + d + 4);
+            dot = fmaf(q0.x, bf16_lo(kk.x), dot);
+            dot = fmaf(q0.y, bf16_hi(kk.x), dot);
+            dot = fmaf(q0.z, bf16_lo(kk.y), dot);
+            dot = fmaf(q0.w, bf16_hi(kk.y), dot);
+            dot = fmaf(q1.x, bf16_lo(kk.z), dot);
+            dot = fmaf(q1.y, bf16_hi(kk.z), dot);
+            dot = fmaf(q1.z, bf16_lo(kk.w), dot);
+            dot = fmaf(q1.w, bf16_hi(kk.w), dot);
+          }
+        } else {
+          for (int d = 0; d < hd; ++d) dot = fmaf(qv[d], bf16_to_float(kr[d]), dot);
+        }
+        sc = dot * scale_log2;
+      }
+      ps[idx] = sc;
+    }
+    __syncthreads();
+
+    for (int g = warp; g < G; g += kDecThreads / 32) {
+      float* pr = ps + g * kDecTile;
+      const float s0 = pr[lane], s1 = pr[lane + 32];
+      const float m_old = ms[g];
+      const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));  // finite: key k0 is valid
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      const float p0 = exp2f(s0 - base), p1 = exp2f(s1 - base);
+      pr[lane] = p0;
+      pr[lane + 32] = p1;
+      const float sum = warp_sum(p0 + p1);
+      if (lane == 0) {
+        const float alpha = exp2f(m_old - base);
+        as[g] = alpha;
+        ls[g] = ls[g] * alpha + sum;
+        ms[g] = m_new;
+      }
+    }
+    __syncthreads();
+
+    if constexpr (kVec) {  // dim pairs: one bf16x2 load of V per two FMAs
+      const int hp = hd / 2;
+      for (int idx = tid; idx < G * hp; idx += kDecThreads) {
+        const int g = idx / hp, d = (idx - g * hp) * 2;
+        const float* pr = ps + g * kDecTile;
+        const float alpha = as[g];
+        float a0 = os[g * hd + d] * alpha, a1 = os[g * hd + d + 1] * alpha;
+        for (int j = 0; j < nk; ++j) {
+          const uint32_t vv = *reinterpret_cast<const uint32_t*>(vs + j * hdp + d);
+          a0 = fmaf(pr[j], bf16_lo(vv), a0);
+          a1 = fmaf(pr[j], bf16_hi(vv), a1);
+        }
+        os[g * hd + d] = a0;
+        os[g * hd + d + 1] = a1;
+      }
+    } else {
+      for (int idx = tid; idx < G * hd; idx += kDecThreads) {
+        const int g = idx / hd, d = idx - g * hd;
+        const float* pr = ps + g * kDecTile;
+        float a = os[idx] * as[g];
+        for (int j = 0; j < nk; ++j) a = fmaf(pr[j], bf16_to_float(vs[j * hdp + d]), a);
+        os[idx] = a;
+      }
+    }
+    __syncthreads();  // before the next tile overwrites ks / vs / ps
+  }
+
+  // Workspace: acc [n_seqs][nh][nchunks][hd], ml [n_seqs][nh][nchunks][2].
+  const size_t part0 = ((size_t)blockIdx.z * nh + (size_t)kvh * G) * nchunks + c;  // head g = 0
+  for (int idx = tid; idx < G * hd; idx += kDecThreads) {
+    const int g = idx / hd, d = idx - g * hd;
+    ws_acc[(part0 + (size_t)g * nchunks) * hd + d] = os[idx];
+  }
+  for (int g = tid; g < G; g += kDecThreads) {
+    ws_ml[(part0 + (size_t)g * nchunks) * 2 + 0] = ms[g];
+    ws_ml[(part0 + (size_t)g * nchunks) * 2 + 1] = ls[g];
+  }
+}
+
+__device__ float block_reduce(float v, bool is_max, float* red) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  v = is_max ? warp_max(v) : warp_sum(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float x = lane < nw ? red[lane] : (is_max ? -INFINITY : 0.f);
+    x = is_max ? warp_max(x) : warp_sum(x);
+    if (lane == 0) red[32] = x;
+  }
+  __syncthreads();
+  const float r = red[32];
+  __syncthreads();  // red is reused by the next call
+  return r;
+}
+
+// Combine: block (q head, sequence). out = Σ_c acc_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M).
+__global__ void __launch_bounds__(kDecThreads)
+    decode_combine_kernel(const AttnSeq* __restrict__ seqs, int nh, int hd, int capacity, int chunk,
+                          int nchunks, const float* __restrict__ ws_acc,
+                          const float* __restrict__ ws_ml, float* __restrict__ out) {
+  extern __shared__ float w[];  // [nchunks] chunk weights
+  __shared__ float red[33];
+  const AttnSeq sq = seqs[blockIdx.y];
+  const int h = blockIdx.x;
+  const int kv_len = min(sq.pos0 + 1, capacity);
+  const int nc = min((kv_len + chunk - 1) / chunk, nchunks);  // chunks the partial kernel wrote
+  const size_t part0 = ((size_t)blockIdx.y * nh + h) * nchunks;
+  const float* ml = ws_ml + part0 * 2;
+  float mx = -INFINITY;
+  for (int c = threadIdx.x; c < nc; c += blockDim.x) mx = fmaxf(mx, ml[2 * c]);
+  mx = block_reduce(mx, true, red);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  float lsum = 0.f;
+  for (int c = threadIdx.x; c < nc; c += blockDim.x) {
+    const float wc = exp2f(ml[2 * c] - base);
+    w[c] = wc;
+    lsum += ml[2 * c + 1] * wc;
+  }
+  lsum = block_reduce(lsum, false, red);  // its barriers also publish w[]
+  const float inv = 1.f / lsum;
+  const float* acc = ws_acc + part0 * hd;
+  float* dst = out + (size_t)sq.q_row * nh * hd + (size_t)h * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float a = 0.f;
+    for (int c = 0; c < nc; ++c) a = fmaf(w[c], acc[(size_t)c * hd + d], a);
+    dst[d] = a * inv;
+  }
+}
+
+}  // namespace
+
+int attention_decode_chunk(int n_seqs, int max_ctx) {
+  // Aim at ~kDecTargetParts (sequence, chunk) pairs per kv head: enough blocks to fill an H200
+  // even for one sequence, few enough that the combine pass and workspace stay small.
+  const long long want = ((long long)std::max(n_seqs, 1) * std::max(max_ctx, 1) +
+                          kDecTargetParts - 1) / kDecTargetParts;
+  const long long c = std::max<long long>(kDecMinChunk, (want + 63) / 64 * 64);
+  return int(std::min<long long>(c, 1 << 30));
+}
+
+size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx) {
+  if (n_seqs <= 0 || nh <= 0 || hd <= 0 || max_ctx <= 0) return 0;
+  // Bound on n_seqs·nchunks that is monotone in n_seqs and max_ctx (so one allocation for the
+  // largest batch serves every smaller call): chunk >= 128 gives nchunks <= ceil(ctx/128), and
+  // chunk >= n·ctx/1024 gives nchunks < 1024/n + 1.
+  const size_t n = size_t(n_seqs);
+  const size_t parts = std::min(n * ((size_t(max_ctx) + kDecMinChunk - 1) / kDecMinChunk),
+                                size_t(kDecTargetParts) + n);
+  return parts * size_t(nh) * (size_t(hd) + 2) * sizeof(float);
+}
+
+void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_ctx,
+                      const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
+                      int capacity, float scale, float* out, float* workspace,
+                      size_t workspace_bytes, cudaStream_t stream) {
+  const char* fn = "attention_decode";
+  check_heads(fn, nh, nkv, hd, capacity);
+  check_batch(fn, d_seqs, n_seqs);
+  check_cache(fn, k_cache, v_cache);
+  PERRY_CHECK(max_ctx >= 0, "{}: max_ctx {} must be non-negative", fn, max_ctx);
+  PERRY_CHECK(nh <= 65535, "{}: n_heads {} exceeds the grid limit 65535", fn, nh);
+  if (n_seqs == 0 || max_ctx == 0) return;
+  PERRY_CHECK(q && out && workspace, "{}: null q, out or workspace pointer", fn);
+  const int ctx = std::min(max_ctx, capacity);  // no sequence reads past the capacity
+  const int chunk = attention_decode_chunk(n_seqs, ctx);
+  const int nchunks = (ctx + chunk - 1) / chunk;
+  const size_t parts = size_t(n_seqs) * nh * nchunks;
+  const size_t need = parts * (size_t(hd) + 2) * sizeof(float);
+  PERRY_CHECK(workspace_bytes >= need,
+              "{}: workspace of {} bytes is too small, need {} "
+              "(attention_decode_workspace_bytes)", fn, workspace_bytes, need);
+  PERRY_CHECK(aligned(workspace, 4), "{}: workspace must be 4-byte aligned", fn);
+  float* ws_acc = workspace;
+  float* ws_ml = workspace + parts * hd;
+  const float scale_log2 = scale * kLog2e;
+  const int G = nh / nkv;
+  const size_t smem = dec_smem_bytes(G, hd);
+  const dim3 grid(nchunks, nkv, n_seqs);
+  if (hd % 8 == 0) {
+    static int current = 0;
+    static std::mutex mu;
+    ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<true>), smem, &current, &mu,
+                "attention_decode_partial");
+    decode_partial_kernel<true><<<grid, kDecThreads, smem, stream>>>(
+        q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc,
+        ws_ml);
+  } else {
+    static int current = 0;
+    static std::mutex mu;
+    ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<false>), smem, &current, &mu,
+                "attention_decode_partial");
+    decode_partial_kernel<false><<<grid, kDecThreads, smem, stream>>>(
+        q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc,
+        ws_ml);
+  }
+  check_launch("attention_decode_partial");
+  decode_combine_kernel<<<dim3(nh, n_seqs), kDecThreads, nchunks * sizeof(float), stream>>>(
+      d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
+  check_launch("attention_decode_combine");
+}
+
+}  // namespace perry::cuda

@@ -1,0 +1,112 @@
+// Private to attention.cu / attention_decode.cu: device helpers (cp.async, ldmatrix, mma, bf16
+// bit conversions, warp reductions) and the host-side argument checks both files share.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <mutex>
+
+#include "core/error.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_error.h"
+
+namespace perry::cuda::attn_detail {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// ---------------------------------------------------------------- small device helpers
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async global → shared copy; src_bytes = 0 writes 16 zero bytes (and reads nothing).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// D += A·B, m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats → packed bf16x2 (RNE); `lo` lands in the low half = the lower column / key.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ float bf16_to_float(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+// Bit-identical to perry::f32_to_bf16 (core/dtype.h): RNE, NaN → quiet NaN with the sign kept.
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---------------------------------------------------------------- host side
+inline bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+
+inline void check_heads(const char* fn, int nh, int nkv, int hd, int capacity) {
+  PERRY_CHECK(nh > 0 && nkv > 0 && nh % nkv == 0,
+              "{}: n_heads {} must be a positive multiple of n_kv_heads {}", fn, nh, nkv);
+  PERRY_CHECK(hd > 0 && hd <= kAttnMaxHeadDim, "{}: head_dim {} must be in [1, {}]", fn, hd,
+              kAttnMaxHeadDim);
+  PERRY_CHECK(capacity > 0, "{}: KV cache capacity {} must be positive", fn, capacity);
+}
+inline void check_cache(const char* fn, const void* kc, const void* vc) {
+  PERRY_CHECK(kc && vc, "{}: null KV cache pointer", fn);
+  PERRY_CHECK(aligned(kc, 16) && aligned(vc, 16),
+              "{}: KV cache pointers must be 16-byte aligned (cp.async copies)", fn);
+}
+inline void check_batch(const char* fn, const void* seqs, int n_seqs) {
+  PERRY_CHECK(n_seqs >= 0 && n_seqs <= 65535, "{}: n_seqs {} must be in [0, 65535]", fn, n_seqs);
+  PERRY_CHECK(seqs || n_seqs == 0, "{}: null sequence descriptors", fn);
+}
+
+// Raises a kernel's dynamic shared memory limit when `bytes` exceeds the 48 KiB default.
+inline void ensure_smem(const void* kernel, size_t bytes, int* current, std::mutex* mu, const char* name) {
+  if (bytes <= 48 * 1024) return;
+  std::lock_guard<std::mutex> lock(*mu);
+  if ((size_t)*current >= bytes) return;
+  int dev = 0, optin = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  if (bytes > (size_t)optin)
+    fail("{}: needs {} bytes of shared memory, the device allows {} (too many q heads per kv "
+         "head for this head_dim)", name, bytes, optin);
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+             name);
+  *current = int(bytes);
+}
+
+}  // namespace perry::cuda::attn_detail
