@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -228,6 +229,136 @@ TEST(CudaGemvQuant, BadArgumentsThrow) {
   EXPECT_THROW(call(QuantMode::F32, 1, 64, 128, sa.p, w.p), perry::Error);
   EXPECT_THROW(call(QuantMode::BF16, 1, 64, 128, sa.p, w.p), perry::Error);
   EXPECT_NO_THROW(call(QuantMode::W8A16, 1, 64, 128, nullptr, w.p));  // a16: sa unused
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Exact int64 per-group partials P[m, n, g] = Σ_{k∈g} x·w and A = Σ |x·w| (error scale).
+void group_partials(const QuantizedWeight& w, const std::vector<int>& wu, const std::vector<int8_t>& q,
+                    int M, std::vector<int64_t>& P, std::vector<int64_t>& A) {
+  const int N = int(w.N), K = int(w.K), G = w.n_groups();
+  const int gs = pc::quant_mode_bits(w.mode).group_size;
+  const int gl = gs > 0 ? gs : K;
+  P.assign(size_t(M) * N * G, 0);
+  A.assign(P.size(), 0);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      const int8_t* x = &q[size_t(m) * K];
+      const int* wr = &wu[size_t(n) * K];
+      for (int gi = 0; gi < G; ++gi) {
+        int64_t s = 0, a = 0;
+        for (int k = gi * gl; k < std::min(K, (gi + 1) * gl); ++k) {
+          const int t = int(x[k]) * wr[k];
+          s += t;
+          a += t < 0 ? -t : t;
+        }
+        P[(size_t(m) * N + n) * G + gi] = s;
+        A[(size_t(m) * N + n) * G + gi] = a;
+      }
+    }
+}
+
+void run_gemm_case(QuantMode mode, int M, int N, int K, bool with_bias, DType out, std::mt19937& g) {
+  const std::string what = "gemm " + mode_name(mode) + " M=" + std::to_string(M) + " N=" +
+                           std::to_string(N) + " K=" + std::to_string(K) + (with_bias ? " bias" : "") +
+                           (out == DType::I32 ? " i32" : out == DType::F32 ? " f32" : " bf16");
+  const QuantizedWeight w = make_weight(mode, N, K, g);
+  const auto wu = unpack(w);
+  const Act a = make_act(M, K, g);
+  const auto bias = rand_f(size_t(N), g, -1.f, 1.f);
+  const int G = w.n_groups();
+  std::vector<int64_t> P, A;
+  group_partials(w, wu, a.q, M, P, A);
+  DevWeight dw(w);
+  Dev<int8_t> dq(a.q);
+  Dev<float> dsa(a.sa), dbias(bias);
+  const size_t ny = size_t(M) * N * (out == DType::I32 ? G : 1);
+  const size_t esize = out == DType::BF16 ? 2 : 4;
+  Dev<uint8_t> dy(ny * esize);
+  ASSERT_EQ(cudaMemset(dy.p, 0xFF, ny * esize), cudaSuccess);  // NaN (float) / -1 (int) poison
+  pc::gemm_quant(mode, dq.p, dsa.p, dw.q.p, dw.s.p, with_bias ? dbias.p : nullptr, dy.p, out, M, N, K,
+                 nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto raw = dy.get();
+  if (out == DType::I32) {
+    std::vector<int32_t> got(ny);
+    std::memcpy(got.data(), raw.data(), ny * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < ny; ++i) bad += int64_t(got[i]) != P[i];
+    EXPECT_EQ(bad, 0u) << what;
+    return;
+  }
+  std::vector<double> ref(size_t(M) * N), mag(ref.size());
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double acc = 0, am = 0;
+      for (int gi = 0; gi < G; ++gi) {
+        const size_t i = (size_t(m) * N + n) * G + gi;
+        acc += double(w.scales[size_t(n) * G + gi]) * double(P[i]);
+        am += double(w.scales[size_t(n) * G + gi]) * double(A[i]);
+      }
+      const double b = with_bias ? bias[size_t(n)] : 0.0;
+      ref[size_t(m) * N + n] = acc * a.sa[size_t(m)] + b;
+      mag[size_t(m) * N + n] = am * a.sa[size_t(m)] + std::fabs(b);
+    }
+  std::vector<float> y(ref.size());
+  if (out == DType::F32) {
+    std::memcpy(y.data(), raw.data(), y.size() * 4);
+    expect_close(y, ref, mag, what);
+  } else {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, raw.data() + 2 * i, 2);
+      const double v = perry::bf16_to_f32(h);
+      // bf16 rounding: half an ulp = 2^-9 relative, plus the fp32 accumulation error.
+      if (!std::isfinite(v) || std::fabs(v - ref[i]) > std::ldexp(std::fabs(ref[i]), -8) + 1e-5 * mag[i])
+        if (bad++ == 0) first = i;
+    }
+    EXPECT_EQ(bad, 0u) << what << ": first bad " << first << " ref " << ref[first];
+  }
+}
+
+TEST(CudaGemmQuant, GroupedAndInt4MatchFloat64) {
+  REQUIRE_GPU();
+  std::mt19937 g(12);
+  // K = 4160 (65 k tiles, partial last g128 group), 192 (g128: 1.5 groups), 96 (partial k tile).
+  const std::pair<int, int> shapes[] = {{200, 320}, {3, 128}, {37, 192}, {130, 96}};
+  for (QuantMode mode : kA8Modes) {
+    for (auto [N, K] : shapes)
+      for (int M : {9, 64, 200})
+        for (bool bias : {false, true}) run_gemm_case(mode, M, N, K, bias, DType::F32, g);
+    for (int M : {9, 64, 200}) run_gemm_case(mode, M, 1000, 4160, M != 64, DType::F32, g);
+    run_gemm_case(mode, 77, 200, 320, true, DType::BF16, g);
+    run_gemm_case(mode, 300, 520, 1024, false, DType::BF16, g);  // several M and N tiles
+  }
+}
+
+TEST(CudaGemmQuant, Int32GroupPartialsExact) {
+  REQUIRE_GPU();
+  std::mt19937 g(13);
+  for (QuantMode mode : kA8Modes)
+    for (auto [M, N, K] : {std::tuple{9, 200, 320}, {200, 37, 192}, {64, 1000, 4160}, {130, 130, 96}})
+      run_gemm_case(mode, M, N, K, false, DType::I32, g);
+}
+
+TEST(CudaGemmQuant, BadArgumentsThrow) {
+  REQUIRE_GPU();
+  Dev<int8_t> x(16 * 256), w(64 * 256);
+  Dev<float> s(64 * 4), sa(16), y(16 * 64);
+  auto call = [&](QuantMode mode, int M, int N, int K, DType out, const float* psa) {
+    pc::gemm_quant(mode, x.p, psa, w.p, s.p, nullptr, y.p, out, M, N, K, nullptr);
+  };
+  EXPECT_THROW(call(QuantMode::W8A8_G128, 0, 64, 128, DType::F32, sa.p), perry::Error);
+  EXPECT_THROW(call(QuantMode::W8A8_G128, 16, 64, 200, DType::F32, sa.p), perry::Error);  // K % 16
+  EXPECT_THROW(call(QuantMode::W4A8, 16, 64, 48, DType::F32, sa.p), perry::Error);        // K % 32
+  EXPECT_THROW(call(QuantMode::W8A16, 16, 64, 128, DType::F32, sa.p), perry::Error);      // weight-only
+  EXPECT_THROW(call(QuantMode::F32, 16, 64, 128, DType::F32, sa.p), perry::Error);
+  EXPECT_THROW(call(QuantMode::W8A8_G64, 16, 64, 128, DType::F32, nullptr), perry::Error);
+  EXPECT_THROW(call(QuantMode::W8A8_G64, 16, 64, 128, DType::I8, sa.p), perry::Error);
+  EXPECT_THROW(pc::gemm_quant(QuantMode::W4A8, x.p + 1, sa.p, w.p, s.p, nullptr, y.p, DType::F32, 16, 64, 128,
+                              nullptr),
+               perry::Error);  // misaligned x
+  EXPECT_NO_THROW(call(QuantMode::W4A8_G128, 16, 64, 256, DType::I32, nullptr));  // I32: no scales needed
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
