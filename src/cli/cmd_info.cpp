@@ -1,4 +1,5 @@
 // perry info: what a model is, what it needs, and which kernels this machine will run.
+#include <algorithm>
 #include <cstdio>
 
 #include "cli/common.h"
@@ -18,7 +19,8 @@ Command register_info(CLI::App& root) {
     std::printf("  AVX2 %s  AVX-512 %s  VNNI %s  AVX512-BF16 %s  (kernel ISA: %s)\n", f.avx2 ? "yes" : "no",
                 f.avx512f ? "yes" : "no", f.avx512_vnni ? "yes" : "no", f.avx512_bf16 ? "yes" : "no",
                 supports_avx512_vnni() ? "avx512-vnni" : supports_avx2() ? "avx2" : "scalar");
-    std::printf("CUDA: not built into this binary\n");
+    const int dev = std::max(0, parse_device(a->device).value_or(0));
+    std::printf("CUDA: %s\n", cuda_report(dev).c_str());
     LoadedModel lm = load_model(*a, false);
     const auto& c = lm.model->config();
     std::printf("model: %s\n", lm.source.c_str());
@@ -39,6 +41,7 @@ Command register_info(CLI::App& root) {
                 human_bytes(double(lm.model->weight_bytes())).c_str(), human_bytes(kv_per_tok).c_str(),
                 human_bytes(kv_per_tok * double(c.max_position_embeddings)).c_str(),
                 (long long)c.max_position_embeddings);
+    std::printf("runs on: %s\n", lm.model->device_name().c_str());
     std::printf("kernels (mode %s):\n%s", std::string(quant::quant_mode_name(lm.model->mode())).c_str(),
                 lm.model->kernel_summary().c_str());
     return 0;

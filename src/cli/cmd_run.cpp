@@ -38,8 +38,9 @@ int run_synthetic(RunArgs& a) {
   std::vector<float> logits;
   std::vector<int32_t> history = prompt;
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t b = 0; b < prompt.size(); b += 512)
-    lm.model->forward({{0, prompt.data() + b, std::min<int64_t>(512, int64_t(prompt.size() - b)), false}}, cache, logits);
+  const int64_t chunk = lm.model->preferred_prefill_chunk();
+  for (size_t b = 0; b < prompt.size(); b += size_t(chunk))
+    lm.model->forward({{0, prompt.data() + b, std::min<int64_t>(chunk, int64_t(prompt.size() - b)), false}}, cache, logits);
   int32_t next = sampler.sample(logits.data(), cfg.vocab_size, history);
   auto t1 = std::chrono::steady_clock::now();
   std::printf("generated ids:");
@@ -121,6 +122,7 @@ Command register_run(CLI::App& root) {
     model::KvCache cache = lm.model->make_cache(ctx, 1);
     runtime::GenerateOptions go;
     go.max_new_tokens = a->n;
+    go.prefill_chunk = lm.model->preferred_prefill_chunk();
     go.sampling = a->s;
     go.stop_strings = a->stops;
     go.eos_ids = ckpt.generation_defaults().eos_token_ids;

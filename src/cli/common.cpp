@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +14,9 @@
 #include "kernels/cpu/float_linear.h"
 #include "core/thread_pool.h"
 #include "quant/quant.h"
+#ifdef PERRY_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace perry::cli {
 
@@ -40,7 +44,12 @@ void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic) {
   app->add_flag("--reference-kernels", a->reference_kernels,
                 "Run the scalar reference kernels instead of the AVX-512/AVX2 ones (slow; for checking results)");
   app->add_option("-t,--threads", a->threads, "CPU threads (default: all cores, or $PERRY_THREADS)");
-  app->add_option("--device", a->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app->add_option("--device", a->device,
+                  "Where the model runs: cpu (default), cuda (GPU 0) or cuda:N. The model is loaded (and "
+                  "quantized) on the host, then uploaded once; the KV cache lives on the GPU")
+      ->check([](const std::string& d) -> std::string {
+        return parse_device(d) ? "" : "expected cpu, cuda or cuda:N, got \"" + d + "\"";
+      });
 }
 
 std::string default_model_dir() {
@@ -107,9 +116,37 @@ model::SmoothingPlan calibrate_smoothing(const std::string& dir, const std::stri
   return model::compute_smoothing_plan(fm->weights(), stats, alpha);
 }
 
+std::optional<int> parse_device(const std::string& d) {
+  if (d == "cpu") return -1;
+  if (d == "cuda") return 0;
+  if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() < 8 &&
+      std::all_of(d.begin() + 5, d.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::stoi(d.substr(5));
+  return std::nullopt;
+}
+
+std::string cuda_report(int device) {
+#ifdef PERRY_HAVE_CUDA
+  try {
+    return cuda::cuda_device_report(device);
+  } catch (const Error& e) {
+    return std::string("unavailable: ") + e.what();
+  }
+#else
+  (void)device;
+  return "not built into this binary (configure with nvcc on the PATH and -DPERRY_CUDA=ON)";
+#endif
+}
+
 LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
-  if (a.device == "cuda")
-    fail("--device cuda: this perry build has no CUDA backend yet (it runs on the CPU: use --device cpu)");
+  const std::optional<int> device = parse_device(a.device);
+  if (!device) fail("--device {}: expected cpu, cuda or cuda:N", a.device);
+#ifndef PERRY_HAVE_CUDA
+  if (*device >= 0)
+    fail("--device {}: this perry binary was built without the CUDA backend (nvcc was not found at configure time); "
+         "use --device cpu or rebuild with the CUDA toolkit",
+         a.device);
+#endif
   if (a.threads > 0) set_num_threads(a.threads);
   if (a.reference_kernels) {
     quant::set_quant_force_reference(true);
@@ -142,6 +179,17 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
   }
   lm.model = model::Model::load(o);
   bar.finish();
+#ifdef PERRY_HAVE_CUDA
+  if (*device >= 0) {
+    if (a.reference_kernels) fail("--reference-kernels applies to the CPU kernels; it cannot be combined with --device cuda");
+    ProgressBar up("uploading to " + a.device);
+    cuda::CudaBackendOptions co;
+    co.device = *device;
+    lm.model->set_backend(cuda::make_cuda_backend(
+        *lm.model, co, [&](int64_t d, int64_t t, const std::string& w) { up.update(d, t, w); }));
+    up.finish();
+  }
+#endif
   lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lm.source = o.synthetic.empty() ? o.dir : "synthetic " + o.synthetic;
   if (need_tokenizer) {

@@ -44,6 +44,11 @@ struct LoadedModel {
 model::SmoothingPlan calibrate_smoothing(const std::string& dir, const std::string& calib_file, int64_t max_tokens,
                                          double alpha);
 
+// "cpu" → -1, "cuda" → 0, "cuda:N" → N; nullopt when malformed.
+std::optional<int> parse_device(const std::string& d);
+// One line about GPU `device` for perry info: its name and memory, or why it cannot be used.
+std::string cuda_report(int device);
+
 // Applies --threads/--device, resolves the directory, loads with a progress bar on stderr.
 LoadedModel load_model(const ModelArgs& a, bool need_tokenizer);
 
@@ -76,6 +81,7 @@ Command register_ppl(CLI::App& root);
 Command register_info(CLI::App& root);
 Command register_tokenize(CLI::App& root);
 Command register_quantize(CLI::App& root);
+Command register_export(CLI::App& root);
 Command register_bench(CLI::App& root);
 Command register_bench_op(CLI::App& root);
 Command register_serve(CLI::App& root);

@@ -13,9 +13,9 @@ int main(int argc, char** argv) {
                "model perry-qwen3-20m."};
   app.require_subcommand(1);
   app.set_version_flag("--version", "perry 0.1.0");
-  std::vector<Command> cmds = {register_run(app),      register_ppl(app),   register_info(app),
-                               register_tokenize(app), register_quantize(app), register_bench(app),
-                               register_bench_op(app), register_serve(app)};
+  std::vector<Command> cmds = {register_run(app),      register_ppl(app),      register_info(app),
+                               register_tokenize(app), register_quantize(app), register_export(app),
+                               register_bench(app),    register_bench_op(app), register_serve(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

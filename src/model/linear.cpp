@@ -9,21 +9,25 @@ namespace perry::model {
 
 std::vector<float> to_f32(const io::TensorView& t) {
   const int64_t n = t.numel();
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
+    fail("tensor '{}': dtype {} is not a float type", t.name, dtype_name(t.dtype));
   std::vector<float> out(static_cast<size_t>(n));
-  switch (t.dtype) {
-    case DType::F32: std::memcpy(out.data(), t.data, size_t(n) * 4); break;
-    case DType::BF16: {
-      const auto* p = reinterpret_cast<const uint16_t*>(t.data);
-      for (int64_t i = 0; i < n; ++i) out[size_t(i)] = bf16_to_f32(p[i]);
-      break;
+  // Parallel: loading a quantized 8B model converts ~7e9 weights.
+  thread_pool().parallel_for(size_t(n), 1 << 16, [&](size_t b, size_t e) {
+    switch (t.dtype) {
+      case DType::F32: std::memcpy(out.data() + b, t.data + b * 4, (e - b) * 4); break;
+      case DType::BF16: {
+        const auto* p = reinterpret_cast<const uint16_t*>(t.data);
+        for (size_t i = b; i < e; ++i) out[i] = bf16_to_f32(p[i]);
+        break;
+      }
+      default: {
+        const auto* p = reinterpret_cast<const uint16_t*>(t.data);
+        for (size_t i = b; i < e; ++i) out[i] = f16_to_f32(p[i]);
+        break;
+      }
     }
-    case DType::F16: {
-      const auto* p = reinterpret_cast<const uint16_t*>(t.data);
-      for (int64_t i = 0; i < n; ++i) out[size_t(i)] = f16_to_f32(p[i]);
-      break;
-    }
-    default: fail("tensor '{}': dtype {} is not a float type", t.name, dtype_name(t.dtype));
-  }
+  });
   return out;
 }
 

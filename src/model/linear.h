@@ -27,6 +27,7 @@ class Linear {
   std::string kernel_name(int64_t M) const;
   size_t weight_bytes() const;  // bytes the kernels stream per forward (for bandwidth figures)
   const quant::QuantizedLinear* quantized() const { return q_.get(); }
+  const kernels::FloatLinear* float_linear() const { return f_.get(); }
   const std::vector<float>& bias() const { return bias_; }
 
  private:

@@ -193,6 +193,11 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
     M += s.n_tokens;
     out_rows += s.all_logits ? s.n_tokens : 1;
   }
+  if (backend_) {
+    PERRY_CHECK(!calib_, "calibration runs on the CPU (use --device cpu for perry quantize --smooth)");
+    backend_->forward(batch, cache, logits);
+    return;
+  }
   Scratch& S = s_;
   auto fit = [](std::vector<float>& v, int64_t n) {
     if (int64_t(v.size()) < n) v.resize(size_t(n));
@@ -288,6 +293,7 @@ size_t Model::weight_bytes() const {
 }
 
 std::string Model::kernel_summary() const {
+  if (backend_) return backend_->kernel_summary();
   if (layers_.empty()) return "";
   const Layer& L = layers_[0];
   std::string s;

@@ -37,6 +37,24 @@ struct SeqInput {
   bool all_logits = false;       // logits for every new token (perplexity) or only the last
 };
 
+// A device that runs forward() instead of the CPU kernels (the CUDA backend). Set on a loaded
+// Model; the model keeps its weights, config and checks, the backend does the arithmetic.
+class ForwardBackend {
+ public:
+  virtual ~ForwardBackend() = default;
+  virtual void forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits) = 0;
+  virtual std::string name() const = 0;                 // e.g. "cuda:0 (NVIDIA H200)"
+  virtual std::string kernel_summary() const = 0;       // kernels per layer kind, for perry info
+  virtual int64_t preferred_prefill_chunk() const = 0;  // tokens per forward when feeding a long prompt
+  virtual void synchronize() = 0;                       // waits for queued work (timing)
+};
+
+// The weights of one decoder layer (float norms; linears in the model's mode).
+struct DecoderLayer {
+  std::vector<float> in_norm, post_norm, q_norm, k_norm;
+  Linear q, k, v, o, gate, up, down;
+};
+
 class Model {
  public:
   static std::unique_ptr<Model> load(const LoadOptions& opts);
@@ -49,6 +67,20 @@ class Model {
   // Appends the sequences' tokens to their slots and writes logits row-major into `logits`
   // (resized): for each sequence in order, n_tokens rows if all_logits else 1 row, vocab wide.
   void forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits);
+
+  // Runs forward() on a device from now on (nullptr: back to the CPU kernels).
+  void set_backend(std::unique_ptr<ForwardBackend> b) { backend_ = std::move(b); }
+  ForwardBackend* backend() const { return backend_.get(); }
+  std::string device_name() const { return backend_ ? backend_->name() : "cpu"; }
+  // Tokens per forward when feeding a long prompt (the CPU keeps its caches warm with 512; a GPU
+  // wants the whole prompt at once).
+  int64_t preferred_prefill_chunk() const { return backend_ ? backend_->preferred_prefill_chunk() : 512; }
+
+  // The weights, for device backends that upload them.
+  const std::vector<DecoderLayer>& layers() const { return layers_; }
+  const io::TensorView& embedding() const { return embed_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  const kernels::RopeTable& rope() const { return *rope_; }
 
   // While set, forward() records per-channel activation absmax at the linear-group inputs.
   void set_calibration(CalibrationStats* stats) {
@@ -70,10 +102,7 @@ class Model {
   const std::vector<float>& norm_weight(const std::string& name) const;
 
  private:
-  struct Layer {
-    std::vector<float> in_norm, post_norm, q_norm, k_norm;
-    Linear q, k, v, o, gate, up, down;
-  };
+  using Layer = DecoderLayer;
   struct Scratch {
     std::vector<float> x, xn, q, k, v, attn, o, gate, up, hidden, last;
   };
@@ -95,6 +124,7 @@ class Model {
   CalibrationStats* calib_ = nullptr;
   bool smoothed_ = false;
   std::vector<std::vector<float>> owned_;  // smoothed float weights kept alive for float modes
+  std::unique_ptr<ForwardBackend> backend_;
 };
 
 }  // namespace perry::model

@@ -20,6 +20,8 @@ class WeightSource {
   // The tensor (throws perry::Error naming it when missing). For synthetic sources the bytes are
   // generated on first request and stay valid as long as the source lives.
   virtual const io::TensorView& get(const std::string& name) const = 0;
+  // The tensor's storage type without producing its bytes (a synthetic source generates on get()).
+  virtual DType dtype(const std::string& name) const { return get(name).dtype; }
   // Drops a tensor's bytes once the model has converted it (keeps quantizing a synthetic 8B model
   // within memory). No-op for memory-mapped checkpoints.
   virtual void release(const std::string& name) const {}
@@ -51,6 +53,7 @@ class SyntheticWeights : public WeightSource {
   const io::ModelConfig& config() const override { return cfg_; }
   bool has(const std::string& name) const override;
   const io::TensorView& get(const std::string& name) const override;
+  DType dtype(const std::string& name) const override { return has(name) ? DType::BF16 : get(name).dtype; }
   void release(const std::string& name) const override;
   std::string describe() const override { return "synthetic " + preset_; }
 

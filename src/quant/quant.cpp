@@ -2,9 +2,11 @@
 #include "quant/quant.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace perry::quant {
 
@@ -115,34 +117,47 @@ QuantizedWeight quantize_weight(const float* w, int64_t N, int64_t K, QuantMode 
   const float qmax = sc.weight_bits == 8 ? 127.0f : 7.0f;
   q.qweight.assign(size_t(N * q.row_bytes()), 0);
   q.scales.assign(size_t(N * G), 0.0f);
-  std::vector<int8_t> row(static_cast<size_t>(K));
-  for (int64_t n = 0; n < N; ++n) {
-    const float* wr = w + n * K;
-    for (int g = 0; g < G; ++g) {
-      int64_t k0 = g * gs, k1 = std::min(K, k0 + gs);
-      float amax = 0;
-      for (int64_t k = k0; k < k1; ++k) {
-        PERRY_CHECK(std::isfinite(wr[k]), "quantize_weight: weight [{}, {}] is not finite ({})", n, k, wr[k]);
-        amax = std::max(amax, std::fabs(wr[k]));
+  // Rows are independent: quantized in parallel (an 8B model has ~7e9 weights). A non-finite
+  // weight is recorded (lowest index wins) and reported after the parallel region.
+  std::atomic<int64_t> bad{-1};
+  thread_pool().parallel_for(size_t(N), 16, [&](size_t n_begin, size_t n_end) {
+    std::vector<int8_t> row(static_cast<size_t>(K));
+    for (int64_t n = int64_t(n_begin); n < int64_t(n_end); ++n) {
+      const float* wr = w + n * K;
+      for (int g = 0; g < G; ++g) {
+        int64_t k0 = g * gs, k1 = std::min(K, k0 + gs);
+        float amax = 0;
+        for (int64_t k = k0; k < k1; ++k) {
+          if (!std::isfinite(wr[k])) {
+            int64_t cur = bad.load();
+            while ((cur < 0 || n * K + k < cur) && !bad.compare_exchange_weak(cur, n * K + k)) {
+            }
+          }
+          amax = std::max(amax, std::fabs(wr[k]));
+        }
+        float scale = amax / qmax;
+        if (!(scale > 0) || !std::isfinite(scale)) scale = 0;  // all-zero (or denormal-tiny) group: q = 0
+        q.scales[size_t(n * G + g)] = scale;
+        for (int64_t k = k0; k < k1; ++k) {
+          float v = scale > 0 ? std::nearbyint(wr[k] / scale) : 0.0f;
+          row[size_t(k)] = int8_t(std::clamp(v, -qmax, qmax));
+        }
       }
-      float scale = amax / qmax;
-      if (!(scale > 0)) scale = 0;  // all-zero (or denormal-tiny) group: q = 0
-      q.scales[size_t(n * G + g)] = scale;
-      for (int64_t k = k0; k < k1; ++k) {
-        float v = scale > 0 ? std::nearbyint(wr[k] / scale) : 0.0f;
-        row[size_t(k)] = int8_t(std::clamp(v, -qmax, qmax));
+      if (sc.weight_bits == 8) {
+        std::copy(row.begin(), row.end(), q.qweight.begin() + n * K);
+      } else {
+        int8_t* dst = q.qweight.data() + n * q.row_bytes();
+        for (int64_t k = 0; k < K; k += 2) {
+          uint8_t lo = uint8_t(row[size_t(k)]) & 0xF;
+          uint8_t hi = k + 1 < K ? uint8_t(row[size_t(k + 1)]) & 0xF : 0;
+          dst[k / 2] = int8_t(lo | (hi << 4));
+        }
       }
     }
-    if (sc.weight_bits == 8) {
-      std::copy(row.begin(), row.end(), q.qweight.begin() + n * K);
-    } else {
-      int8_t* dst = q.qweight.data() + n * q.row_bytes();
-      for (int64_t k = 0; k < K; k += 2) {
-        uint8_t lo = uint8_t(row[size_t(k)]) & 0xF;
-        uint8_t hi = k + 1 < K ? uint8_t(row[size_t(k + 1)]) & 0xF : 0;
-        dst[k / 2] = int8_t(lo | (hi << 4));
-      }
-    }
+  });
+  if (bad.load() >= 0) {
+    const int64_t i = bad.load();
+    fail("quantize_weight: weight [{}, {}] is not finite ({})", i / K, i % K, w[i]);
   }
   return q;
 }

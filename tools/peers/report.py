@@ -46,8 +46,10 @@ def main():
         d = json.load(open(f))
         perry_info = d
         for r in d["results"]:
-            perry.setdefault((r["mode"], "pp"), []).append(r["prefill_tok_s"])
-            perry.setdefault((r["mode"], "tg"), []).append(r["decode_tok_s"])
+            # perry bench rows: what = "prefill" (tok/s of the prompt) or "decode b=N".
+            test = "pp" if r["what"] == "prefill" else "tg" if r["what"] == "decode b=1" else None
+            if test:
+                perry.setdefault((r["mode"], test), []).append(r["tok_s"])
             perry_bytes[r["mode"]] = r.get("weight_bytes", 0)
 
     bw = {}

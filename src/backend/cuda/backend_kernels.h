@@ -1,0 +1,10 @@
+// Small glue kernels the model backend needs between the library kernels (src/kernels/cuda).
+#pragma once
+#include <cuda_runtime.h>
+
+namespace perry::cuda {
+
+// y[m, :] = bias for every row m < M (cuBLAS then accumulates the product on top with beta = 1).
+void broadcast_rows(const float* bias, int M, int N, float* y, cudaStream_t stream);
+
+}  // namespace perry::cuda

@@ -1,0 +1,167 @@
+#include "backend/cuda/cuda_linear.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/backend_kernels.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/gemv_quant.h"
+
+namespace perry::cuda {
+
+namespace pq = perry::quant;
+
+void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS {} failed: {} ({})", what, cublasGetStatusName(s), cublasGetStatusString(s));
+}
+
+ActFormat input_format(pq::QuantMode mode) {
+  return pq::quant_scheme(mode).int8_activations ? ActFormat::I8 : ActFormat::BF16;
+}
+
+CudaLinear CudaLinear::upload(DevicePool& pool, const std::vector<const model::Linear*>& parts, const std::string& name) {
+  PERRY_CHECK(!parts.empty(), "CudaLinear::upload: no parts for {}", name);
+  CudaLinear l;
+  l.name_ = name;
+  l.mode_ = parts[0]->mode();
+  l.k_ = int(parts[0]->cols());
+  int64_t N = 0;
+  bool any_bias = false;
+  for (const model::Linear* p : parts) {
+    PERRY_CHECK(p->mode() == l.mode_ && p->cols() == l.k_, "{}: fused parts differ in mode or input width", name);
+    N += p->rows();
+    any_bias |= !p->bias().empty();
+  }
+  PERRY_CHECK(N < (int64_t(1) << 31) && l.k_ > 0, "{}: shape [{}, {}] too large for the CUDA kernels", name, N, l.k_);
+  l.n_ = int(N);
+  const int64_t K = l.k_;
+  if (!pq::is_quantized(l.mode_)) {
+    // Float layers compute in bf16 on the GPU whatever the checkpoint stores (f32/f16 are rounded
+    // once here): cuBLAS bf16 is the fast path the quantized modes are measured against.
+    std::vector<uint16_t> w(size_t(N * K));
+    int64_t row = 0;
+    for (const model::Linear* p : parts) {
+      const kernels::FloatLinear* f = p->float_linear();
+      PERRY_CHECK(f != nullptr, "{}: float layer without weights", name);
+      const int64_t n = p->rows();
+      const size_t cnt = size_t(n * K);
+      uint16_t* dst = w.data() + row * K;
+      switch (f->weight_dtype()) {
+        case DType::BF16: std::memcpy(dst, f->weights(), cnt * 2); break;
+        case DType::F16: {
+          const auto* s = static_cast<const uint16_t*>(f->weights());
+          for (size_t i = 0; i < cnt; ++i) dst[i] = perry::f32_to_bf16(f16_to_f32(s[i]));
+          break;
+        }
+        case DType::F32: {
+          const auto* s = static_cast<const float*>(f->weights());
+          for (size_t i = 0; i < cnt; ++i) dst[i] = perry::f32_to_bf16(s[i]);
+          break;
+        }
+        default: fail("{}: unsupported float weight dtype {}", name, dtype_name(f->weight_dtype()));
+      }
+      row += n;
+    }
+    l.weight_ = DeviceBuffer(pool, w.size() * 2, "weights of " + name);
+    copy_to_device(l.weight_.get(), w.data(), w.size() * 2);
+    l.weight_bytes_ = w.size() * 2;
+  } else {
+    const pq::QuantScheme sc = pq::quant_scheme(l.mode_);
+    l.bits_ = sc.weight_bits;
+    l.group_size_ = sc.group_size;
+    std::vector<int8_t> q;
+    std::vector<float> s;
+    for (const model::Linear* p : parts) {
+      const pq::QuantizedLinear* ql = p->quantized();
+      PERRY_CHECK(ql != nullptr, "{}: quantized layer without weights", name);
+      const pq::QuantizedWeight& c = ql->canonical();
+      q.insert(q.end(), c.qweight.begin(), c.qweight.end());
+      s.insert(s.end(), c.scales.begin(), c.scales.end());
+    }
+    l.weight_ = DeviceBuffer(pool, q.size(), "weights of " + name);
+    copy_to_device(l.weight_.get(), q.data(), q.size());
+    l.scales_ = DeviceBuffer(pool, s.size() * 4, "weight scales of " + name);
+    copy_to_device(l.scales_.get(), s.data(), s.size() * 4);
+    l.weight_bytes_ = q.size() + s.size() * 4;
+  }
+  if (any_bias) {
+    std::vector<float> b;
+    for (const model::Linear* p : parts) {
+      if (p->bias().empty()) b.insert(b.end(), size_t(p->rows()), 0.0f);
+      else b.insert(b.end(), p->bias().begin(), p->bias().end());
+    }
+    l.bias_ = DeviceBuffer(pool, b.size() * 4, "bias of " + name);
+    copy_to_device(l.bias_.get(), b.data(), b.size() * 4);
+  }
+  return l;
+}
+
+namespace {
+
+// y[M,N] (row-major, fp32) = x[M,K] (bf16) · w[N,K]ᵀ (bf16): column-major cuBLAS sees yᵀ = w · xᵀ.
+void gemm_bf16_cublas(const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K, const float* bias,
+                      LinearContext& ctx) {
+  float alpha = 1.0f, beta = 0.0f;
+  if (bias) {
+    broadcast_rows(bias, M, N, y, ctx.stream);  // y = bias, then y += x·wᵀ
+    beta = 1.0f;
+  }
+  check_cublas(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, x, CUDA_R_16BF,
+                            K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (bf16 linear)");
+}
+
+}  // namespace
+
+void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const {
+  PERRY_CHECK(M > 0, "{}: no rows", name_);
+  const float* bias = bias_.get<float>();
+  if (!pq::is_quantized(mode_)) {
+    gemm_bf16_cublas(x.bf16, weight_.get<uint16_t>(), y, M, n_, k_, bias, ctx);
+    return;
+  }
+  const bool a8 = input_format() == ActFormat::I8;
+  // The tensor-core GEMMs copy 16-byte rows: K % 16 (int8 weights) or K % 32 (int4). Other K
+  // (tiny test models) take the small-M kernel in blocks of 8 rows — correct, just slower.
+  const bool gemm_k_ok = k_ % (bits_ == 4 ? 32 : 16) == 0;
+  if (M <= kGemvMaxM || (a8 && !gemm_k_ok)) {
+    for (int m0 = 0; m0 < M; m0 += kGemvMaxM) {
+      const int mb = std::min(kGemvMaxM, M - m0);
+      const void* xp = a8 ? static_cast<const void*>(x.i8 + size_t(m0) * k_)
+                          : static_cast<const void*>(x.bf16 + size_t(m0) * k_);
+      gemv_quant(mode_, xp, a8 ? x.scale + m0 : nullptr, weight_.get(), scales_.get<float>(), bias,
+                 y + size_t(m0) * n_, mb, n_, k_, ctx.stream);
+    }
+    return;
+  }
+  if (!a8) {
+    // Weight-only prefill: one pass to rebuild the bf16 weight, then the library GEMM.
+    ctx.dequant_scratch.ensure(*ctx.pool, size_t(n_) * size_t(k_) * 2, "dequantized weight scratch");
+    dequantize_weight_bf16(weight_.get(), scales_.get<float>(), bits_, group_size_, n_, k_,
+                           ctx.dequant_scratch.get<uint16_t>(), ctx.stream);
+    gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, M, n_, k_, bias, ctx);
+    return;
+  }
+  if (mode_ == pq::QuantMode::W8A8) {
+    gemm_w8a8(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
+    return;
+  }
+  gemm_quant(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
+}
+
+std::string CudaLinear::kernel_name(int M) const {
+  const std::string mode(pq::quant_mode_name(mode_));
+  if (!pq::is_quantized(mode_)) return "bf16:cublas_gemm";
+  if (M <= kGemvMaxM || (input_format() == ActFormat::I8 && k_ % (bits_ == 4 ? 32 : 16) != 0))
+    return mode + ":gemv_quant";
+  if (input_format() == ActFormat::BF16) return mode + ":dequantize_bf16+cublas_gemm";
+  if (mode_ == pq::QuantMode::W8A8) return mode + ":" + gemm_w8a8_kernel_name();
+  return mode + ":gemm_quant_mma";
+}
+
+}  // namespace perry::cuda

@@ -1,0 +1,76 @@
+// A linear layer on the GPU in any perry mode, uploaded from the CPU model's Linear(s).
+//   bf16 (and f32/f16 checkpoints, computed in bf16): cuBLAS GEMM, bf16 in, fp32 out — the honest
+//     baseline;
+//   w8a8 / w8a8-g128 / w8a8-g64 / w4a8 / w4a8-g128: int8 activations (per token) × int8/int4
+//     weights on int8 tensor cores, scales in the epilogue; M <= kGemvMaxM: the small-M kernel
+//     that streams the weights once;
+//   w8a16 / w4a16: bf16 activations; small M: the dequantizing GEMV; larger M: dequantize the
+//     weight to bf16 in a scratch buffer, then cuBLAS (prefill is compute-bound, the extra pass
+//     over N·K bytes is small next to the GEMM).
+// Weights keep the canonical layout of quant::QuantizedWeight (src/quant/quant.h), so a quantized
+// checkpoint, the CPU and the GPU all hold the same bytes. Several CPU linears with the same K and
+// mode (gate|up) can be uploaded as one, rows concatenated, to run as one GEMM.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device_memory.h"
+#include "kernels/cuda/elementwise.h"
+#include "model/linear.h"
+#include "quant/quant.h"
+
+namespace perry::cuda {
+
+// What a layer's input must be: bf16 rows (ActFormat::BF16), or int8 rows with one fp32 scale per
+// row (ActFormat::I8) — the formats the norm / SwiGLU kernels write (elementwise.h).
+ActFormat input_format(quant::QuantMode mode);
+
+struct LinearInput {
+  const uint16_t* bf16 = nullptr;  // [M, K] when BF16
+  const int8_t* i8 = nullptr;      // [M, K] when I8
+  const float* scale = nullptr;    // [M] when I8
+};
+
+// Per-stream state shared by all linears: cuBLAS handle, scratch for dequantized weights.
+struct LinearContext {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  DevicePool* pool = nullptr;
+  DeviceBuffer dequant_scratch;  // bf16 [N, K] of the largest weight-only linear used at M > kGemvMaxM
+  DeviceBuffer cublas_workspace;
+};
+
+class CudaLinear {
+ public:
+  static constexpr int kGemvMaxM = 8;  // = kGemvQuantMaxM of gemv_quant.h  // largest M that takes the weight-streaming small-M kernel
+
+  // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order.
+  static CudaLinear upload(DevicePool& pool, const std::vector<const model::Linear*>& parts, const std::string& name);
+
+  // y[M, N] fp32 = x · Wᵀ (+ bias). x in input_format(mode()).
+  void forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const;
+
+  quant::QuantMode mode() const { return mode_; }
+  ActFormat input_format() const { return cuda::input_format(mode_); }
+  int rows() const { return n_; }
+  int cols() const { return k_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  std::string kernel_name(int M) const;
+
+ private:
+  quant::QuantMode mode_ = quant::QuantMode::BF16;
+  int n_ = 0, k_ = 0, group_size_ = 0, bits_ = 16;
+  size_t weight_bytes_ = 0;
+  DeviceBuffer weight_;  // bf16 [N,K] | int8 [N,K] | packed int4 [N, ceil(K/2)]
+  DeviceBuffer scales_;  // fp32 [N, n_groups]
+  DeviceBuffer bias_;    // fp32 [N] or empty
+  std::string name_;
+};
+
+// cuBLAS errors as perry::Error naming the call.
+void check_cublas(cublasStatus_t s, const char* what);
+
+}  // namespace perry::cuda

@@ -1,0 +1,245 @@
+// The whole model on the GPU (label cuda: runs on the GPU machine, skips without a device).
+//   * transformers goldens (tests/golden) through the CUDA backend: prompt logits and greedy
+//     continuations, as tests/model/test_golden.cpp does for the CPU;
+//   * every quantization mode on the embedded model against the CPU running the same mode:
+//     logits, greedy tokens, and perplexity within 0.5%;
+//   * batched forward (sequences of different lengths, decode of several slots) equal to
+//     one-sequence-at-a-time on the GPU;
+//   * errors: a context overflow and a KV cache larger than the GPU give perry::Error, not a crash.
+//
+// Tolerance. The GPU computes every linear with bf16 (or int8) inputs and keeps a bf16 KV cache;
+// the CPU golden path rounds linear inputs to bf16 too but keeps fp32 K/V. Logits are compared as
+// max|Δ| <= 2% of max|logit| (the CPU golden bound); greedy tokens must match except after a
+// step whose oracle top-1/top-2 margin is below 0.05 (a near-tie that can flip under rounding).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "cuda/cuda_test_util.h"
+#include "model/model.h"
+#include "quant/quant.h"
+#include "runtime/generator.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace perry;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string source_dir() {
+  if (const char* e = std::getenv("PERRY_SOURCE_DIR")) return e;
+  return PERRY_SOURCE_DIR;
+}
+
+bool gpu_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#define REQUIRE_DEVICE() \
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device: GPU model tests skipped"
+
+std::unique_ptr<model::Model> load(const std::string& dir, std::optional<quant::QuantMode> mode, bool cuda) {
+  model::LoadOptions o;
+  o.dir = dir;
+  o.quant = mode;
+  auto m = model::Model::load(o);
+  if (cuda) m->set_backend(cuda::make_cuda_backend(*m, {}));
+  return m;
+}
+
+constexpr double kNearTie = 0.05;
+
+std::vector<std::string> golden_names() {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(source_dir() + "/tests/golden"))
+    if (e.path().extension() == ".json") out.push_back(e.path().stem().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
+
+// Top-1 minus top-2 of a logits row (how safely the greedy choice is determined).
+double margin(const float* x, int64_t n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] > a) { b = a; a = x[i]; }
+    else if (x[i] > b) b = x[i];
+  }
+  return double(a) - double(b);
+}
+
+class CudaGolden : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+TEST_P(CudaGolden, LogitsAndGreedyMatchTransformers) {
+  REQUIRE_DEVICE();
+  const auto g = nlohmann::json::parse(read_text_file(source_dir() + "/tests/golden/" + GetParam() + ".json"));
+  const std::string dir = source_dir() + "/" + g["model_dir"].get<std::string>();
+  // The GPU machine gets a subset of models/ (the device tool's transfer limit): say so, honestly.
+  if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << dir << " is not on this machine";
+  auto m = load(dir, std::nullopt, true);
+  const int64_t V = m->config().vocab_size;
+  for (const auto& p : g["prompts"]) {
+    SCOPED_TRACE(p["name"].get<std::string>());
+    const auto ids = p["ids"].get<std::vector<int32_t>>();
+    auto cache = m->make_cache(int64_t(ids.size()) + 40, 1);
+    std::vector<float> logits;
+    m->forward({{0, ids.data(), int64_t(ids.size()), false}}, cache, logits);
+    const auto& ref = p["last_logits"];
+    double max_ref = 0, max_diff = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      const double r = ref[size_t(i)].get<double>();
+      ASSERT_TRUE(std::isfinite(logits[size_t(i)])) << "logit " << i;
+      max_ref = std::max(max_ref, std::abs(r));
+      max_diff = std::max(max_diff, std::abs(double(logits[size_t(i)]) - r));
+    }
+    EXPECT_LE(max_diff, 0.02 * max_ref) << "max |Δlogit| " << max_diff << " vs max |logit| " << max_ref;
+    const auto greedy = p["greedy_ids"].get<std::vector<int32_t>>();
+    const auto margins = p["greedy_margins"].get<std::vector<double>>();
+    int32_t next = int32_t(argmax(logits.data(), V));
+    for (size_t s = 0; s < greedy.size(); ++s) {
+      if (margins[s] < kNearTie) break;
+      ASSERT_EQ(next, greedy[s]) << "greedy step " << s << " (oracle margin " << margins[s] << ")";
+      m->forward({{0, &next, 1, false}}, cache, logits);
+      next = int32_t(argmax(logits.data(), V));
+    }
+  }
+}
+
+std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  for (char& c : s)
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+INSTANTIATE_TEST_SUITE_P(Checkpoints, CudaGolden, ::testing::ValuesIn(golden_names()), param_name);
+
+// Every mode on the GPU against the same mode on the CPU: the embedded model's held-out text.
+class CudaModeVsCpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaModeVsCpu, PerplexityLogitsAndGreedyMatchCpu) {
+  REQUIRE_DEVICE();
+  const auto mode = quant::parse_quant_mode(GetParam());
+  ASSERT_TRUE(mode);
+  const std::string dir = source_dir() + "/models/perry-qwen3-20m";
+  auto cpu = load(dir, mode, false);
+  auto gpu = load(dir, mode, true);
+  auto tok = tokenizer::Tokenizer::from_file(dir + "/tokenizer.json");
+  auto ids = tok.encode(read_text_file(source_dir() + "/tests/data/heldout.txt"), false);
+  ids.resize(std::min<size_t>(ids.size(), 8192));
+  const auto pc = runtime::perplexity(*cpu, ids, 512, 512);
+  const auto pg = runtime::perplexity(*gpu, ids, 512, 512);
+  std::printf("[cuda-vs-cpu] %s: ppl cpu %.4f gpu %.4f (%+.3f%%) over %lld tokens\n", GetParam().c_str(), pc.ppl,
+              pg.ppl, 100.0 * (pg.ppl / pc.ppl - 1.0), (long long)pc.scored_tokens);
+  EXPECT_EQ(pg.scored_tokens, pc.scored_tokens);
+  EXPECT_NEAR(pg.ppl, pc.ppl, 0.005 * pc.ppl);
+
+  // A prompt's logits and a 24-token greedy continuation.
+  const int64_t V = cpu->config().vocab_size;
+  std::vector<int32_t> prompt(ids.begin() + 100, ids.begin() + 160);
+  auto cc = cpu->make_cache(128, 1), gc = gpu->make_cache(128, 1);
+  std::vector<float> lc, lg;
+  cpu->forward({{0, prompt.data(), int64_t(prompt.size()), false}}, cc, lc);
+  gpu->forward({{0, prompt.data(), int64_t(prompt.size()), false}}, gc, lg);
+  for (int step = 0; step < 24; ++step) {
+    double max_ref = 0, max_diff = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      max_ref = std::max(max_ref, double(std::abs(lc[size_t(i)])));
+      max_diff = std::max(max_diff, double(std::abs(lc[size_t(i)] - lg[size_t(i)])));
+    }
+    ASSERT_LE(max_diff, 0.03 * max_ref) << "step " << step << ": max |Δlogit| " << max_diff;
+    const int32_t nc = int32_t(argmax(lc.data(), V)), ng = int32_t(argmax(lg.data(), V));
+    if (margin(lc.data(), V) < kNearTie * max_ref) break;
+    ASSERT_EQ(ng, nc) << "greedy step " << step;
+    cpu->forward({{0, &nc, 1, false}}, cc, lc);
+    gpu->forward({{0, &ng, 1, false}}, gc, lg);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CudaModeVsCpu,
+                         ::testing::Values("bf16", "w8a16", "w4a16", "w8a8", "w8a8-g128", "w8a8-g64", "w4a8",
+                                           "w4a8-g128"),
+                         param_name);
+
+// Several sequences of different lengths in one forward equal each sequence alone (prefill),
+// then one batched decode step over all slots equals single-slot decode steps.
+TEST(CudaBatch, BatchedEqualsSingleSequence) {
+  REQUIRE_DEVICE();
+  for (const char* mode : {"bf16", "w8a8", "w4a8-g128"}) {
+    SCOPED_TRACE(mode);
+    auto m = load(source_dir() + "/models/perry-qwen3-20m", quant::parse_quant_mode(mode), true);
+    const int64_t V = m->config().vocab_size;
+    std::vector<std::vector<int32_t>> seqs = {{1, 2, 3, 4, 5, 6, 7}, {100}, {}, {}};
+    seqs[2].resize(77);
+    seqs[3].resize(130);
+    for (size_t i = 0; i < seqs[2].size(); ++i) seqs[2][i] = int32_t((i * 37 + 11) % V);
+    for (size_t i = 0; i < seqs[3].size(); ++i) seqs[3][i] = int32_t((i * 101 + 5) % V);
+    const int64_t n = int64_t(seqs.size());
+    auto batched = m->make_cache(256, n), single = m->make_cache(256, n);
+    std::vector<model::SeqInput> in;
+    for (int64_t s = 0; s < n; ++s) in.push_back({s, seqs[size_t(s)].data(), int64_t(seqs[size_t(s)].size()), false});
+    std::vector<float> lb, ls;
+    m->forward(in, batched, lb);
+    ASSERT_EQ(lb.size(), size_t(n * V));
+    std::vector<int32_t> next_tok(static_cast<size_t>(n));
+    for (int64_t s = 0; s < n; ++s) {
+      m->forward({in[size_t(s)]}, single, ls);
+      // Same tokens, same kernels; only the row blocking of the GEMMs differs (M changes): a few
+      // ulp of bf16/int8 rounding, not a different model.
+      double max_ref = 0, max_diff = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        max_ref = std::max(max_ref, double(std::abs(ls[size_t(i)])));
+        max_diff = std::max(max_diff, double(std::abs(ls[size_t(i)] - lb[size_t(s * V + i)])));
+      }
+      EXPECT_LE(max_diff, 0.01 * max_ref) << "sequence " << s;
+      next_tok[size_t(s)] = int32_t(argmax(ls.data(), V));
+    }
+    std::vector<model::SeqInput> dec;
+    for (int64_t s = 0; s < n; ++s) dec.push_back({s, &next_tok[size_t(s)], 1, false});
+    m->forward(dec, batched, lb);
+    for (int64_t s = 0; s < n; ++s) {
+      m->forward({dec[size_t(s)]}, single, ls);
+      double max_ref = 0, max_diff = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        max_ref = std::max(max_ref, double(std::abs(ls[size_t(i)])));
+        max_diff = std::max(max_diff, double(std::abs(ls[size_t(i)] - lb[size_t(s * V + i)])));
+      }
+      EXPECT_LE(max_diff, 0.01 * max_ref) << "decode, sequence " << s;
+    }
+  }
+}
+
+TEST(CudaErrors, ContextOverflowAndOutOfMemoryAreErrors) {
+  REQUIRE_DEVICE();
+  auto m = load(source_dir() + "/models/perry-qwen3-20m", std::nullopt, true);
+  std::vector<int32_t> t(40, 5);
+  auto small = m->make_cache(16, 1);
+  std::vector<float> logits;
+  EXPECT_THROW(m->forward({{0, t.data(), 40, false}}, small, logits), Error);
+  // A KV cache far beyond the GPU's memory: a clear error naming what was asked.
+  size_t free_b = 0, total_b = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  const auto& c = m->config();
+  const double per_slot = double(c.num_layers * c.kv_dim() * 2 * 2) * double(c.max_position_embeddings);
+  const int64_t slots = int64_t(double(total_b) * 2 / per_slot) + 1;
+  auto huge = m->make_cache(c.max_position_embeddings, slots);
+  try {
+    m->forward({{0, t.data(), 4, false}}, huge, logits);
+    ADD_FAILURE() << "expected an out-of-memory error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of GPU memory"), std::string::npos) << e.what();
+  }
+  // The backend is still usable afterwards.
+  auto ok = m->make_cache(64, 1);
+  m->forward({{0, t.data(), 8, false}}, ok, logits);
+  EXPECT_TRUE(std::isfinite(logits[0]));
+}

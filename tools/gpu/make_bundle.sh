@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds perry with the CUDA backend and its CUDA test programs HERE (where the Debian libraries
+# are), and packs them, with the shared libraries the GPU machine lacks, into
+# gpu-bundle/perry-gpu.txz (ignored by git). The device tool then carries gpu-bundle/ and
+# tools/gpu/run_cuda_backend.sh unpacks it there: the GPU machine has the CUDA toolkit but not
+# pcre2/utf8proc/fmt/oneDNN/OpenBLAS/httplib, so building there would mean re-creating them.
+#
+#   tools/gpu/make_bundle.sh            (BUILD=build-gpu, JOBS=2 by default)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+B=${BUILD:-$ROOT/build-gpu}
+cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERRY_CUDA=ON -DPERRY_CUDA_ARCHITECTURES=90a >/dev/null
+TESTS=$(cd "$ROOT/tests/cuda" && ls test_cuda_*.cpp | sed 's/\.cpp$//')
+ninja -C "$B" -j"${JOBS:-2}" perry_cli lab_cuda_gemm_w8a8 $TESTS
+STAGE=$(mktemp -d)
+mkdir -p "$STAGE/bin" "$STAGE/lib"
+cp "$B/perry" "$STAGE/bin/"
+cp "$B/src/kernels/cuda/lab_cuda_gemm_w8a8" "$STAGE/bin/" 2>/dev/null || find "$B" -name lab_cuda_gemm_w8a8 -type f -exec cp {} "$STAGE/bin/" \;
+for t in $TESTS; do find "$B" -name "$t" -type f -perm -u+x -exec cp {} "$STAGE/bin/" \;; done
+# Every shared library the programs load, except the C runtime, the C++ runtime (newer on the GPU
+# machine) and CUDA's own (the GPU machine's toolkit matches its driver).
+for f in "$STAGE"/bin/*; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
+  grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt)\.so' |
+  while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
+{ git -C "$ROOT" rev-parse --short HEAD; git -C "$ROOT" diff --quiet HEAD -- src tests || echo "(+ uncommitted changes)"; } > "$STAGE/COMMIT"
+strip "$STAGE"/bin/* 2>/dev/null || true
+# xz: the device tool carries at most 64 MiB with the tree and the embedded model (~18 MB vs 37 gzip).
+mkdir -p "$ROOT/gpu-bundle"
+rm -f "$ROOT"/gpu-bundle/perry-gpu.*
+tar cf - -C "$STAGE" . | xz -9 -T"${JOBS:-2}" > "$ROOT/gpu-bundle/perry-gpu.txz"
+rm -rf "$STAGE"
+ls -la "$ROOT/gpu-bundle/perry-gpu.txz"

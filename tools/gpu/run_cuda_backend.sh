@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU machine's whole job in one call (the device tool gives ~30 min a session): unpack the
+# bundle built here by tools/gpu/make_bundle.sh, run every CUDA test program, perry info/run on
+# the GPU, and the end-to-end benchmarks. Everything lands in OUT (at most 8 files come back):
+#   summary.md  tests.log  perry.log  bench-*.md/json  peers.log
+#
+#   tools/gpu/run_cuda_backend.sh OUT [tests|quick|full] [bench args...]
+#     tests: tests + info/run only; quick (default): + bench llama3-8b bf16/w8a8/w4a8-g128;
+#     full: + bench llama3-8b and qwen3-8b in every mode issue 5 names.
+set -uo pipefail
+OUT=${1:?usage: run_cuda_backend.sh OUT [tests|quick|full]}
+LEVEL=${2:-quick}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+T=/tmp/perry-gpu
+rm -rf "$T" && mkdir -p "$T"
+B="$ROOT/gpu-bundle/perry-gpu.txz"
+[ -f "$B" ] || { echo "no bundle: run tools/gpu/make_bundle.sh first"; exit 2; }
+if command -v xz >/dev/null; then tar xJf "$B" -C "$T"; else python3 -c "import tarfile,sys; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2])" "$B" "$T"; fi || exit 2
+CUDA_LIB=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/lib64
+export LD_LIBRARY_PATH="$T/lib:$CUDA_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export PERRY_SOURCE_DIR="$ROOT"
+START=$(date +%s)
+S="$OUT/summary.md"
+say() { echo "$*" | tee -a "$S"; }
+: > "$S"
+say "# perry CUDA run $(date -u +%FT%TZ)"
+say ""
+say "- bundle commit: $(cat "$T/COMMIT" | tr '\n' ' ')"
+say "- gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null | head -1)"
+say "- models present: $(ls "$ROOT/models" | tr '\n' ' ')"
+missing=$(ldd "$T/bin/perry" | grep "not found" || true)
+[ -n "$missing" ] && say "- MISSING LIBRARIES: $missing"
+
+# 1. Tests: every CUDA test program, each bounded.
+: > "$OUT/tests.log"
+say ""
+say "## tests"
+for t in "$T"/bin/test_cuda_*; do
+  name=$(basename "$t")
+  timeout 300 "$t" --gtest_color=no > "$T/$name.log" 2>&1
+  rc=$?
+  cat "$T/$name.log" >> "$OUT/tests.log"
+  say "- $name: exit $rc, $(grep -c '^\[       OK \]' "$T/$name.log") passed, $(grep -cE '^\[  FAILED  \].*ms\)' "$T/$name.log") failed, $(grep -cE '^\[  SKIPPED \].*ms\)' "$T/$name.log") skipped"
+done
+grep -E '^\[  FAILED  \].*ms\)' "$OUT/tests.log" | head -30 | sed 's/^/  - /' | tee -a "$S"
+grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -30 | sed 's/^/    /' | tee -a "$S"
+
+# 2. perry itself on the GPU: info, a short generation with the embedded model.
+P="$T/bin/perry"
+{
+  echo "== perry info --device cuda"; timeout 60 "$P" info --device cuda
+  echo "== perry info --device cuda --quant w8a8"; timeout 60 "$P" info --device cuda --quant w8a8
+  echo "== perry run --device cuda"; timeout 60 "$P" run --device cuda -n 48 -p "The ship sailed"
+  echo "== perry run --device cuda --quant w4a8-g128"; timeout 60 "$P" run --device cuda --quant w4a8-g128 -n 48 -p "The ship sailed"
+  echo "== perry ppl per mode (cpu vs cuda)"
+  for m in bf16 w8a8 w4a8-g128; do
+    for d in cpu cuda; do timeout 120 "$P" ppl --device $d --quant $m --ctx 512 -f "$ROOT/tests/data/heldout.txt" 2>&1 | tail -1 | sed "s/^/$m $d: /"; done
+  done
+  echo "== errors: --device cuda:7"; timeout 30 "$P" run --device cuda:7 -n 4 -p x; echo "exit $?"
+} > "$OUT/perry.log" 2>&1
+say ""
+say "## perry on the GPU (perry.log)"
+grep -E "^\[perry\]|ppl|exit|runs on|CUDA:" "$OUT/perry.log" | head -20 | sed 's/^/    /' | tee -a "$S"
+
+# 3. Benchmarks.
+bench() {  # name preset modes...
+  local name=$1 preset=$2
+  shift 2
+  timeout 420 "$P" bench --device cuda --synthetic "$preset" --modes "$@" -p 512 2048 8192 -b 1 16 -n 32 -r 3 \
+    -o "$OUT/bench-$name" > "$OUT/bench-$name.log" 2>&1
+  say ""
+  say "## bench $name (exit $?)"
+  cat "$OUT/bench-$name.md" 2>/dev/null | tail -n +4 >> "$S" || tail -5 "$OUT/bench-$name.log" | tee -a "$S"
+  rm -f "$OUT/bench-$name.log"
+}
+case "$LEVEL" in
+  quick) bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128 ;;
+  full)
+    bench llama3-8b llama3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
+    bench qwen3-8b qwen3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128 ;;
+esac
+say ""
+say "- total: $(( $(date +%s) - START )) s"
