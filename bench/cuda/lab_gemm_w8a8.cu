@@ -4,7 +4,8 @@
 //   lab_cuda_gemm_w8a8 OUT_DIR [--quick] [--check-only] [--time-only] [--wgmma]
 //
 // --wgmma runs only the EXPERIMENTAL sm_90a kernel (gemm_w8a8_sm90.cu): exactness checks and a
-// timing comparison with the mma.sync kernel, into OUT_DIR/lab_cuda_gemm_w8a8_wgmma.md.
+// timing comparison with the mma.sync kernel, cuBLAS bf16 and cuBLASLt int8, into
+// OUT_DIR/lab_cuda_gemm_w8a8_wgmma.md.
 //
 // Correctness (exit code 1 on any failure, timing still runs so the numbers come back):
 //   quantize_per_token (fp32 and bf16 input) vs the CPU rule, bytes and scale bits exactly;
@@ -23,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -535,78 +537,178 @@ __global__ void count_mismatch(const int32_t* a, const int32_t* b, size_t n, uns
   if (local) atomicAdd(out, local);
 }
 
-// --wgmma: the experimental sm_90a kernel. Exactness against the int64 reference on the
-// correctness shapes, then at every timing shape its whole int32 output compared on the device
-// with the mma.sync kernel's, and both timed (bf16 out, GEMM alone).
+// --wgmma: the experimental sm_90a kernel (TMA + wgmma, gemm_w8a8_sm90.cu). Exactness against
+// the int64 reference on edge shapes under each column-tile width (PERRY_WGMMA_BN = auto, 128,
+// 256), element stores at an odd output offset, then at each timing shape its whole int32 output
+// compared on the device with the mma.sync kernel's, and timings (L2 flushed, median) of
+// mma.sync, wgmma (auto / BN=128 / BN=256; bf16 out with sa·sw·bias fused; and int32 out),
+// cuBLAS bf16 and cuBLASLt int8→int32.
+void set_wgmma_bn(const char* v) {
+  if (v) setenv("PERRY_WGMMA_BN", v, 1);
+  else unsetenv("PERRY_WGMMA_BN");
+}
+
 void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const std::string& device) {
   if (!pc::gemm_w8a8_wgmma_supported()) {
     report(false, "gemm_w8a8_wgmma: device is not sm_90, nothing to test");
     return;
   }
   std::printf("== wgmma correctness\n");
-  for (int M : {1, 7, 130, 1000})
-    for (int N : {2560, 1000}) check_gemm(M, N, 2560, rng, pc::gemm_w8a8_wgmma, "gemm_w8a8_wgmma");
-  check_gemm(3, 5, 16, rng, pc::gemm_w8a8_wgmma, "gemm_w8a8_wgmma");
-  check_gemm(129, 131, 80, rng, pc::gemm_w8a8_wgmma, "gemm_w8a8_wgmma");
-  check_gemm(257, 7, 48, rng, pc::gemm_w8a8_wgmma, "gemm_w8a8_wgmma");
+  // M, N off the 128/256 tiles; K = 16 (one box, 112 zero-filled bytes), K % 128 != 0.
+  const int shapes[][3] = {{1, 2560, 2560}, {7, 1000, 2560}, {130, 2560, 2560}, {1000, 1000, 2560}, {3, 5, 16},
+                           {129, 131, 80},  {257, 7, 48},    {129, 300, 272},  {300, 513, 1040},  {200, 1, 32},
+                           {1, 8, 16},      {1400, 3400, 144}, {1400, 3400, 16}};  // > 132 tiles: CTAs loop
+  for (const char* bn : {(const char*)nullptr, "128", "256"}) {
+    set_wgmma_bn(bn);
+    const std::string name = std::string("gemm_w8a8_wgmma[BN=") + (bn ? bn : "auto") + "]";
+    for (auto& sh : shapes) check_gemm(sh[0], sh[1], sh[2], rng, pc::gemm_w8a8_wgmma, name.c_str());
+  }
+  set_wgmma_bn(nullptr);
+  {  // Y one element past an allocation: element stores, the same values.
+    const int M = 5, N = 6, K = 32;
+    DevBuf<int8_t> X(size_t(M) * K), W(size_t(N) * K);
+    X.upload(random_i8(X.n, rng));
+    W.upload(random_i8(W.n, rng));
+    DevBuf<float> sa(M), sw(N);
+    sa.upload(random_f32(M, rng, 0.01f, 0.02f));
+    sw.upload(random_f32(N, rng, 0.01f, 0.02f));
+    for (DType out : {DType::BF16, DType::F32, DType::I32}) {
+      const size_t es = out == DType::BF16 ? 2 : 4;
+      DevBuf<int32_t> a(size_t(M) * N + 1), b(size_t(M) * N + 1);
+      pc::gemm_w8a8_wgmma(X.p, sa.p, W.p, sw.p, nullptr, a.p, out, M, N, K, nullptr);
+      pc::gemm_w8a8_wgmma(X.p, sa.p, W.p, sw.p, nullptr, reinterpret_cast<char*>(b.p) + es, out, M, N, K, nullptr);
+      CK(cudaDeviceSynchronize());
+      auto ha = a.download(), hb = b.download();
+      const bool same = std::memcmp(ha.data(), reinterpret_cast<const char*>(hb.data()) + es, size_t(M) * N * es) == 0;
+      report(same, std::string("gemm_w8a8_wgmma output at an odd element offset matches, out=") +
+                       (out == DType::BF16 ? "bf16" : out == DType::F32 ? "f32" : "i32"));
+    }
+  }
   const int failures_before_timing = g_failures;
-  std::printf("== wgmma vs mma.sync timing\n");
+  std::printf("== wgmma timing\n");
   struct NK { int N, K; };
   std::vector<std::pair<NK, std::vector<int>>> plan;
   if (quick)
-    plan = {{{10240, 2560}, {2048}}, {{4096, 14336}, {4096}}, {{6144, 4096}, {16}}};
+    plan = {{{14336, 4096}, {4096}}};
   else
-    for (NK s : {NK{10240, 2560}, NK{2560, 10240}, NK{14336, 4096}, NK{4096, 14336}, NK{6144, 4096}})
-      plan.push_back({s, {16, 128, 512, 1024, 2048, 4096, 8192}});
+    plan = {{{14336, 4096}, {128, 1024, 4096, 8192}}, {{4096, 14336}, {128, 1024, 4096, 8192}}};
   cudaStream_t stream;
   CK(cudaStreamCreate(&stream));
+  cublasHandle_t blas;
+  CB(cublasCreate(&blas));
+  CB(cublasSetStream(blas, stream));
+  cublasLtHandle_t lt;
+  CB(cublasLtCreate(&lt));
+  const size_t ws_bytes = size_t(64) << 20;
+  void* ws = nullptr;
+  CK(cudaMalloc(&ws, ws_bytes));
   Timer timer(stream);
   if (quick) timer.reps = 5;
-  std::string md = "| M | N | K | mma.sync ms | TOPS | wgmma ms | TOPS | wgmma/mma.sync speed | int32 mismatches |\n|---|---|---|---|---|---|---|---|---|\n";
+  std::string md =
+      "| M | N | K | mma.sync TOPS | wgmma ms | wgmma TOPS | BN=128 TOPS | BN=256 TOPS | wgmma i32-out TOPS | "
+      "cuBLAS bf16 TFLOPS | cuBLASLt i8 TOPS | wgmma/bf16 | wgmma/Lt-i8 | int32 mismatches |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   DevBuf<unsigned long long> cnt(1);
   for (auto& [nk, mlist] : plan) {
     const int N = nk.N, K = nk.K, Mmax = *std::max_element(mlist.begin(), mlist.end());
     DevBuf<int8_t> W(size_t(N) * K), X(size_t(Mmax) * K);
     DevBuf<float> sa(Mmax), sw(N), bias(N);
-    DevBuf<uint16_t> Y(size_t(Mmax) * N);
+    DevBuf<uint16_t> Y(size_t(Mmax) * N), Xb(size_t(Mmax) * K), Wb(size_t(N) * K);
     DevBuf<int32_t> A(size_t(Mmax) * N), B(size_t(Mmax) * N);
     fill_i8<<<1024, 256, 0, stream>>>(W.p, W.n, rng());
     fill_i8<<<1024, 256, 0, stream>>>(X.p, X.n, rng());
+    fill_bf16<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(Xb.p), Xb.n, rng(), 1.0f);
+    fill_bf16<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(Wb.p), Wb.n, rng(), 0.05f);
     fill_f32<<<64, 256, 0, stream>>>(sa.p, Mmax, rng(), 1e-3f, 2e-2f);
     fill_f32<<<64, 256, 0, stream>>>(sw.p, N, rng(), 1e-3f, 2e-2f);
     fill_f32<<<64, 256, 0, stream>>>(bias.p, N, rng(), -1.0f, 1.0f);
     pc::check_launch("fill");
     for (int M : mlist) {
-      pc::gemm_w8a8(X.p, nullptr, W.p, nullptr, nullptr, A.p, DType::I32, M, N, K, stream);
-      CK(cudaMemsetAsync(B.p, 0x55, size_t(M) * N * 4, stream));
-      pc::gemm_w8a8_wgmma(X.p, nullptr, W.p, nullptr, nullptr, B.p, DType::I32, M, N, K, stream);
-      CK(cudaMemsetAsync(cnt.p, 0, 8, stream));
-      count_mismatch<<<1024, 256, 0, stream>>>(A.p, B.p, size_t(M) * N, cnt.p);
-      pc::check_launch("count_mismatch");
-      CK(cudaStreamSynchronize(stream));
-      const unsigned long long bad = cnt.download()[0];
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "gemm_w8a8_wgmma i32 M=%d N=%d K=%d: %llu/%zu entries differ from gemm_w8a8 (mma.sync)",
-                    M, N, K, bad, size_t(M) * N);
-      report(bad == 0, buf);
-      const double t0 = timer.median_ms([&] { pc::gemm_w8a8(X.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); });
-      const double t1 = timer.median_ms([&] { pc::gemm_w8a8_wgmma(X.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); });
       const double ops = 2.0 * M * double(N) * K;
-      std::printf("M=%5d N=%5d K=%5d | mma.sync %8.3f ms %7.1f TOPS | wgmma %8.3f ms %7.1f TOPS | %.2fx\n", M, N, K,
-                  t0, ops / t0 / 1e9, t1, ops / t1 / 1e9, t0 / t1);
+      unsigned long long bad = 0;
+      for (const char* bn : {(const char*)nullptr, "128", "256"}) {
+        set_wgmma_bn(bn);
+        pc::gemm_w8a8(X.p, nullptr, W.p, nullptr, nullptr, A.p, DType::I32, M, N, K, stream);
+        CK(cudaMemsetAsync(B.p, 0x55, size_t(M) * N * 4, stream));
+        pc::gemm_w8a8_wgmma(X.p, nullptr, W.p, nullptr, nullptr, B.p, DType::I32, M, N, K, stream);
+        CK(cudaMemsetAsync(cnt.p, 0, 8, stream));
+        count_mismatch<<<1024, 256, 0, stream>>>(A.p, B.p, size_t(M) * N, cnt.p);
+        pc::check_launch("count_mismatch");
+        CK(cudaStreamSynchronize(stream));
+        const unsigned long long b1 = cnt.download()[0];
+        bad += b1;
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "gemm_w8a8_wgmma[BN=%s] i32 M=%d N=%d K=%d: %llu/%zu entries differ from gemm_w8a8 (mma.sync)",
+                      bn ? bn : "auto", M, N, K, b1, size_t(M) * N);
+        report(b1 == 0, buf);
+      }
+      auto wg_bf16 = [&] { pc::gemm_w8a8_wgmma(X.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); };
+      set_wgmma_bn(nullptr);
+      const double t_mma = timer.median_ms([&] { pc::gemm_w8a8(X.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); });
+      const double t_wg = timer.median_ms(wg_bf16);
+      const double t_i32 = timer.median_ms([&] { pc::gemm_w8a8_wgmma(X.p, nullptr, W.p, nullptr, nullptr, B.p, DType::I32, M, N, K, stream); });
+      set_wgmma_bn("128");
+      const double t_128 = timer.median_ms(wg_bf16);
+      set_wgmma_bn("256");
+      const double t_256 = timer.median_ms(wg_bf16);
+      set_wgmma_bn(nullptr);
+      std::string note;
+      const float one = 1.0f, zero = 0.0f;
+      const double t_bf16 = safe_ms(timer, [&] {
+        CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, Wb.p, CUDA_R_16BF, K, Xb.p, CUDA_R_16BF, K, &zero,
+                        Y.p, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }, note, "cuBLAS bf16");
+      double t_lt = -1;
+      {  // cuBLASLt int8: A32ᵀ[N,M] (column-major) = op(W)·X, int32 compute and output (TN).
+        cublasLtMatmulDesc_t desc = nullptr;
+        cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+        cublasLtMatmulPreference_t pref = nullptr;
+        CB(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
+        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+        CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8I, K, N, K));
+        CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8I, K, M, K));
+        CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32I, N, M, N));
+        CB(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t wsb = ws_bytes;
+        CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+        cublasLtMatmulHeuristicResult_t res[4];
+        int nres = 0;
+        if (cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 4, res, &nres) == CUBLAS_STATUS_SUCCESS && nres > 0) {
+          const int32_t ione = 1, izero = 0;
+          t_lt = safe_ms(timer, [&] {
+            CB(cublasLtMatmul(lt, desc, &ione, W.p, la, X.p, lb, &izero, A.p, lc, A.p, lc, &res[0].algo, ws, ws_bytes, stream));
+          }, note, "cuBLASLt int8");
+        }
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(lc);
+        cublasLtMatmulDescDestroy(desc);
+      }
+      CK(cudaStreamSynchronize(stream));
+      auto T = [&](double ms) { return ms > 0 ? ops / ms / 1e9 : -1.0; };
+      std::printf("M=%5d N=%5d K=%5d | mma.sync %7.1f | wgmma %8.3f ms %7.1f TOPS (BN128 %7.1f, BN256 %7.1f, i32 %7.1f) | "
+                  "cuBLAS bf16 %7.1f | Lt i8 %7.1f | wgmma/bf16 %.2fx wgmma/Lt %.2fx %s\n",
+                  M, N, K, T(t_mma), t_wg, T(t_wg), T(t_128), T(t_256), T(t_i32), T(t_bf16), T(t_lt),
+                  t_bf16 > 0 ? t_bf16 / t_wg : -1.0, t_lt > 0 ? t_lt / t_wg : -1.0, note.c_str());
       std::fflush(stdout);
-      char row[512];
-      std::snprintf(row, sizeof row, "| %d | %d | %d | %.3f | %.0f | %.3f | %.0f | %.2f | %llu |\n", M, N, K, t0, ops / t0 / 1e9,
-                    t1, ops / t1 / 1e9, t0 / t1, bad);
+      char row[640];
+      std::snprintf(row, sizeof row, "| %d | %d | %d | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %llu |\n",
+                    M, N, K, T(t_mma), t_wg, T(t_wg), T(t_128), T(t_256), T(t_i32), T(t_bf16), T(t_lt),
+                    t_bf16 > 0 ? t_bf16 / t_wg : -1.0, t_lt > 0 ? t_lt / t_wg : -1.0, bad);
       md += row;
     }
   }
+  cudaFree(ws);
+  cublasLtDestroy(lt);
+  cublasDestroy(blas);
   cudaStreamDestroy(stream);
   FILE* f = std::fopen((dir + "/lab_cuda_gemm_w8a8_wgmma.md").c_str(), "w");
   if (!f) throw perry::Error("cannot write wgmma results into " + dir);
-  std::fprintf(f, "# EXPERIMENTAL wgmma kernel vs mma.sync on %s\n\nGEMM alone, bf16 out, L2 flushed, median. "
-               "Check failures: %d (correctness shapes: %d)\n\n%s\n## Checks\n\n```\n", device.c_str(), g_failures,
-               failures_before_timing, md.c_str());
+  std::fprintf(f, "# EXPERIMENTAL wgmma (TMA, warp-specialized) kernel on %s\n\nCUDA events, L2 flushed before each run, "
+               "median; TOPS = 2MNK/t. wgmma columns: bf16 out with sa·sw·bias fused (auto BN, then forced 128 / 256), "
+               "and int32 out. Ratios: other time / wgmma time (>1 = wgmma faster). Check failures: %d (correctness "
+               "shapes: %d)\n\n%s\n## Checks\n\n```\n", device.c_str(), g_failures, failures_before_timing, md.c_str());
   for (auto& l : g_check_lines) std::fprintf(f, "%s\n", l.c_str());
   std::fprintf(f, "```\n");
   std::fclose(f);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -141,13 +142,40 @@ TEST(CudaGemmW8A8, ExactInt32AndFusedEpilogueUnalignedShapes) {
   for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g);
 }
 
-// The experimental sm_90a wgmma kernel (not dispatched to yet) under the same checks.
+// The experimental sm_90a wgmma kernel (TMA + wgmma, not dispatched to yet) under the same checks:
+// int32 vs int64 exactly, epilogues vs float64, with M, N off its 128 × (128|256) tiles, K a
+// multiple of 16 but not of its 128-byte k-tile (TMA zero-fills the rest), and a shape with more
+// tiles than SMs (persistent CTAs loop over tiles: stage/phase bookkeeping across tiles). Run
+// under each column-tile width (PERRY_WGMMA_BN, read per call).
 TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
   REQUIRE_GPU();
   if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";
   std::mt19937 g(6);
-  const int shapes[][3] = {{1, 8, 16}, {3, 5, 16}, {7, 130, 48}, {130, 7, 80}, {129, 131, 272}, {257, 384, 1024}};
-  for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g, pc::gemm_w8a8_wgmma);
+  const int shapes[][3] = {{1, 8, 16},     {3, 5, 16},       {7, 130, 48},   {130, 7, 80},
+                           {129, 131, 272}, {257, 384, 1024}, {300, 513, 1040}, {200, 1, 32},
+                           {1400, 3400, 144}};
+  for (const char* bn : {(const char*)nullptr, "128", "256"}) {
+    SCOPED_TRACE(std::string("PERRY_WGMMA_BN=") + (bn ? bn : "(auto)"));
+    if (bn) setenv("PERRY_WGMMA_BN", bn, 1);
+    else unsetenv("PERRY_WGMMA_BN");
+    for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g, pc::gemm_w8a8_wgmma);
+  }
+  unsetenv("PERRY_WGMMA_BN");
+  // Output one element past an allocation: element stores, the same values.
+  const int M = 5, N = 6, K = 32;
+  auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);
+  auto sa = rand_f(M, g, 0.01f, 0.02f), sw = rand_f(N, g, 0.01f, 0.02f);
+  Dev<int8_t> dX(X), dW(W);
+  Dev<float> dsa(sa), dsw(sw);
+  for (DType out : {DType::BF16, DType::F32, DType::I32}) {
+    const size_t es = out == DType::BF16 ? 2 : 4;
+    Dev<int32_t> a(size_t(M) * N + 1), b(size_t(M) * N + 1);
+    pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, nullptr, a.p, out, M, N, K, nullptr);
+    pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, nullptr, reinterpret_cast<char*>(b.p) + es, out, M, N, K, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto ha = a.get(), hb = b.get();
+    EXPECT_EQ(std::memcmp(ha.data(), reinterpret_cast<const char*>(hb.data()) + es, size_t(M) * N * es), 0);
+  }
 }
 
 TEST(CudaGemmW8A8, OddOffsetOutputUsesElementStores) {

@@ -1,18 +1,36 @@
-// EXPERIMENTAL sm_90a variant of gemm_w8a8 using wgmma (warpgroup MMA), not yet dispatched to:
-// written without access to a GPU, it is exercised only by the kernel lab (`--wgmma`), checked
-// exactly against the int64 reference there, and becomes the default only after it passes and
-// measures faster than the mma.sync kernel.
+// EXPERIMENTAL sm_90a W8A8 GEMM on wgmma + TMA (not dispatched to by gemm_w8a8 until the kernel
+// lab has verified and timed it on an H100/H200; `lab_cuda_gemm_w8a8 --wgmma` and the gtest
+// CudaGemmW8A8.WgmmaExperimentalExactOnSm90 exercise it). Design notes:
+// docs/cuda-gemm-w8a8-sm90.md.
 //
-// Same block tile as the mma.sync kernel (128×128×64, 4-stage cp.async ring, zero-filled edges)
-// so the two differ only in the MMA: 2 warpgroups, each wgmma.m64n128k32.s32.s8.s8 on its 64
-// rows, A and B read straight from shared memory through matrix descriptors. Shared tiles use
-// the no-swizzle K-major canonical layout: 8-row × 16-byte core matrices stored contiguously
-// (128 B), core (row-group g, k-chunk c) at (g·4 + c)·128, so the descriptor's leading byte
-// offset (next core matrix along K) is 128 and its stride byte offset (next 8 rows) is 512.
-// cp.async writes go through the generic proxy and wgmma reads through the async proxy, hence
-// fence.proxy.async before the barrier that publishes a stage.
+// Y[M,N] = X[M,K]·W[N,K]ᵀ, both operands K-major int8 (the only layout int8 wgmma takes).
+//   * Block tile 128×BN×128 (BN = 256, or 128 when 256-wide tiles would leave SMs idle), a ring
+//     of kStages shared-memory stages, each holding the A tile [128 rows × 128 B] and the B tile
+//     [BN rows × 128 B] in the TMA 128-byte-swizzle layout (row r at r·128, its 16-byte chunk c
+//     stored at chunk c ^ (r & 7); every tile base 1024-byte aligned so the pattern is the same
+//     for TMA, which swizzles on address bits, and wgmma).
+//   * 3 warpgroups (384 threads). Warpgroup 0 is the producer: one thread issues the TMA loads
+//     (cp.async.bulk.tensor.2d, completing on the stage's "full" mbarrier with expect_tx) after
+//     waiting on the stage's "empty" mbarrier; it gives registers away (setmaxnreg.dec 40).
+//     Warpgroups 1 and 2 are consumers (setmaxnreg.inc 232): each owns 64 rows of the tile and
+//     issues wgmma.mma_async m64nBNk32 s32.s8.s8, 4 per stage (K = 128 B), keeping one
+//     commit-group in flight (wait_group 1) and releasing the previous stage to the producer
+//     (one arrive per consumer warp: empty count 8) once its wgmmas have completed.
+//   * Persistent: grid = min(#SMs, #tiles); both roles walk the same tile sequence
+//     blockIdx.x, +gridDim.x, ... in a grouped order (8 row-tiles per group, columns inside a
+//     group) so the CTAs running at one time share A and B tiles in L2.
+//   * The epilogue is fused: straight from the accumulator registers, y = acc·sa[m]·sw[n]
+//     (+bias[n]) → bf16 / f32, or the raw int32 (exactness tests); rows ≥ M and columns ≥ N are
+//     predicated off, TMA zero-fills loads past M, N and K (so K % 128 != 0 is exact).
+//   * Only the async proxy (TMA writes, wgmma reads) touches the operand tiles, so no
+//     fence.proxy.async is needed in the main loop; mbarrier phases order reuse.
+// No deadlock by construction: every full barrier receives exactly one arrive.expect_tx of the
+// whole stage's bytes (TMA counts out-of-bounds, zero-filled bytes too), every empty barrier
+// exactly 8 arrives per use, and producer and consumers iterate identical (tile, k) sequences.
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from cudaGetDriverEntryPoint
 #include <cuda_bf16.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -22,12 +40,23 @@
 namespace perry::cuda {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 64;
-constexpr int kThreads = 256;  // 2 warpgroups
-constexpr int kStages = 4;
-constexpr int kTileA = kBM * kBK, kTileB = kBN * kBK;
-constexpr int kStageBytes = kTileA + kTileB;
-constexpr int kSmemBytes = kStages * kStageBytes;  // 64 KiB
+constexpr int kBM = 128;         // rows of X per tile (2 consumer warpgroups × 64)
+constexpr int kBK = 128;         // K bytes per stage = the 128-byte swizzle span
+constexpr int kThreads = 384;    // producer warpgroup + 2 consumer warpgroups
+constexpr int kConsumerWarps = 8;
+constexpr int kGroupM = 8;       // grouped tile order: 8 row-tiles per group
+
+template <int BN>
+struct Cfg {
+  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr int kTileA = kBM * kBK;          // 16 KiB
+  static constexpr int kTileB = BN * kBK;           // 32 or 16 KiB
+  static constexpr int kStageBytes = kTileA + kTileB;
+  static constexpr int kBarrierBytes = 2 * kStages * 8;
+  // + 1024: the dynamic shared window is only 16-byte aligned by contract; the kernel rounds up.
+  static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+};
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PERRY_WGMMA 1
@@ -38,47 +67,79 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+// ---- mbarriers (shared::cta) ----
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrive that also raises the phase's expected transaction bytes (the TMA loads' total).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Blocks until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and
+// waiting on parity 1 (the phase "before" it) returns at once: producers start at parity 1.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
 }
 
-// Core-matrix (no swizzle, K-major) offset of the 16-byte chunk (row r, k-chunk c) of a 64-byte
-// deep tile.
-__device__ __forceinline__ int core_offset(int r, int c) { return ((r >> 3) * 4 + c) * 128 + (r & 7) * 16; }
+// ---- TMA: a 2-D box [rows, 128 B] at (k0, row0) into shared memory, completing on `bar` ----
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int k0, int row0, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(bar)
+      : "memory");
+}
 
-__device__ __forceinline__ void load_tile(uint32_t s, const int8_t* __restrict__ g, int rows, int K,
-                                          int row0, int k0) {
+// ---- wgmma ----
+// Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format" for wgmma):
+//   bits  0-13 start address >> 4;  16-29 leading byte offset >> 4 (unused for K-major swizzled
+//   layouts whose K extent per instruction (32 B) lies inside one 128-B swizzle row; set to 1);
+//   32-45 stride byte offset >> 4 = 1024 B (from one 8-row group to the next: 8 rows × 128 B);
+//   49-51 base offset = 0 (tile bases are 1024-aligned); 62-63 swizzle mode, 1 = 128-byte.
+// The k32 step inside a 128-B row is +32 B on the start address (+2 in the encoded field): the
+// hardware applies the XOR swizzle to the final address bits, exactly as TMA did when writing.
+__device__ __forceinline__ uint64_t make_desc_sw128(uint32_t addr) {
+  return uint64_t((addr >> 4) & 0x3fff) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins the accumulator registers in program order around the asynchronous wgmma (keeps the
+// compiler from moving reads/writes of them across the fence / wait).
+template <int R>
+__device__ __forceinline__ void fence_operands(int (&d)[R]) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int c = threadIdx.x + i * kThreads;
-    const int r = c >> 2, chunk = c & 3;
-    const int gr = row0 + r, gk = k0 + chunk * 16;
-    const bool ok = gr < rows && gk < K;
-    const int8_t* src = ok ? g + (size_t)gr * K + gk : g;
-    cp_async16(s + core_offset(r, chunk), src, ok ? 16 : 0);
-  }
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  uint64_t d = 0;
-  d |= uint64_t((addr >> 4) & 0x3fff);
-  d |= uint64_t((lbo >> 4) & 0x3fff) << 16;
-  d |= uint64_t((sbo >> 4) & 0x3fff) << 32;
-  // base offset 0, swizzle mode 0 (none)
-  return d;
-}
-
-__device__ __forceinline__ void wgmma_m64n128k32(int (&d)[64], uint64_t da, uint64_t db) {
+// D[64x128] (+)= A[64x32]·B[128x32]ᵀ, int8 inputs from shared memory (descriptors), s32 accumulators.
+__device__ __forceinline__ void wgmma_n128(int (&d)[64], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"  // scale-d = true: accumulate into d
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p;\n"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p;\n"
       "}\n"
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
         "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
@@ -88,94 +149,208 @@ __device__ __forceinline__ void wgmma_m64n128k32(int (&d)[64], uint64_t da, uint
         "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
         "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
         "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-      : "l"(da), "l"(db), "r"(1));
+      : "l"(da), "l"(db), "r"(accumulate));
 }
-#endif
 
-template <int kOut>  // 0 = bf16, 1 = f32, 2 = i32
-__global__ void __launch_bounds__(kThreads)
-    gemm_w8a8_wgmma_kernel(const int8_t* __restrict__ X, const float* __restrict__ Sa,
-                           const int8_t* __restrict__ W, const float* __restrict__ Sw,
-                           const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K) {
-#ifdef PERRY_WGMMA
-  extern __shared__ __align__(1024) int8_t smem[];
-  const uint32_t sbase = smem_addr(smem);
-  constexpr int kGroupM = 8;  // grouped rasterization, as in the mma.sync kernel
-  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kBN - 1) / kBN;
-  const int pid = blockIdx.x;
+// D[64x256] (+)= A[64x32]·B[256x32]ᵀ, int8 inputs from shared memory (descriptors), s32 accumulators.
+__device__ __forceinline__ void wgmma_n256(int (&d)[128], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p;\n"
+      "}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
+        "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
+        "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
+        "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
+        "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
+        "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
+        "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
+        "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
+        "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_tile(int (&d)[BN / 2], uint64_t da, uint64_t db, int accumulate) {
+  if constexpr (BN == 256)
+    wgmma_n256(d, da, db, accumulate);
+  else
+    wgmma_n128(d, da, db, accumulate);
+}
+#endif  // PERRY_WGMMA
+
+// Tile t of the grouped order → (first row, first column).
+__device__ __forceinline__ void tile_origin(int t, int tiles_m, int tiles_n, int bn, int& m0, int& n0) {
   const int per_group = kGroupM * tiles_n;
-  const int first_m = (pid / per_group) * kGroupM;
+  const int first_m = (t / per_group) * kGroupM;
   const int group_m = min(tiles_m - first_m, kGroupM);
-  const int in_group = pid % per_group;
-  const int m0 = (first_m + in_group % group_m) * kBM, n0 = (in_group / group_m) * kBN;
+  const int in_group = t % per_group;
+  m0 = (first_m + in_group % group_m) * kBM;
+  n0 = (in_group / group_m) * bn;
+}
+
+template <int kOut, int BN>  // kOut: 0 = bf16, 1 = f32, 2 = i32
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+                           const float* __restrict__ Sa, const float* __restrict__ Sw,
+                           const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok) {
+#ifdef PERRY_WGMMA
+  using C = Cfg<BN>;
+  constexpr int S = C::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sA = base;                          // S × [128 × 128 B]
+  const uint32_t sB = base + S * C::kTileA;          // S × [BN × 128 B]
+  const uint32_t bars = sB + S * C::kTileB;          // full[S], empty[S]
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (S + s); };
+
   const int wg = threadIdx.x / 128;
-
-  int acc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0;
-
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + BN - 1) / BN;
+  const int num_tiles = tiles_m * tiles_n;
   const int ktiles = (K + kBK - 1) / kBK;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ktiles) {
-      load_tile(sbase + s * kStageBytes, X, M, K, m0, s * kBK);
-      load_tile(sbase + s * kStageBytes + kTileA, W, N, K, n0, s * kBK);
-    }
-    asm volatile("cp.async.commit_group;\n" ::);
-  }
-  for (int kt = 0; kt < ktiles; ++kt) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes → async proxy
-    __syncthreads();
-    {
-      const int nk = kt + kStages - 1;
-      if (nk < ktiles) {
-        const uint32_t st = sbase + (nk % kStages) * kStageBytes;
-        load_tile(st, X, M, K, m0, nk * kBK);
-        load_tile(st + kTileA, W, N, K, n0, nk * kBK);
-      }
-      asm volatile("cp.async.commit_group;\n" ::);
-    }
-    const uint32_t a_base = sbase + (kt % kStages) * kStageBytes + wg * (64 / 8) * 512;
-    const uint32_t b_base = sbase + (kt % kStages) * kStageBytes + kTileA;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int ks = 0; ks < kBK / 32; ++ks) {
-      // k32 = two 16-byte chunks: advance two core matrices along K.
-      const uint64_t da = make_desc(a_base + ks * 2 * 128, 128, 512);
-      const uint64_t db = make_desc(b_base + ks * 2 * 128, 128, 512);
-      wgmma_m64n128k32(acc, da, db);
-    }
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    // Wait before the stage can be refilled (next iteration's barrier orders the refill after this).
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  }
-  asm volatile("cp.async.wait_group 0;\n" ::);
 
-  // Accumulator layout of m64nN: warp w of the warpgroup owns rows 16w..16w+15; d[4j+e]:
-  // row g (+8 for e >= 2), column 8j + 2t + (e & 1).
-  const int lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-  const int g = lane >> 2, t = lane & 3;
+  if (threadIdx.x == 0) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int c = n0 + j * 8 + 2 * t;
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 1);                // the producer's arrive.expect_tx (+ the TMA bytes)
+      mbar_init(empty(s), kConsumerWarps);  // one arrive per consumer warp
+    }
+    // Make the initialized barriers visible to the async proxy (TMA complete_tx) too.
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer warpgroup: one thread issues all TMA loads ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmB)) : "memory");
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int m0, n0;
+        tile_origin(t, tiles_m, tiles_n, BN, m0, n0);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
+          mbar_arrive_expect_tx(full(s), C::kStageBytes);
+          tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
+          tma_load_2d(sB + s * C::kTileB, &tmB, kt * kBK, n0, full(s));
+          if (++s == S) { s = 0; phase ^= 1; }
+        }
+      }
+    }
+  } else {
+    // ---------------- consumer warpgroups: wgmma + fused epilogue ----------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = wg - 1;  // which 64-row half of the tile
+    int acc[BN / 2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = m0 + wg * 64 + warp * 16 + g + 8 * h;
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0;
+    int s = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      int m0, n0;
+      tile_origin(t, tiles_m, tiles_n, BN, m0, n0);
+      int prev = -1;
+      for (int kt = 0; kt < ktiles; ++kt) {
+        mbar_wait(full(s), phase);
+        const uint64_t da = make_desc_sw128(sA + s * C::kTileA + cw * 64 * kBK);
+        const uint64_t db = make_desc_sw128(sB + s * C::kTileB);
+        fence_operands(acc);
+        wgmma_fence();
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int cc = c + e;
-        if (r >= M || cc >= N) continue;
-        const int a = acc[4 * j + 2 * h + e];
-        const size_t o = (size_t)r * N + cc;
-        if constexpr (kOut == 2) {
-          static_cast<int*>(Y)[o] = a;
-        } else {
-          const float v = float(a) * Sa[r] * Sw[cc] + (bias ? bias[cc] : 0.0f);
-          if constexpr (kOut == 1)
-            static_cast<float*>(Y)[o] = v;
-          else
-            static_cast<__nv_bfloat16*>(Y)[o] = __float2bfloat16_rn(v);
+        for (int kk = 0; kk < kBK / 32; ++kk)  // +32 B along K = +2 in the address field
+          wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk, (kt | kk) != 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
+        fence_operands(acc);
+        if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+        prev = s;
+        if (++s == S) { s = 0; phase ^= 1; }
+      }
+      wgmma_wait<0>();
+      fence_operands(acc);
+      if (lane == 0) mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
+
+      // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
+      // acc[4j + 2h + e] is row g + 8h, column 8j + 2t + e (g = lane/4, t = lane%4).
+      const int g = lane >> 2, tq = lane & 3;
+      const int r0 = m0 + cw * 64 + warp * 16 + g;
+      float sa[2] = {0.f, 0.f};
+      if constexpr (kOut != 2) {
+        if (r0 < M) sa[0] = __ldg(Sa + r0);
+        if (r0 + 8 < M) sa[1] = __ldg(Sa + r0 + 8);
+      }
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int c = n0 + 8 * j + 2 * tq;
+        if (c >= N) continue;
+        const bool pair = c + 1 < N;
+        float sw0 = 0.f, sw1 = 0.f, b0 = 0.f, b1 = 0.f;
+        if constexpr (kOut != 2) {
+          sw0 = __ldg(Sw + c);
+          sw1 = pair ? __ldg(Sw + c + 1) : 0.f;
+          if (bias) {
+            b0 = __ldg(bias + c);
+            b1 = pair ? __ldg(bias + c + 1) : 0.f;
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = r0 + 8 * h;
+          if (r >= M) continue;
+          const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
+          const size_t o = size_t(r) * N + c;
+          if constexpr (kOut == 2) {
+            int* y = static_cast<int*>(Y) + o;
+            if (pair && vec_ok) {
+              *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
+            } else {
+              y[0] = a0;
+              if (pair) y[1] = a1;
+            }
+          } else {
+            const float v0 = float(a0) * sa[h] * sw0 + b0, v1 = float(a1) * sa[h] * sw1 + b1;
+            if constexpr (kOut == 1) {
+              float* y = static_cast<float*>(Y) + o;
+              if (pair && vec_ok) {
+                *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
+              } else {
+                y[0] = v0;
+                if (pair) y[1] = v1;
+              }
+            } else {
+              __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
+              if (pair && vec_ok) {
+                *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+              } else {
+                y[0] = __float2bfloat16_rn(v0);
+                if (pair) y[1] = __float2bfloat16_rn(v1);
+              }
+            }
+          }
         }
       }
     }
@@ -185,20 +360,94 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-template <int kOut>
-void launch(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias,
-            void* dY, int M, int N, int K, cudaStream_t stream, const char* name) {
+// ---------------------------------------------------------------- host side
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver through the runtime (no -lcuda link).
+EncodeTiledFn encode_tiled() {
+  static std::once_flag once;
+  static EncodeTiledFn fn = nullptr;
+  static std::string err;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p)
+      err = std::string("cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled): ") + cudaGetErrorName(e) +
+            " (query result " + std::to_string(int(q)) + ")";
+    else
+      fn = reinterpret_cast<EncodeTiledFn>(p);
+  });
+  if (!fn) throw Error("gemm_w8a8_wgmma: " + err);
+  return fn;
+}
+
+// A 2-D int8 tensor [rows, K] (row stride K bytes) read in boxes of [box_rows, 128 B], 128-byte
+// swizzled, out-of-bounds elements zero-filled.
+CUtensorMap make_map(const int8_t* p, int rows, int K, int box_rows) {
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(K)};  // bytes, for dims 1..: must be a multiple of 16
+  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides, box, estr,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error("gemm_w8a8_wgmma: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ", rows=" +
+                std::to_string(rows) + ", K=" + std::to_string(K) + ")");
+  return m;
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
+  return n;
+}
+
+template <int kOut, int BN>
+void launch(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias, void* dY,
+            int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name) {
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    kSmemBytes);
+    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    Cfg<BN>::kSmemBytes);
   });
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
-  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + kBN - 1) / kBN);
-  gemm_w8a8_wgmma_kernel<kOut><<<(unsigned)tiles, kThreads, kSmemBytes, stream>>>(dX, dSa, dW, dSw, dBias, dY,
-                                                                                   M, N, K);
+  const CUtensorMap ta = make_map(dX, M, K, kBM), tb = make_map(dW, N, K, BN);
+  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + BN - 1) / BN);
+  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
+  gemm_w8a8_wgmma_kernel<kOut, BN><<<grid, kThreads, Cfg<BN>::kSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias, dY, M,
+                                                                                    N, K, vec_ok);
   check_launch(name);
+}
+
+// Column tile width: 256 unless that leaves clearly more of the last wave idle than 128 does.
+// PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments only).
+int pick_bn(int M, int N, int sms) {
+  const char* e = std::getenv("PERRY_WGMMA_BN");  // read per call: the lab and tests switch it
+  const int forced = e ? std::atoi(e) : 0;
+  if (forced == 128 || forced == 256) return forced;
+  const long long tm = (M + kBM - 1) / kBM;
+  auto eff = [&](int bn) {
+    const long long t = tm * ((N + bn - 1) / bn), waves = (t + sms - 1) / sms;
+    return double(t) / double(waves * sms);
+  };
+  return eff(128) > 1.15 * eff(256) ? 128 : 256;
+}
+
+template <int kOut>
+void dispatch(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias, void* dY,
+              int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name) {
+  const int sms = sm_count();
+  if (pick_bn(M, N, sms) == 256)
+    launch<kOut, 256>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else
+    launch<kOut, 128>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
 }
 
 }  // namespace
@@ -222,10 +471,14 @@ void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const
   if ((reinterpret_cast<uintptr_t>(dX) | reinterpret_cast<uintptr_t>(dW)) % 16 != 0)
     throw Error("gemm_w8a8_wgmma: X and W must be 16-byte aligned" + dims);
   if (out != DType::I32 && (!dSa || !dSw)) throw Error("gemm_w8a8_wgmma: null scale pointer" + dims);
+  const size_t es = out == DType::BF16 ? 2 : 4;
+  if (reinterpret_cast<uintptr_t>(dY) % es != 0) throw Error("gemm_w8a8_wgmma: Y not aligned to its element size" + dims);
+  // Pair stores (2 elements) need an even N and Y aligned to 2 elements.
+  const int vec_ok = (N % 2 == 0 && reinterpret_cast<uintptr_t>(dY) % (2 * es) == 0) ? 1 : 0;
   switch (out) {
-    case DType::BF16: launch<0>(dX, dSa, dW, dSw, dBias, dY, M, N, K, stream, "gemm_w8a8_wgmma<bf16>"); return;
-    case DType::F32: launch<1>(dX, dSa, dW, dSw, dBias, dY, M, N, K, stream, "gemm_w8a8_wgmma<f32>"); return;
-    case DType::I32: launch<2>(dX, dSa, dW, dSw, dBias, dY, M, N, K, stream, "gemm_w8a8_wgmma<i32>"); return;
+    case DType::BF16: dispatch<0>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<bf16>"); return;
+    case DType::F32: dispatch<1>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<f32>"); return;
+    case DType::I32: dispatch<2>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<i32>"); return;
     default: throw Error("gemm_w8a8_wgmma: output dtype must be BF16, F32 or I32");
   }
 }
