@@ -112,28 +112,97 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<in
   entries_.push_back({name, dtype, std::move(shape), data, nbytes});
 }
 
-void SafetensorsWriter::write(const std::string& path) const {
+namespace {
+// Header JSON for tensors laid out back to back in the given order, padded with spaces so the
+// data section starts 8-byte aligned.
+struct HeaderEntry { const std::string* name; DType dtype; const std::vector<int64_t>* shape; size_t nbytes; };
+std::string make_header(const std::vector<HeaderEntry>& entries, const std::map<std::string, std::string>& metadata) {
   json h = json::object();
-  if (!metadata_.empty()) h["__metadata__"] = metadata_;
+  if (!metadata.empty()) h["__metadata__"] = metadata;
   uint64_t off = 0;
-  std::vector<uint64_t> begins;
-  for (const auto& e : entries_) {
-    begins.push_back(off);
-    h[e.name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", e.shape},
-                 {"data_offsets", {off, off + e.nbytes}}};
+  for (const auto& e : entries) {
+    h[*e.name] = {{"dtype", std::string(dtype_name(e.dtype))}, {"shape", *e.shape},
+                  {"data_offsets", {off, off + e.nbytes}}};
     off += e.nbytes;
   }
   std::string hs = h.dump();
-  while ((hs.size() + 8) % 8) hs.push_back(' ');  // data section 8-byte aligned
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) fail("cannot create {}: {}", path, std::strerror(errno));
+  while ((hs.size() + 8) % 8) hs.push_back(' ');
+  return hs;
+}
+
+bool write_header(std::FILE* f, const std::string& hs) {
   uint8_t len[8];
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(hs.size()) >> (8 * i));
-  bool ok = std::fwrite(len, 1, 8, f) == 8 && std::fwrite(hs.data(), 1, hs.size(), f) == hs.size();
+  return std::fwrite(len, 1, 8, f) == 8 && std::fwrite(hs.data(), 1, hs.size(), f) == hs.size();
+}
+}  // namespace
+
+void SafetensorsWriter::write(const std::string& path) const {
+  std::vector<HeaderEntry> he;
+  for (const auto& e : entries_) he.push_back({&e.name, e.dtype, &e.shape, e.nbytes});
+  const std::string hs = make_header(he, metadata_);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) fail("cannot create {}: {}", path, std::strerror(errno));
+  bool ok = write_header(f, hs);
   for (const auto& e : entries_)
     ok = ok && (e.nbytes == 0 || std::fwrite(e.data, 1, e.nbytes, f) == e.nbytes);
   ok = (std::fclose(f) == 0) && ok;
   if (!ok) fail("failed writing {} (disk full?)", path);
+}
+
+size_t SafetensorsStreamWriter::spec_bytes(const Spec& s) {
+  uint64_t n = 1;
+  for (int64_t d : s.shape) n *= uint64_t(d);
+  return size_t(n * dtype_bits(s.dtype) / 8);
+}
+
+SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<Spec> specs,
+                                                 const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), specs_(std::move(specs)) {
+  std::vector<HeaderEntry> he;
+  for (const auto& s : specs_) {
+    for (int64_t d : s.shape) PERRY_CHECK(d >= 0, "{}: tensor '{}' has a negative dimension", path_, s.name);
+    he.push_back({&s.name, s.dtype, &s.shape, spec_bytes(s)});
+  }
+  const std::string hs = make_header(he, metadata);
+  f_ = std::fopen(path_.c_str(), "wb");
+  if (!f_) fail("cannot create {}: {}", path_, std::strerror(errno));
+  if (!write_header(f_, hs)) {
+    std::fclose(f_);
+    f_ = nullptr;
+    std::remove(path_.c_str());
+    fail("failed writing {} (disk full?)", path_);
+  }
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (f_) {  // not finished: an incomplete file must not look like a checkpoint
+    std::fclose(f_);
+    std::remove(path_.c_str());
+  }
+}
+
+void SafetensorsStreamWriter::write_next(const std::string& name, const void* data, size_t nbytes) {
+  PERRY_CHECK(f_ != nullptr, "{}: write after finish()", path_);
+  PERRY_CHECK(next_ < specs_.size(), "{}: tensor '{}' is beyond the {} declared tensors", path_, name, specs_.size());
+  const Spec& s = specs_[next_];
+  PERRY_CHECK(name == s.name, "{}: expected tensor '{}' next, got '{}'", path_, s.name, name);
+  PERRY_CHECK(nbytes == spec_bytes(s), "{}: tensor '{}': {} bytes given, {} declared", path_, name, nbytes,
+              spec_bytes(s));
+  if (nbytes && std::fwrite(data, 1, nbytes, f_) != nbytes) fail("failed writing {} (disk full?)", path_);
+  total_ += nbytes;
+  ++next_;
+}
+
+void SafetensorsStreamWriter::finish() {
+  PERRY_CHECK(f_ != nullptr, "{}: finish() called twice", path_);
+  PERRY_CHECK(next_ == specs_.size(), "{}: only {} of {} tensors were written", path_, next_, specs_.size());
+  const bool ok = std::fclose(f_) == 0;
+  f_ = nullptr;
+  if (!ok) {
+    std::remove(path_.c_str());
+    fail("failed writing {} (disk full?)", path_);
+  }
 }
 
 }  // namespace perry::io

@@ -6,6 +6,7 @@
 // before any tensor is touched: a lying header is an error naming the file, never a crash.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,6 +55,31 @@ class SafetensorsWriter {
   struct Entry { std::string name; DType dtype; std::vector<int64_t> shape; const void* data; size_t nbytes; };
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
+};
+
+// Streaming writer for files larger than memory: the tensor list (names, dtypes, shapes) is fixed
+// up front and the header written at once; then each tensor's bytes are appended, in that order,
+// one call per tensor, so the caller can produce and drop one tensor at a time. finish() checks
+// that every tensor was written; a writer destroyed before finish() deletes its partial file.
+class SafetensorsStreamWriter {
+ public:
+  struct Spec { std::string name; DType dtype; std::vector<int64_t> shape; };
+  static size_t spec_bytes(const Spec& s);  // numel * dtype bits / 8
+  SafetensorsStreamWriter(std::string path, std::vector<Spec> specs,
+                          const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+  // The next tensor in spec order; `name` and `nbytes` must match it (perry::Error otherwise).
+  void write_next(const std::string& name, const void* data, size_t nbytes);
+  void finish();
+  size_t data_bytes() const { return total_; }
+
+ private:
+  std::string path_;
+  std::vector<Spec> specs_;
+  std::FILE* f_ = nullptr;
+  size_t next_ = 0, total_ = 0;
 };
 
 }  // namespace perry::io
