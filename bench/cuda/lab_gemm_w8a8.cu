@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/bench_peers.h"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w8a8.h"
 
@@ -38,12 +39,7 @@ using perry::DType;
 namespace pc = perry::cuda;
 
 #define CK(call) PERRY_CUDA_CHECK(call)
-#define CB(call)                                                                     \
-  do {                                                                               \
-    cublasStatus_t st_ = (call);                                                     \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                \
-      throw perry::Error(std::string(#call) + " failed: cublas status " + std::to_string(int(st_))); \
-  } while (0)
+#define CB(call) pc::check_cublas_status((call), #call)
 
 namespace {
 
@@ -289,28 +285,7 @@ void check_errors() {
   }
 }
 
-// ---------------------------------------------------------------- device fills
-__global__ void fill_i8(int8_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 29;
-    p[i] = int8_t(int(h % 255) - 127);
-  }
-}
-__global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 29;
-    p[i] = __float2bfloat16_rn(scale * (float(h % 20001) / 10000.0f - 1.0f));
-  }
-}
-__global__ void fill_f32(float* p, size_t n, uint64_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 29;
-    p[i] = lo + (hi - lo) * float(h % 10007) / 10007.0f;
-  }
-}
+// Device fills, cuBLAS bf16 and cuBLASLt int8: the shared peers of kernels/cuda/bench_peers.h.
 
 // ---------------------------------------------------------------- timing
 struct Timer {
@@ -456,11 +431,11 @@ std::vector<Row> run_timing(bool quick, std::mt19937_64& rng) {
     DevBuf<uint16_t> Xb(size_t(Mmax) * K), Wb(size_t(N) * K), Y(size_t(Mmax) * N), Ybf(size_t(Mmax) * N);
     DevBuf<int32_t> Y32(size_t(Mmax) * N);
     DevBuf<float> sa(Mmax), sw(N), bias(N);
-    fill_i8<<<1024, 256, 0, stream>>>(W.p, W.n, rng());
-    fill_bf16<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(Xb.p), Xb.n, rng(), 1.0f);
-    fill_bf16<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(Wb.p), Wb.n, rng(), 0.05f);
-    fill_f32<<<64, 256, 0, stream>>>(sw.p, N, rng(), 1e-3f, 2e-2f);
-    fill_f32<<<64, 256, 0, stream>>>(bias.p, N, rng(), -1.0f, 1.0f);
+    pc::fill_random_i8(W.p, W.n, rng(), stream);
+    pc::fill_random_bf16(Xb.p, Xb.n, rng(), 1.0f, stream);
+    pc::fill_random_bf16(Wb.p, Wb.n, rng(), 0.05f, stream);
+    pc::fill_random_f32(sw.p, N, rng(), 1e-3f, 2e-2f, stream);
+    pc::fill_random_f32(bias.p, N, rng(), -1.0f, 1.0f, stream);
     pc::check_launch("fill");
     CK(cudaStreamSynchronize(stream));
     for (int M : mlist) {
@@ -470,47 +445,19 @@ std::vector<Row> run_timing(bool quick, std::mt19937_64& rng) {
         pc::gemm_w8a8(Xq.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream);
       };
       auto gemm = [&] { pc::gemm_w8a8(Xq.p, sa.p, W.p, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); };
-      const float one = 1.0f, zero = 0.0f;
-      auto bf16 = [&] {
-        CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, Wb.p, CUDA_R_16BF, K, Xb.p,
-                        CUDA_R_16BF, K, &zero, Ybf.p, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
-                        CUBLAS_GEMM_DEFAULT));
-      };
+      auto bf16 = [&] { pc::cublas_gemm_bf16(blas, Wb.p, Xb.p, Ybf.p, DType::BF16, M, N, K); };
       r.ms_qgemm = timer.median_ms(qgemm);
       r.ms_gemm = timer.median_ms(gemm);
       r.ms_bf16 = safe_ms(timer, bf16, r.lt_note, "cuBLAS bf16");
-      // cuBLASLt int8: Y32ᵀ[N,M] (column-major) = Wᵀ-op(W) · Xq, int32 compute and output (TN).
-      cublasLtMatmulDesc_t desc = nullptr;
-      cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-      cublasLtMatmulPreference_t pref = nullptr;
-      CB(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
-      cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-      CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-      CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-      CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8I, K, N, K));
-      CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8I, K, M, K));
-      CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32I, N, M, N));
-      CB(cublasLtMatmulPreferenceCreate(&pref));
-      uint64_t wsb = ws_bytes;
-      CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
-      cublasLtMatmulHeuristicResult_t res[4];
-      int nres = 0;
-      cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 4, res, &nres);
+      // cuBLASLt int8 (int32 compute and output), its best heuristic.
       bool have_lt = false;
-      if (hs == CUBLAS_STATUS_SUCCESS && nres > 0) {
-        const int32_t ione = 1, izero = 0;
-        auto i8 = [&] {
-          CB(cublasLtMatmul(lt, desc, &ione, W.p, la, Xq.p, lb, &izero, Y32.p, lc, Y32.p, lc, &res[0].algo,
-                            ws, ws_bytes, stream));
-        };
-        r.ms_lt = safe_ms(timer, i8, r.lt_note, "cuBLASLt int8");
+      const pc::LtGemm lt_i8(lt, pc::LtGemmKind::I8_I32, M, N, K, ws_bytes);
+      if (lt_i8.available()) {
+        r.ms_lt = safe_ms(timer, [&] { lt_i8.run(W.p, Xq.p, Y32.p, ws, stream); }, r.lt_note, "cuBLASLt int8");
         have_lt = r.ms_lt > 0;
       } else {
-        r.lt_note = "no cuBLASLt int8 algorithm (status " + std::to_string(int(hs)) + ")";
+        r.lt_note = lt_i8.note();
       }
-      cublasLtMatmulPreferenceDestroy(pref);
-      cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(lc);
-      cublasLtMatmulDescDestroy(desc);
       CK(cudaStreamSynchronize(stream));
       // The outputs of the last timed runs (qgemm then gemm wrote Y from the same Xq) are checked.
       check_timed(M, N, K, Xq.p, sa.p, W.p, sw.p, bias.p, Y.p, Y32.p, Xb.p, Wb.p, Ybf.p, have_lt, r.ms_bf16 > 0, rng);
@@ -615,13 +562,13 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
     DevBuf<float> sa(Mmax), sw(N), bias(N);
     DevBuf<uint16_t> Y(size_t(Mmax) * N), Xb(size_t(Mmax) * K), Wb(size_t(N) * K);
     DevBuf<int32_t> A(size_t(Mmax) * N), B(size_t(Mmax) * N);
-    fill_i8<<<1024, 256, 0, stream>>>(W.p, W.n, rng());
-    fill_i8<<<1024, 256, 0, stream>>>(X.p, X.n, rng());
-    fill_bf16<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(Xb.p), Xb.n, rng(), 1.0f);
-    fill_bf16<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(Wb.p), Wb.n, rng(), 0.05f);
-    fill_f32<<<64, 256, 0, stream>>>(sa.p, Mmax, rng(), 1e-3f, 2e-2f);
-    fill_f32<<<64, 256, 0, stream>>>(sw.p, N, rng(), 1e-3f, 2e-2f);
-    fill_f32<<<64, 256, 0, stream>>>(bias.p, N, rng(), -1.0f, 1.0f);
+    pc::fill_random_i8(W.p, W.n, rng(), stream);
+    pc::fill_random_i8(X.p, X.n, rng(), stream);
+    pc::fill_random_bf16(Xb.p, Xb.n, rng(), 1.0f, stream);
+    pc::fill_random_bf16(Wb.p, Wb.n, rng(), 0.05f, stream);
+    pc::fill_random_f32(sa.p, Mmax, rng(), 1e-3f, 2e-2f, stream);
+    pc::fill_random_f32(sw.p, N, rng(), 1e-3f, 2e-2f, stream);
+    pc::fill_random_f32(bias.p, N, rng(), -1.0f, 1.0f, stream);
     pc::check_launch("fill");
     for (int M : mlist) {
       const double ops = 2.0 * M * double(N) * K;
@@ -653,38 +600,14 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
       const double t_256 = timer.median_ms(wg_bf16);
       set_wgmma_bn(nullptr);
       std::string note;
-      const float one = 1.0f, zero = 0.0f;
-      const double t_bf16 = safe_ms(timer, [&] {
-        CB(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, Wb.p, CUDA_R_16BF, K, Xb.p, CUDA_R_16BF, K, &zero,
-                        Y.p, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      }, note, "cuBLAS bf16");
+      const double t_bf16 = safe_ms(timer, [&] { pc::cublas_gemm_bf16(blas, Wb.p, Xb.p, Y.p, DType::BF16, M, N, K); },
+                                    note, "cuBLAS bf16");
       double t_lt = -1;
-      {  // cuBLASLt int8: A32ᵀ[N,M] (column-major) = op(W)·X, int32 compute and output (TN).
-        cublasLtMatmulDesc_t desc = nullptr;
-        cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-        cublasLtMatmulPreference_t pref = nullptr;
-        CB(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32I, CUDA_R_32I));
-        cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-        CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-        CB(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-        CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8I, K, N, K));
-        CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8I, K, M, K));
-        CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32I, N, M, N));
-        CB(cublasLtMatmulPreferenceCreate(&pref));
-        uint64_t wsb = ws_bytes;
-        CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
-        cublasLtMatmulHeuristicResult_t res[4];
-        int nres = 0;
-        if (cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 4, res, &nres) == CUBLAS_STATUS_SUCCESS && nres > 0) {
-          const int32_t ione = 1, izero = 0;
-          t_lt = safe_ms(timer, [&] {
-            CB(cublasLtMatmul(lt, desc, &ione, W.p, la, X.p, lb, &izero, A.p, lc, A.p, lc, &res[0].algo, ws, ws_bytes, stream));
-          }, note, "cuBLASLt int8");
-        }
-        cublasLtMatmulPreferenceDestroy(pref);
-        cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(lc);
-        cublasLtMatmulDescDestroy(desc);
-      }
+      const pc::LtGemm lt_i8(lt, pc::LtGemmKind::I8_I32, M, N, K, ws_bytes);  // int8 → int32, best heuristic
+      if (lt_i8.available())
+        t_lt = safe_ms(timer, [&] { lt_i8.run(W.p, X.p, A.p, ws, stream); }, note, "cuBLASLt int8");
+      else
+        note += lt_i8.note();
       CK(cudaStreamSynchronize(stream));
       auto T = [&](double ms) { return ms > 0 ? ops / ms / 1e9 : -1.0; };
       std::printf("M=%5d N=%5d K=%5d | mma.sync %7.1f | wgmma %8.3f ms %7.1f TOPS (BN128 %7.1f, BN256 %7.1f, i32 %7.1f) | "

@@ -2,13 +2,15 @@
 # The GPU machine's whole job in one call (the device tool gives ~30 min a session): unpack the
 # bundle built here by tools/gpu/make_bundle.sh, run every CUDA test program, perry info/run on
 # the GPU, and the end-to-end benchmarks. Everything lands in OUT (at most 8 files come back):
-#   summary.md  tests.log  perry.log  bench-*.md/json  peers.log
+#   summary.md  tests.log  perry.log  bench-*.md/json  bench-op-cuda.md/json  peers.log
 #
-#   tools/gpu/run_cuda_backend.sh OUT [tests|quick|full] [bench args...]
+#   tools/gpu/run_cuda_backend.sh OUT [tests|quick|full|ops] [bench args...]
 #     tests: tests + info/run only; quick (default): + bench llama3-8b bf16/w8a8/w4a8-g128;
-#     full: + bench llama3-8b and qwen3-8b in every mode issue 5 names.
+#     full: + bench llama3-8b and qwen3-8b in every mode issue 5 names, + the ops benchmark;
+#     ops: only `perry bench-op --device cuda` (every perry CUDA mode vs cuBLAS / cuBLASLt at the
+#       Llama-3-8B and 4B-class linear shapes): summary.md, bench-op-cuda.md, bench-op-cuda.json.
 set -uo pipefail
-OUT=${1:?usage: run_cuda_backend.sh OUT [tests|quick|full]}
+OUT=${1:?usage: run_cuda_backend.sh OUT [tests|quick|full|ops]}
 LEVEL=${2:-quick}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mkdir -p "$OUT"
@@ -33,6 +35,8 @@ say "- models present: $(ls "$ROOT/models" | tr '\n' ' ')"
 missing=$(ldd "$T/bin/perry" | grep "not found" || true)
 [ -n "$missing" ] && say "- MISSING LIBRARIES: $missing"
 
+P="$T/bin/perry"
+if [ "$LEVEL" != ops ]; then  # (steps 1 and 2; `ops` runs only the operator benchmark)
 # 1. Tests: every CUDA test program, each bounded.
 : > "$OUT/tests.log"
 say ""
@@ -48,7 +52,6 @@ grep -E '^\[  FAILED  \].*ms\)' "$OUT/tests.log" | head -30 | sed 's/^/  - /' | 
 grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -30 | sed 's/^/    /' | tee -a "$S"
 
 # 2. perry itself on the GPU: info, a short generation with the embedded model.
-P="$T/bin/perry"
 {
   echo "== perry info --device cuda"; timeout 60 "$P" info --device cuda
   echo "== perry info --device cuda --quant w8a8"; timeout 60 "$P" info --device cuda --quant w8a8
@@ -63,6 +66,7 @@ P="$T/bin/perry"
 say ""
 say "## perry on the GPU (perry.log)"
 grep -E "^\[perry\]|ppl|exit|runs on|CUDA:" "$OUT/perry.log" | head -20 | sed 's/^/    /' | tee -a "$S"
+fi
 
 # 3. Benchmarks.
 bench() {  # name preset modes...
@@ -75,11 +79,33 @@ bench() {  # name preset modes...
   cat "$OUT/bench-$name.md" 2>/dev/null | tail -n +4 >> "$S" || tail -5 "$OUT/bench-$name.log" | tee -a "$S"
   rm -f "$OUT/bench-$name.log"
 }
+# The operator benchmark: exit 0 all checks passed, 1 some row failed its output check, 2 aborted
+# (results so far written), 3 a kernel hung. An abort or crash is retried once without the
+# experimental wgmma kernel, the likeliest cause. Its markdown also goes into summary.md; in
+# `full` only the .json stays as a file (the 8-file limit).
+bench_op() {
+  local O="$OUT/bench-op-cuda" rc
+  timeout 300 "$P" bench-op --device cuda -o "$O" > "$T/bench-op.log" 2>&1
+  rc=$?
+  if [ $rc -ge 2 ] && [ $rc -ne 124 ]; then
+    say ""
+    say "## bench-op --device cuda FAILED (exit $rc); retrying with --no-wgmma"
+    tail -5 "$T/bench-op.log" | sed 's/^/    /' | tee -a "$S"
+    timeout 240 "$P" bench-op --device cuda --no-wgmma -o "$O" > "$T/bench-op.log" 2>&1
+    rc=$?
+  fi
+  say ""
+  say "## bench-op --device cuda (exit $rc)"
+  if [ -f "$O.md" ]; then tail -n +3 "$O.md" >> "$S"; else tail -20 "$T/bench-op.log" | tee -a "$S"; fi
+  [ "$LEVEL" = full ] && rm -f "$O.md"
+}
 case "$LEVEL" in
   quick) bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128 ;;
   full)
     bench llama3-8b llama3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
-    bench qwen3-8b qwen3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128 ;;
+    bench qwen3-8b qwen3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
+    bench_op ;;
+  ops) bench_op ;;
 esac
 say ""
 say "- total: $(( $(date +%s) - START )) s"

@@ -37,7 +37,7 @@ summary "- nvcc: $("$NVCC" --version 2>/dev/null | tail -1)"
 echo "== building lab ($NVCC)"
 ( cd "$ROOT" && timeout 200 "$NVCC" -std=c++17 -O3 -Isrc $GENCODE -lineinfo \
     -o "$WORK/lab_cuda_gemm_w8a8" bench/cuda/lab_gemm_w8a8.cu src/kernels/cuda/gemm_w8a8.cu \
-    src/kernels/cuda/gemm_w8a8_sm90.cu src/kernels/cuda/quantize_per_token.cu -lcublas -lcublasLt ) > "$OUT/build.log" 2>&1 &
+    src/kernels/cuda/gemm_w8a8_sm90.cu src/kernels/cuda/quantize_per_token.cu src/kernels/cuda/bench_peers.cu -lcublas -lcublasLt ) > "$OUT/build.log" 2>&1 &
 LAB_BUILD=$!
 
 # 2. In parallel, the gtest through CMake when cmake and the project's dependencies are present.

@@ -1,0 +1,21 @@
+// `perry bench-op --device cuda`: one linear layer on the GPU in every perry mode (bf16 and the
+// seven quantized modes, each with its activation quantization, as the CUDA backend runs them)
+// against cuBLAS bf16 and cuBLASLt int8 / fp8 measured in the same run, with every timed output
+// checked against a host reference. Method and output: bench_op_cuda.cpp.
+#pragma once
+#include "bench/bench_op.h"
+
+namespace perry::cuda {
+
+struct CudaBenchOpOptions {
+  bench::BenchOpOptions common;  // modes, M list, shapes, repeats, output prefix, quick
+  int device = 0;
+  bool wgmma = true;  // on sm_90, also time the experimental wgmma W8A8 GEMM (rows `w8a8-wgmma`)
+};
+
+// Prints the table, writes <out>.md / <out>.json; returns 0 when every check passed, 1 when some
+// row failed its check, 2 when the run was aborted (the results so far are still written). A
+// kernel that hangs (no progress for 20-60 s) ends the process with exit status 3, after writing.
+int run_bench_op_cuda(const CudaBenchOpOptions& o);
+
+}  // namespace perry::cuda

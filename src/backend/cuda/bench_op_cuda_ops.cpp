@@ -1,0 +1,352 @@
+// The ops of `perry bench-op --device cuda` and their host references (see bench_op_cuda_ops.h).
+#include "backend/cuda/bench_op_cuda_ops.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/gemv_quant.h"
+
+namespace perry::cuda::benchop {
+
+namespace pq = perry::quant;
+using pq::QuantMode;
+
+namespace {
+
+constexpr OpInfo kOps[] = {
+    {Op::Quantize, "quantize", Kind::Quantize, WFmt::None, QuantMode::W8A8},
+    {Op::Bf16, "bf16", Kind::Perry, WFmt::BF16, QuantMode::BF16},
+    {Op::W8A16, "w8a16", Kind::Perry, WFmt::I8, QuantMode::W8A16},
+    {Op::W4A16, "w4a16", Kind::Perry, WFmt::I4, QuantMode::W4A16},
+    {Op::W8A8, "w8a8", Kind::Perry, WFmt::I8, QuantMode::W8A8},
+    {Op::W8A8Wgmma, "w8a8-wgmma", Kind::Perry, WFmt::I8, QuantMode::W8A8},
+    {Op::W8A8G128, "w8a8-g128", Kind::Perry, WFmt::I8, QuantMode::W8A8_G128},
+    {Op::W8A8G64, "w8a8-g64", Kind::Perry, WFmt::I8, QuantMode::W8A8_G64},
+    {Op::W4A8, "w4a8", Kind::Perry, WFmt::I4, QuantMode::W4A8},
+    {Op::W4A8G128, "w4a8-g128", Kind::Perry, WFmt::I4, QuantMode::W4A8_G128},
+    {Op::CublasBf16, "cublas-bf16", Kind::Peer, WFmt::BF16, QuantMode::BF16},
+    {Op::LtI8I32, "cublaslt-i8-i32", Kind::Peer, WFmt::I8, QuantMode::BF16},
+    {Op::LtI8I8, "cublaslt-i8-i8", Kind::Peer, WFmt::I8, QuantMode::BF16},
+    {Op::LtE4M3, "cublaslt-e4m3-bf16", Kind::Peer, WFmt::E4M3, QuantMode::BF16},
+};
+
+const LtGemm& lt_of(Op op, const OpContext& c) {
+  const LtGemm* g = op == Op::LtI8I32 ? c.lt_i8_i32 : op == Op::LtI8I8 ? c.lt_i8_i8 : c.lt_e4m3;
+  PERRY_CHECK(g != nullptr, "bench-op: no cuBLASLt matmul prepared for {}", op_info(op).name);
+  return *g;
+}
+
+int weight_q(WFmt fmt, const uint8_t* row, int k) {
+  if (fmt == WFmt::I4) {
+    const uint8_t b = row[k / 2];
+    return (k & 1) ? int(int8_t(b)) >> 4 : int(int8_t(uint8_t(b << 4))) >> 4;
+  }
+  return int8_t(row[k]);
+}
+
+}  // namespace
+
+const OpInfo& op_info(Op op) {
+  for (const OpInfo& i : kOps)
+    if (i.op == op) return i;
+  fail("bench-op: unknown op {}", int(op));
+}
+
+Op perry_op(QuantMode mode) {
+  for (const OpInfo& i : kOps)
+    if (i.kind == Kind::Perry && i.mode == mode && i.op != Op::W8A8Wgmma) return i.op;
+  fail("bench-op: no CUDA op for mode {}", pq::quant_mode_name(mode));
+}
+
+bool has_weight_scales(Op op) { return op_info(op).kind == Kind::Perry && op != Op::Bf16; }
+
+bool reads_int8_activations(Op op) {
+  if (op == Op::LtI8I32 || op == Op::LtI8I8 || op == Op::Quantize) return true;
+  return has_weight_scales(op) && pq::quant_scheme(op_info(op).mode).int8_activations;
+}
+
+int scale_group(Op op) { return has_weight_scales(op) ? pq::quant_scheme(op_info(op).mode).group_size : 0; }
+
+DType output_dtype(Op op) {
+  switch (op) {
+    case Op::Quantize: return DType::I8;
+    case Op::CublasBf16:
+    case Op::LtE4M3: return DType::BF16;
+    case Op::LtI8I32: return DType::I32;
+    case Op::LtI8I8: return DType::I8;
+    default: return DType::F32;
+  }
+}
+
+size_t weight_row_bytes(WFmt fmt, int K) {
+  switch (fmt) {
+    case WFmt::BF16: return size_t(K) * 2;
+    case WFmt::I4: return (size_t(K) + 1) / 2;
+    case WFmt::None: return 0;
+    default: return size_t(K);
+  }
+}
+
+void sync_or_hang(cudaStream_t stream, double seconds, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) throw_cuda("bench-op: " + what, e);
+    if (std::chrono::steady_clock::now() > deadline)
+      throw HangError(fmt::format("bench-op: {} did not finish within {:.0f} s (a hung kernel?)", what, seconds));
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
+  const int M = a.M, N = a.N, K = a.K;
+  switch (op) {
+    case Op::Quantize: quantize_per_token(a.x, DType::BF16, M, K, a.xq, a.sa, c.stream); return;
+    case Op::Bf16:
+      cublas_gemm_bf16(c.blas, static_cast<const uint16_t*>(a.w), a.x, a.y, DType::F32, M, N, K);
+      return;
+    case Op::CublasBf16:
+      cublas_gemm_bf16(c.blas, static_cast<const uint16_t*>(a.w), a.x, a.y, DType::BF16, M, N, K);
+      return;
+    case Op::LtI8I32:
+    case Op::LtI8I8: lt_of(op, c).run(a.w, a.xq, a.y, c.lt_workspace, c.stream); return;
+    case Op::LtE4M3: lt_of(op, c).run(a.w, a.x8, a.y, c.lt_workspace, c.stream); return;
+    default: break;
+  }
+  // perry's quantized linear, the dispatch of CudaLinear::forward (no bias).
+  const QuantMode mode = op_info(op).mode;
+  const pq::QuantScheme sc = pq::quant_scheme(mode);
+  float* y = static_cast<float*>(a.y);
+  if (sc.int8_activations) {
+    if (quantize) quantize_per_token(a.x, DType::BF16, M, K, a.xq, a.sa, c.stream);
+    if (M <= kGemvQuantMaxM)
+      gemv_quant(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, M, N, K, c.stream);
+    else if (op == Op::W8A8Wgmma)
+      gemm_w8a8_wgmma(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
+    else if (mode == QuantMode::W8A8)
+      gemm_w8a8(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
+    else
+      gemm_quant(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
+    return;
+  }
+  if (M <= kGemvQuantMaxM) {
+    gemv_quant(mode, a.x, nullptr, a.w, a.scales, nullptr, y, M, N, K, c.stream);
+    return;
+  }
+  PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the dequantization scratch", op_info(op).name);
+  dequantize_weight_bf16(a.w, a.scales, sc.weight_bits, sc.group_size, N, K, c.dequant_scratch, c.stream);
+  cublas_gemm_bf16(c.blas, c.dequant_scratch, a.x, y, DType::F32, M, N, K);
+}
+
+std::string kernel_name(Op op, int M, const OpContext& c) {
+  switch (op) {
+    case Op::Quantize: return "quantize_per_token (bf16 in)";
+    case Op::Bf16: return "cublasGemmEx bf16->f32";
+    case Op::CublasBf16: return "cublasGemmEx bf16->bf16";
+    case Op::LtI8I32:
+    case Op::LtI8I8:
+    case Op::LtE4M3: return lt_of(op, c).note();
+    default: break;
+  }
+  const QuantMode mode = op_info(op).mode;
+  if (!pq::quant_scheme(mode).int8_activations)
+    return M <= kGemvQuantMaxM ? "gemv_quant" : "dequantize_weight_bf16 + cublasGemmEx bf16->f32";
+  std::string gemm = M <= kGemvQuantMaxM    ? "gemv_quant"
+                     : op == Op::W8A8Wgmma  ? "gemm_w8a8_wgmma (experimental)"
+                     : mode == QuantMode::W8A8 ? std::string("gemm_w8a8 ") + gemm_w8a8_kernel_name()
+                                               : "gemm_quant";
+  return "quantize_per_token + " + gemm;
+}
+
+double e4m3_to_double(uint8_t b) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<double>::quiet_NaN();
+  const double v = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return (b & 0x80) ? -v : v;
+}
+
+double reference(Op op, const HostRow& w, const HostAct& x, int K, float lt_alpha) {
+  const WFmt fmt = op_info(op).fmt;
+  double s = 0;
+  if (fmt == WFmt::BF16) {
+    const auto* wb = reinterpret_cast<const uint16_t*>(w.w);
+    for (int k = 0; k < K; ++k) s += double(x.x[k]) * double(bf16_to_f32(wb[k]));
+    return s;
+  }
+  if (fmt == WFmt::E4M3) {
+    for (int k = 0; k < K; ++k) s += e4m3_to_double(x.x8[k]) * e4m3_to_double(w.w[k]);
+    return s;
+  }
+  if (op == Op::LtI8I32 || op == Op::LtI8I8) {
+    int64_t acc = 0;
+    for (int k = 0; k < K; ++k) acc += int64_t(x.xq[k]) * weight_q(fmt, w.w, k);
+    if (op == Op::LtI8I32) return double(acc);
+    return std::clamp(std::nearbyint(double(lt_alpha) * double(acc)), -128.0, 127.0);
+  }
+  // perry's quantized modes: Σ_g scale[g] · Σ_{k in g} x·q (int64 for int8 activations, × sa).
+  const int gs = scale_group(op) > 0 ? scale_group(op) : K;
+  const bool a8 = reads_int8_activations(op);
+  for (int g = 0, k0 = 0; k0 < K; ++g, k0 += gs) {
+    const int k1 = std::min(K, k0 + gs);
+    double part = 0;
+    if (a8) {
+      int64_t acc = 0;
+      for (int k = k0; k < k1; ++k) acc += int64_t(x.xq[k]) * weight_q(fmt, w.w, k);
+      part = double(acc);
+    } else {
+      for (int k = k0; k < k1; ++k) part += double(x.x[k]) * weight_q(fmt, w.w, k);
+    }
+    s += double(w.scales[g]) * part;
+  }
+  return a8 ? s * double(x.sa) : s;
+}
+
+double output_value(Op op, const void* row, int n) {
+  switch (output_dtype(op)) {
+    case DType::F32: return static_cast<const float*>(row)[n];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(row)[n]);
+    case DType::I32: return static_cast<const int32_t*>(row)[n];
+    case DType::I8: return static_cast<const int8_t*>(row)[n];
+    default: fail("bench-op: unexpected output dtype");
+  }
+}
+
+Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& ref) {
+  Verdict v;
+  double ss = 0, maxdiff = 0;
+  bool finite = true;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ss += ref[i] * ref[i];
+    const double d = std::fabs(got[i] - ref[i]);
+    if (!std::isfinite(got[i]) || !std::isfinite(d)) finite = false;
+    else maxdiff = std::max(maxdiff, d);
+  }
+  const double rms = std::sqrt(ss / double(std::max<size_t>(1, ref.size())));
+  v.err = !finite ? std::numeric_limits<double>::infinity() : rms > 0 ? maxdiff / rms : maxdiff;
+  const DType out = output_dtype(op);
+  if (out == DType::I32 || out == DType::I8) {
+    const double tol = out == DType::I32 ? 0.0 : 1.0;
+    v.ok = finite && maxdiff <= tol;
+    v.what = fmt::format("max |diff| {} (allowed {})", maxdiff, tol);
+  } else {
+    v.ok = finite && v.err <= kErrLimit;
+    v.what = fmt::format("max err {:.2g} of rms (limit {:.0e})", v.err, kErrLimit);
+  }
+  if (rms == 0 && out != DType::I32 && out != DType::I8) {  // an all-zero reference proves nothing
+    v.ok = false;
+    v.what += ", reference is all zeros";
+  }
+  if (!v.ok) v.what = "FAIL: " + v.what;
+  return v;
+}
+
+std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool& pool, cudaStream_t stream,
+                                         cublasHandle_t blas) {
+  constexpr int N = 384, K = 1024, Mmax = 100;
+  const int Ms[] = {1, 5, 8, 16, 100};
+  std::mt19937 rng(20260512);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> w(size_t(N) * K), x(size_t(Mmax) * K);
+  for (auto& v : w) v = 0.02f * nd(rng);
+  std::vector<uint16_t> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    xb[i] = f32_to_bf16(nd(rng));
+    x[i] = bf16_to_f32(xb[i]);  // what every kernel sees
+  }
+  // Per-token quantization of the bf16 rows on the host (the rule quantize_per_token follows).
+  std::vector<int8_t> xq(x.size());
+  std::vector<float> sa(Mmax);
+  for (int m = 0; m < Mmax; ++m) sa[m] = pq::quantize_row_ref(&x[size_t(m) * K], K, &xq[size_t(m) * K]);
+
+  DeviceBuffer dx(pool, xb.size() * 2, "bench-op check x"), dxq(pool, xq.size(), "bench-op check xq"),
+      dsa(pool, Mmax * 4, "bench-op check sa"), dy(pool, size_t(Mmax) * N * 4, "bench-op check y"),
+      dw(pool, size_t(N) * K * 2, "bench-op check weights"), ds(pool, size_t(N) * K / 16 * 4, "bench-op check scales"),
+      scratch(pool, size_t(N) * K * 2, "bench-op check scratch");
+  copy_to_device(dx.get(), xb.data(), xb.size() * 2);
+  OpContext ctx;
+  ctx.stream = stream;
+  ctx.blas = blas;
+  ctx.dequant_scratch = scratch.get<uint16_t>();
+
+  std::vector<StartupCheck> out;
+  for (Op op : ops) {
+    if (op_info(op).kind != Kind::Perry) continue;
+    // The weights as perry's CPU quantizer writes them, and what they stand for (q·scale).
+    std::vector<float> deq;
+    if (op == Op::Bf16) {
+      std::vector<uint16_t> wb(w.size());
+      deq.resize(w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        wb[i] = f32_to_bf16(w[i]);
+        deq[i] = bf16_to_f32(wb[i]);
+      }
+      copy_to_device(dw.get(), wb.data(), wb.size() * 2);
+    } else {
+      const pq::QuantizedWeight qw = pq::quantize_weight(w.data(), N, K, op_info(op).mode);
+      PERRY_CHECK(qw.scales.size() * 4 <= ds.bytes(), "bench-op check: scales larger than expected");
+      copy_to_device(dw.get(), qw.qweight.data(), qw.qweight.size());
+      copy_to_device(ds.get(), qw.scales.data(), qw.scales.size() * 4);
+      deq = pq::dequantize_weight(qw);
+    }
+    const bool a8 = reads_int8_activations(op);
+    for (int M : Ms) {
+      if (op == Op::W8A8Wgmma && M <= kGemvQuantMaxM) continue;  // the wgmma row exists for M > 8 only
+      StartupCheck c;
+      c.op = op_info(op).name;
+      c.M = M;
+      try {
+        OpArgs a{dw.get(), ds.get<float>(), dx.get<uint16_t>(), dxq.get<int8_t>(), dsa.get<float>(), nullptr,
+                 dy.get(), M, N, K};
+        PERRY_CUDA_CHECK(cudaMemsetAsync(dy.get(), 0xff, dy.bytes(), stream));  // NaN: unwritten outputs fail
+        run_op(op, a, true, ctx);
+        sync_or_hang(stream, 20, fmt::format("the startup check of {} (M={})", c.op, M));
+        std::vector<float> y(size_t(M) * N);
+        PERRY_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
+        std::vector<double> got(y.begin(), y.end()), ref(y.size()), ref_float(y.size());
+        for (int m = 0; m < M; ++m)
+          for (int n = 0; n < N; ++n) {
+            double s = 0, sf = 0;
+            const float* xr = &x[size_t(m) * K];
+            const int8_t* qr = &xq[size_t(m) * K];
+            const float* dr = &deq[size_t(n) * K];
+            const float* wr = &w[size_t(n) * K];
+            for (int k = 0; k < K; ++k) {
+              s += double(dr[k]) * (a8 ? double(qr[k]) : double(xr[k]));
+              sf += double(wr[k]) * double(xr[k]);
+            }
+            ref[size_t(m) * N + n] = a8 ? s * sa[m] : s;
+            ref_float[size_t(m) * N + n] = sf;
+          }
+        c.verdict = judge(op, got, ref);
+        c.err_float = judge(op, got, ref_float).err;
+      } catch (const HangError&) {
+        throw;
+      } catch (const Error& e) {
+        c.verdict.ok = false;
+        c.verdict.err = std::numeric_limits<double>::infinity();
+        c.verdict.what = std::string("FAIL: ") + e.what();
+        // A fault leaves the CUDA context unusable: nothing after it could be trusted.
+        const cudaError_t sticky = cudaDeviceSynchronize();
+        if (sticky != cudaSuccess)
+          fail("bench-op: the CUDA context is broken after checking {} (M={}): {}; rerun without it (--modes, "
+               "--no-wgmma)",
+               c.op, M, cudaGetErrorString(sticky));
+        cudaGetLastError();
+      }
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace perry::cuda::benchop

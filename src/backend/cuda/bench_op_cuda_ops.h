@@ -1,0 +1,133 @@
+// The operations `perry bench-op --device cuda` times, one call each: perry's linear layer in
+// every mode exactly as CudaLinear::forward (cuda_linear.cpp) runs it, the activation
+// quantization on its own, and the library peers (bench_peers.h); plus their host references,
+// used to check the timed outputs so that a broken kernel cannot post a fast time.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device_memory.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/cuda/bench_peers.h"
+#include "quant/quant.h"
+
+namespace perry::cuda::benchop {
+
+enum class Op : uint8_t {
+  Quantize,  // quantize_per_token of the bf16 activation, alone
+  Bf16, W8A16, W4A16, W8A8, W8A8Wgmma, W8A8G128, W8A8G64, W4A8, W4A8G128,  // perry
+  CublasBf16, LtI8I32, LtI8I8, LtE4M3,                                      // peers
+};
+enum class Kind : uint8_t { Quantize, Perry, Peer };
+enum class WFmt : uint8_t { None, BF16, I8, I4, E4M3 };  // how the op's weight is stored
+
+struct OpInfo {
+  Op op;
+  const char* name;  // the row name: "w8a8-g128", "cublaslt-i8-i32", ...
+  Kind kind;
+  WFmt fmt;
+  quant::QuantMode mode;  // perry ops: the mode; others: unused (BF16)
+};
+const OpInfo& op_info(Op op);
+// The perry op of a quantized mode.
+Op perry_op(quant::QuantMode mode);
+// perry's quantized modes: weights with scales [N, G] in the layout of scale_group(op).
+bool has_weight_scales(Op op);
+// Int8 per-token activations (the W*A8 modes, the cuBLASLt int8 peers).
+bool reads_int8_activations(Op op);
+// Group size of the op's weight scales: 0 = per channel (or no scales: float and fp8 weights).
+int scale_group(Op op);
+DType output_dtype(Op op);
+// Bytes of the weight row of `fmt` for K inputs.
+size_t weight_row_bytes(WFmt fmt, int K);
+
+// Device pointers of one call. Every op reads the bf16 activation x [M, K] or what is derived
+// from it: xq / sa (written by the W*A8 ops' quantization step, read by the cuBLASLt int8 peers)
+// and x8 (e4m3, the fp8 peer). y [M, N] in output_dtype(op).
+struct OpArgs {
+  const void* w = nullptr;
+  const float* scales = nullptr;  // [N, G] in the op's scale layout (quantized modes)
+  const uint16_t* x = nullptr;
+  int8_t* xq = nullptr;
+  float* sa = nullptr;
+  const uint8_t* x8 = nullptr;
+  void* y = nullptr;
+  int M = 0, N = 0, K = 0;
+};
+
+struct OpContext {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;       // set to `stream`
+  uint16_t* dequant_scratch = nullptr;  // bf16 [N, K] (w8a16 / w4a16 at M > 8)
+  void* lt_workspace = nullptr;
+  const LtGemm* lt_i8_i32 = nullptr;
+  const LtGemm* lt_i8_i8 = nullptr;
+  const LtGemm* lt_e4m3 = nullptr;
+};
+
+// Waits for `stream` like cudaStreamSynchronize, but gives up after `seconds`: a kernel that
+// hangs (an experimental one waiting on a barrier forever) then throws HangError naming `what`.
+// After a HangError the process cannot clean up CUDA (that would wait forever): write what you
+// have and std::_Exit.
+struct HangError : Error {
+  using Error::Error;
+};
+void sync_or_hang(cudaStream_t stream, double seconds, const std::string& what);
+
+// One call on ctx.stream. quantize = false: the W*A8 ops skip their activation quantization
+// (the GEMM alone, reading xq / sa as they are).
+void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& ctx);
+// Which kernels run_op launches for M rows.
+std::string kernel_name(Op op, int M, const OpContext& ctx);
+
+// One weight row on the host (copied from the device): the raw row bytes in the op's format and
+// the row's scales (G of them; none for float / fp8 / the int8 peers).
+struct HostRow {
+  const uint8_t* w = nullptr;
+  const float* scales = nullptr;
+};
+// Activation row m on the host: x as floats (the bf16 values), its per-token quantization
+// (quant::quantize_row_ref), the e4m3 bytes.
+struct HostAct {
+  const float* x = nullptr;
+  const int8_t* xq = nullptr;
+  float sa = 0;
+  const uint8_t* x8 = nullptr;
+};
+// The exact result of output element (m, n) in float64 (the int8 peers: the integer result; the
+// int8-output peer: its saturated rounding of alpha·acc).
+double reference(Op op, const HostRow& w, const HostAct& x, int K, float lt_alpha);
+double e4m3_to_double(uint8_t b);
+// Element n of a downloaded output row of output_dtype(op).
+double output_value(Op op, const void* row, int n);
+
+// Output check: err = max |got − ref| / rms(ref) over the compared elements (NaN/inf → inf).
+// Integer outputs must match exactly (int32) or within 1 (int8, rounding mode); float outputs
+// need err <= kErrLimit (bf16 output rounding is ~0.004 of the largest values).
+constexpr double kErrLimit = 3e-2;
+struct Verdict {
+  bool ok = true;
+  double err = 0;
+  std::string what;  // "max err 2.1e-07" / "FAIL ..."
+};
+Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& ref);
+
+// The startup check: every perry op in `ops` at N = 384, K = 1024, M in {1, 5, 8, 16, 100}, with
+// weights from quant::quantize_weight (perry's CPU quantizer), against float64 of the mode's math
+// (quant::dequantize_weight, quant::quantize_row_ref); the error against the unquantized float
+// product is reported alongside (the mode's quantization error, information only).
+struct StartupCheck {
+  std::string op;
+  int M = 0;
+  Verdict verdict;
+  double err_float = 0;
+};
+std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool& pool, cudaStream_t stream,
+                                         cublasHandle_t blas);
+
+}  // namespace perry::cuda::benchop
