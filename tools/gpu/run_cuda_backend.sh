@@ -2,15 +2,19 @@
 # The GPU machine's whole job in one call (the device tool gives ~30 min a session): unpack the
 # bundle built here by tools/gpu/make_bundle.sh, run every CUDA test program, perry info/run on
 # the GPU, and the end-to-end benchmarks. Everything lands in OUT (at most 8 files come back):
-#   summary.md  tests.log  perry.log  bench-*.md/json  bench-op-cuda.md/json  peers.log
+#   summary.md  tests.log  perry.log  bench-*.md/json  bench-op-cuda.md/json  peers-transformers.md
 #
-#   tools/gpu/run_cuda_backend.sh OUT [tests|quick|full|ops] [bench args...]
+#   tools/gpu/run_cuda_backend.sh OUT [tests|quick|full|ops|peers] [bench args...]
 #     tests: tests + info/run only; quick (default): + bench llama3-8b bf16/w8a8/w4a8-g128;
 #     full: + bench llama3-8b and qwen3-8b in every mode issue 5 names, + the ops benchmark;
 #     ops: only `perry bench-op --device cuda` (every perry CUDA mode vs cuBLAS / cuBLASLt at the
 #       Llama-3-8B and 4B-class linear shapes): summary.md, bench-op-cuda.md, bench-op-cuda.json.
+#     peers: no tests; bench llama3-8b bf16/w8a8/w4a8-g128, then Hugging Face transformers bf16
+#       (sdpa) on the same weights (`perry export` to /tmp, tools/gpu/peer_transformers.py, export
+#       deleted): summary.md, bench-llama3-8b.md/json, peers-transformers.md. In `full` the peer's
+#       table goes into summary.md only (the 8-file limit).
 set -uo pipefail
-OUT=${1:?usage: run_cuda_backend.sh OUT [tests|quick|full|ops]}
+OUT=${1:?usage: run_cuda_backend.sh OUT [tests|quick|full|ops|peers]}
 LEVEL=${2:-quick}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mkdir -p "$OUT"
@@ -36,7 +40,7 @@ missing=$(ldd "$T/bin/perry" | grep "not found" || true)
 [ -n "$missing" ] && say "- MISSING LIBRARIES: $missing"
 
 P="$T/bin/perry"
-if [ "$LEVEL" != ops ]; then  # (steps 1 and 2; `ops` runs only the operator benchmark)
+if [ "$LEVEL" != ops ] && [ "$LEVEL" != peers ]; then  # (steps 1 and 2; `ops`, `peers` skip them)
 # 1. Tests: every CUDA test program, each bounded.
 : > "$OUT/tests.log"
 say ""
@@ -99,13 +103,54 @@ bench_op() {
   if [ -f "$O.md" ]; then tail -n +3 "$O.md" >> "$S"; else tail -20 "$T/bench-op.log" | tee -a "$S"; fi
   [ "$LEVEL" = full ] && rm -f "$O.md"
 }
+# The peer on the same weights: perry's synthetic preset written as a Hugging Face checkpoint
+# (16 GB for llama3-8b, in /tmp; the disk is 64 GB), transformers bf16 + SDPA measured the way
+# perry bench measures, then the checkpoint deleted. perry's greedy ids for `perry run --synthetic`'s
+# prompt go along: both engines run the same weights, so the report says how far they agree.
+peer_transformers() {  # preset
+  local preset=$1 X="$T/hf-$1" L="$T/peers-transformers.log" R="$T/peers-transformers" rc ids free
+  say ""
+  say "## peer: transformers bf16 (sdpa) on synthetic $preset, the same weights"
+  if ! python3 -c "import torch, transformers, safetensors" > "$L" 2>&1; then
+    say "- skipped: python3 cannot import torch, transformers, safetensors: $(tail -1 "$L")"
+    return
+  fi
+  free=$(df -Pk /tmp | awk 'NR==2 {print int($4 / 1048576)}')
+  if [ "${free:-0}" -lt 24 ]; then
+    say "- skipped: only ${free:-?} GiB free in /tmp (the export needs ~16)"
+    return
+  fi
+  rm -rf "$X"
+  timeout 300 "$P" export --synthetic "$preset" -o "$X" >> "$L" 2>&1
+  rc=$?
+  say "- perry export: exit $rc; $(grep '^exported' "$L" | tail -1)"
+  if [ $rc -eq 0 ]; then
+    ids=$(timeout 180 "$P" run --device cuda --synthetic "$preset" --prompt-tokens 128 -n 8 2>>"$L" |
+          sed -n 's/^generated ids: *//p')
+    say "- perry greedy ids (bf16, cuda): ${ids:-none}"
+    PYTHONUNBUFFERED=1 timeout 360 python3 "$ROOT/tools/gpu/peer_transformers.py" "$X" "$R" \
+      --prompts 512 2048 8192 --decode 32 --batch 1 16 --repeats 3 --perry-ids "$ids" >> "$L" 2>&1
+    rc=$?
+    say "- peer_transformers.py: exit $rc"
+  fi
+  rm -rf "$X"
+  if [ -f "$R.md" ]; then echo >> "$S"; tail -n +3 "$R.md" >> "$S"; else tail -15 "$L" | sed 's/^/    /' | tee -a "$S"; fi
+  if [ "$LEVEL" = peers ]; then  # the log up to the report it prints at the end
+    { cat "$R.md" 2>/dev/null; echo; echo "## log"; echo '```'; sed '/^# transformers bench/,$d' "$L" | tail -60; echo '```'
+      echo; echo "## json"; echo '```json'; cat "$R.json" 2>/dev/null; echo '```'; } > "$OUT/peers-transformers.md"
+  fi
+}
 case "$LEVEL" in
   quick) bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128 ;;
   full)
     bench llama3-8b llama3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
     bench qwen3-8b qwen3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
-    bench_op ;;
+    bench_op
+    peer_transformers llama3-8b ;;
   ops) bench_op ;;
+  peers)
+    bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128
+    peer_transformers llama3-8b ;;
 esac
 say ""
 say "- total: $(( $(date +%s) - START )) s"
