@@ -73,6 +73,8 @@ Command register_bench(CLI::App& root) {
       margs.quant = mode;
       LoadedModel lm = load_model(margs, false);
       model::Model& model = *lm.model;
+      std::fprintf(stderr, "[bench] %s: loaded in %.1f s (%s)\n", mode.c_str(), lm.load_seconds,
+                   model.device_name().c_str());
       device = model.device_name();
       const int64_t vocab = model.config().vocab_size, maxpos = model.config().max_position_embeddings;
       const int64_t maxp = *std::max_element(a->prompts.begin(), a->prompts.end());
@@ -115,6 +117,15 @@ Command register_bench(CLI::App& root) {
         }
         // TTFT = the prompt's forward passes up to the first token's logits on the host.
         report("prefill", P, double(P) / median(pre), median(pre) * 1e3);
+#ifdef PERRY_HAVE_CUDA
+        if (model.backend() && P <= chunk) {
+          const double lin = cuda::cuda_linears_ms(model.backend(), int(P));
+          std::printf("%-10s %-14s %7lld %12s %10.2f   (linears alone; %.1f%% of the prefill is outside them)\n",
+                      mode.c_str(), "  linears", (long long)P, "", lin, 100.0 * (1.0 - lin / (median(pre) * 1e3)));
+          md << "| " << mode << " | linears alone | " << P << " | | " << fmt::format("{:.2f}", lin) << " | | |\n";
+          results.push_back({{"mode", mode}, {"what", "linears"}, {"tokens", P}, {"ms", lin}});
+        }
+#endif
       }
       for (int64_t B : a->batches) {
         std::vector<double> dec;

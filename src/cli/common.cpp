@@ -43,6 +43,9 @@ void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic) {
   app->add_option("--calib-tokens", a->calib_tokens, "Tokens of --calib text to run (default 32768)");
   app->add_flag("--reference-kernels", a->reference_kernels,
                 "Run the scalar reference kernels instead of the AVX-512/AVX2 ones (slow; for checking results)");
+  app->add_flag("--no-cuda-graphs", a->no_cuda_graphs,
+                "With --device cuda: launch every kernel of a decode step instead of replaying the step as a "
+                "recorded CUDA graph (to measure the launch overhead the graph removes)");
   app->add_option("-t,--threads", a->threads, "CPU threads (default: all cores, or $PERRY_THREADS)");
   app->add_option("--device", a->device,
                   "Where the model runs: cpu (default), cuda (GPU 0) or cuda:N. The model is loaded (and "
@@ -185,6 +188,7 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
     ProgressBar up("uploading to " + a.device);
     cuda::CudaBackendOptions co;
     co.device = *device;
+    co.cuda_graphs = !a.no_cuda_graphs;
     lm.model->set_backend(cuda::make_cuda_backend(
         *lm.model, co, [&](int64_t d, int64_t t, const std::string& w) { up.update(d, t, w); }));
     up.finish();

@@ -25,6 +25,7 @@ struct ModelArgs {
   std::string calib;        // --calib FILE
   int64_t calib_tokens = 32768;
   bool reference_kernels = false;  // --reference-kernels
+  bool no_cuda_graphs = false;     // --no-cuda-graphs
 };
 
 void add_model_flags(CLI::App* app, ModelArgs* a, bool allow_synthetic = true);

@@ -5,7 +5,11 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/device_memory.h"
@@ -24,7 +28,12 @@ namespace {
 struct DeviceKv {
   DeviceBuffer k, v;
   size_t layer_elems = 0;
+  uint64_t id = 0;  // unique per allocation: recorded CUDA graphs are keyed by it, not by address
 };
+uint64_t next_kv_id() {
+  static std::atomic<uint64_t> n{0};
+  return ++n;
+}
 
 template <typename T>
 DeviceBuffer upload_vector(DevicePool& pool, const std::vector<T>& v, const std::string& what) {
@@ -45,12 +54,23 @@ class CudaBackend final : public model::ForwardBackend {
   int64_t preferred_prefill_chunk() const override { return 8192; }
   void synchronize() override { PERRY_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   size_t peak_memory() const { return pool_.peak(); }
+  double linears_ms(int M);
 
  private:
   struct Layer {
     DeviceBuffer in_norm, post_norm, q_norm, k_norm;
     CudaLinear q, k, v, o, gate_up, down;
   };
+  // One forward pass as the kernels see it (the host-side batch description is in meta_).
+  struct Step {
+    int M = 0, n_seqs = 0, out_rows = 0, max_new = 0, max_ctx = 0, cap = 0;
+    bool decode = true;
+    const DeviceKv* kv = nullptr;
+    std::vector<std::pair<int, int>> gather;  // (first row, rows) runs of wanted rows; empty = all of x
+  };
+  void enqueue(const Step& st);
+  void run_graph(const Step& st);
+  void clear_graphs();
   DeviceKv& device_kv(model::KvCache& cache);
   void ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx);
   ActOut act_out();            // where a norm / SwiGLU writes the next linear's input
@@ -59,6 +79,12 @@ class CudaBackend final : public model::ForwardBackend {
 
   const model::Model& model_;
   const io::ModelConfig& cfg_;
+  CudaBackendOptions opts_;
+  // Recorded decode steps by (batch rows, context bucket, KV storage); null = seen once, not yet
+  // recorded. Invalidated when a scratch buffer is reallocated (scratch_gen_ moves).
+  using GraphKey = std::tuple<int, int, uint64_t>;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
+  uint64_t scratch_gen_ = 0, graph_gen_ = 0;
   DevicePool pool_;
   cudaStream_t stream_ = nullptr;
   LinearContext lctx_;
@@ -81,7 +107,7 @@ class CudaBackend final : public model::ForwardBackend {
 
 CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
                          const std::function<void(int64_t, int64_t, const std::string&)>& progress)
-    : model_(m), cfg_(m.config()), pool_(o.device), act_fmt_(input_format(m.mode())) {
+    : model_(m), cfg_(m.config()), opts_(o), pool_(o.device), act_fmt_(input_format(m.mode())) {
   name_ = fmt::format("cuda:{} ({})", o.device, describe_device(o.device));
   PERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   check_cublas(cublasCreate(&lctx_.cublas), "cublasCreate");
@@ -138,6 +164,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  clear_graphs();
   if (lctx_.cublas) cublasDestroy(lctx_.cublas);
   if (host_logits_) cudaFreeHost(host_logits_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -146,6 +173,7 @@ CudaBackend::~CudaBackend() {
 DeviceKv& CudaBackend::device_kv(model::KvCache& cache) {
   if (!cache.backend_state()) {
     auto kv = std::make_shared<DeviceKv>();
+    kv->id = next_kv_id();
     kv->layer_elems = size_t(cache.n_slots()) * size_t(cache.n_kv_heads()) * size_t(cache.capacity()) *
                       size_t(cache.head_dim());
     const size_t bytes = kv->layer_elems * size_t(cache.n_layers()) * 2;
@@ -177,6 +205,7 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     delta_.ensure(pool_, m * H * 4, "layer outputs");
     gu_.ensure(pool_, m * 2 * I * 4, "MLP gate|up");
     scratch_m_ = M;
+    ++scratch_gen_;
   }
   if (out_rows > scratch_rows_) {
     xlast_.ensure(pool_, size_t(out_rows) * H * 4, "final hidden states");
@@ -186,6 +215,7 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     PERRY_CUDA_CHECK(cudaMallocHost(&host_logits_, hb));
     host_logits_bytes_ = hb;
     scratch_rows_ = out_rows;
+    ++scratch_gen_;
     // The final norm writes the lm_head input for out_rows rows: make sure it fits.
     if (out_rows > scratch_m_) ensure_scratch(out_rows, 0, 0, 0);
   }
@@ -193,9 +223,13 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
   if (ws > attn_ws_bytes_) {
     attn_ws_.ensure(pool_, ws, "attention workspace");
     attn_ws_bytes_ = ws;
+    ++scratch_gen_;
   }
   const size_t meta = size_t(scratch_m_) * 8 + size_t(std::max(n_seqs, scratch_seqs_)) * sizeof(AttnSeq) + 64;
-  if (meta > meta_.bytes()) meta_.ensure(pool_, meta, "batch metadata");
+  if (meta > meta_.bytes()) {
+    meta_.ensure(pool_, meta, "batch metadata");
+    ++scratch_gen_;
+  }
   scratch_seqs_ = std::max(scratch_seqs_, n_seqs);
 }
 
@@ -218,24 +252,40 @@ void CudaBackend::to_linear_input(const float* x, int M, int K) {
 }
 
 void CudaBackend::forward(const std::vector<model::SeqInput>& batch, model::KvCache& cache, std::vector<float>& logits) {
-  const int H = int(cfg_.hidden_size), Q = int(cfg_.q_dim()), KV = int(cfg_.kv_dim()), I = int(cfg_.intermediate_size);
-  const int nh = int(cfg_.num_heads), nkv = int(cfg_.num_kv_heads), hd = int(cfg_.head_dim);
   const int V = int(cfg_.vocab_size);
   const int n_seqs = int(batch.size());
-  int M = 0, out_rows = 0, max_ctx = 0, max_new = 0;
-  bool decode = true;
+  Step st;
+  st.n_seqs = n_seqs;
+  st.cap = int(cache.capacity());
+  bool rows_in_order = true;
   for (const model::SeqInput& s : batch) {
-    M += int(s.n_tokens);
-    out_rows += s.all_logits ? int(s.n_tokens) : 1;
-    max_ctx = std::max(max_ctx, int(cache.length(s.slot) + s.n_tokens));
-    max_new = std::max(max_new, int(s.n_tokens));
-    decode &= s.n_tokens == 1;
     PERRY_CHECK(s.slot >= 0 && s.slot < cache.n_slots(), "KV cache slot {} out of range", s.slot);
+    const int first = s.all_logits ? st.M : st.M + int(s.n_tokens) - 1;
+    const int n = s.all_logits ? int(s.n_tokens) : 1;
+    rows_in_order &= first == st.out_rows;
+    st.gather.push_back({first, n});
+    st.M += int(s.n_tokens);
+    st.out_rows += n;
+    st.max_ctx = std::max(st.max_ctx, int(cache.length(s.slot) + s.n_tokens));
+    st.max_new = std::max(st.max_new, int(s.n_tokens));
+    st.decode &= s.n_tokens == 1;
   }
-  DeviceKv& kv = device_kv(cache);
-  ensure_scratch(M, out_rows, n_seqs, max_ctx);
+  // Every row wanted, in order (decode, or perplexity windows): the final norm reads x directly.
+  if (rows_in_order && st.out_rows == st.M) st.gather.clear();
+  // Decode steps replay a CUDA graph: the launch configuration may depend only on (batch size,
+  // context bucket), so attention gets the context rounded up to a power of two (its blocks past
+  // a sequence's real length exit at once).
+  const bool graph = opts_.cuda_graphs && st.decode;
+  if (graph) {
+    int b = 256;
+    while (b < st.max_ctx) b *= 2;
+    st.max_ctx = std::min(b, st.cap);
+  }
+  st.kv = &device_kv(cache);
+  ensure_scratch(st.M, st.out_rows, n_seqs, st.max_ctx);
 
   // One upload of the batch description: token ids, positions, per-sequence attention records.
+  const int M = st.M;
   host_meta_.resize(size_t(M) * 8 + size_t(n_seqs) * sizeof(AttnSeq));
   auto* tok = reinterpret_cast<int32_t*>(host_meta_.data());
   auto* pos = tok + M;
@@ -255,11 +305,69 @@ void CudaBackend::forward(const std::vector<model::SeqInput>& batch, model::KvCa
       row += int(s.n_tokens);
     }
   }
+  PERRY_CUDA_CHECK(
+      cudaMemcpyAsync(meta_.get(), host_meta_.data(), host_meta_.size(), cudaMemcpyHostToDevice, stream_));
+
+  if (graph) run_graph(st);
+  else enqueue(st);
+  for (const model::SeqInput& s : batch) cache.advance(s.slot, s.n_tokens);
+  cudaError_t e = cudaStreamSynchronize(stream_);
+  if (e != cudaSuccess) throw_cuda("CUDA forward pass (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to name it)", e);
+  const size_t lb = size_t(st.out_rows) * size_t(V) * 4;
+  logits.resize(size_t(st.out_rows) * size_t(V));
+  std::memcpy(logits.data(), host_logits_, lb);
+}
+
+void CudaBackend::run_graph(const Step& st) {
+  if (graph_gen_ != scratch_gen_) {  // a buffer moved: recorded graphs point at freed memory
+    clear_graphs();
+    graph_gen_ = scratch_gen_;
+  }
+  const GraphKey key{st.M, st.max_ctx, st.kv->id};
+  auto it = graphs_.find(key);
+  if (it != graphs_.end() && it->second) {
+    PERRY_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    return;
+  }
+  if (it == graphs_.end()) {  // first time: run eagerly (kernels set their attributes once), record next time
+    graphs_[key] = nullptr;
+    enqueue(st);
+    return;
+  }
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  PERRY_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue(st);
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    throw;
+  }
+  PERRY_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+  cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  if (e != cudaSuccess) throw_cuda("cudaGraphInstantiate (decode step)", e);
+  it->second = exec;
+  PERRY_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+}
+
+void CudaBackend::clear_graphs() {
+  for (auto& [k, g] : graphs_)
+    if (g) cudaGraphExecDestroy(g);
+  graphs_.clear();
+}
+
+// Every kernel of one forward pass, from the token ids in meta_ to the logits in pinned host memory.
+void CudaBackend::enqueue(const Step& st) {
+  const int H = int(cfg_.hidden_size), Q = int(cfg_.q_dim()), KV = int(cfg_.kv_dim()), I = int(cfg_.intermediate_size);
+  const int nh = int(cfg_.num_heads), nkv = int(cfg_.num_kv_heads), hd = int(cfg_.head_dim);
+  const int V = int(cfg_.vocab_size);
+  const int M = st.M, n_seqs = st.n_seqs;
   auto* d_tok = meta_.get<int32_t>();
   auto* d_pos = d_tok + M;
   auto* d_seq = reinterpret_cast<AttnSeq*>(d_pos + M);
-  PERRY_CUDA_CHECK(cudaMemcpyAsync(d_tok, host_meta_.data(), host_meta_.size(), cudaMemcpyHostToDevice, stream_));
-
   float* x = x_.get<float>();
   float* q = q_.get<float>();
   float* k = k_.get<float>();
@@ -270,7 +378,7 @@ void CudaBackend::forward(const std::vector<model::SeqInput>& batch, model::KvCa
   const float eps = float(cfg_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(float(hd));
   const LinearInput in = linear_in();
-  const int cap = int(cache.capacity());
+  const DeviceKv& kv = *st.kv;
 
   embedding_lookup(embed_.get(), embed_dtype_, H, d_tok, M, x, stream_, V);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -287,12 +395,12 @@ void CudaBackend::forward(const std::vector<model::SeqInput>& batch, model::KvCa
     rope_apply(q, Q, nh, k, KV, nkv, M, d_pos, rope_view_, stream_);
     uint16_t* kc = kv.k.get<uint16_t>() + l * kv.layer_elems;
     uint16_t* vc = kv.v.get<uint16_t>() + l * kv.layer_elems;
-    kv_cache_append(k, v, d_seq, n_seqs, M, nkv, hd, cap, kc, vc, stream_);
-    if (decode)
-      attention_decode(q, d_seq, n_seqs, max_ctx, kc, vc, nh, nkv, hd, cap, scale, attn, attn_ws_.get<float>(),
+    kv_cache_append(k, v, d_seq, n_seqs, M, nkv, hd, st.cap, kc, vc, stream_);
+    if (st.decode)
+      attention_decode(q, d_seq, n_seqs, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
                        attn_ws_.bytes(), stream_);
     else
-      attention_prefill(q, d_seq, n_seqs, max_new, max_ctx, kc, vc, nh, nkv, hd, cap, scale, attn, stream_);
+      attention_prefill(q, d_seq, n_seqs, st.max_new, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, stream_);
     to_linear_input(attn, M, Q);
     L.o.forward(in, M, delta, lctx_);
     add_rms_norm(x, delta, L.post_norm.get<float>(), eps, M, H, act_out(), stream_);
@@ -302,30 +410,62 @@ void CudaBackend::forward(const std::vector<model::SeqInput>& batch, model::KvCa
     if (l + 1 < layers_.size()) add_rms_norm(x, delta, layers_[l + 1].in_norm.get<float>(), eps, M, H, act_out(), stream_);
     else residual_add(x, delta, int64_t(M) * H, stream_);
   }
-  for (const model::SeqInput& s : batch) cache.advance(s.slot, s.n_tokens);
 
   // Only the rows whose logits are wanted go through the final norm and lm_head.
-  float* xl = xlast_.get<float>();
-  {
-    int off = 0, r = 0;
-    for (const model::SeqInput& s : batch) {
-      const int first = s.all_logits ? off : off + int(s.n_tokens) - 1;
-      const int n = s.all_logits ? int(s.n_tokens) : 1;
-      PERRY_CUDA_CHECK(cudaMemcpyAsync(xl + size_t(r) * H, x + size_t(first) * H, size_t(n) * H * 4,
+  const float* xl = x;
+  if (!st.gather.empty()) {
+    float* dst = xlast_.get<float>();
+    int r = 0;
+    for (auto [first, n] : st.gather) {
+      PERRY_CUDA_CHECK(cudaMemcpyAsync(dst + size_t(r) * H, x + size_t(first) * H, size_t(n) * H * 4,
                                        cudaMemcpyDeviceToDevice, stream_));
       r += n;
-      off += int(s.n_tokens);
     }
+    xl = dst;
   }
-  rms_norm(xl, final_norm_.get<float>(), eps, out_rows, H, act_out(), stream_);
+  rms_norm(xl, final_norm_.get<float>(), eps, st.out_rows, H, act_out(), stream_);
   float* dl = logits_.get<float>();
-  lm_head_.forward(in, out_rows, dl, lctx_);
-  const size_t lb = size_t(out_rows) * size_t(V) * 4;
-  PERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_, dl, lb, cudaMemcpyDeviceToHost, stream_));
-  cudaError_t e = cudaStreamSynchronize(stream_);
-  if (e != cudaSuccess) throw_cuda("CUDA forward pass (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to name it)", e);
-  logits.resize(size_t(out_rows) * size_t(V));
-  std::memcpy(logits.data(), host_logits_, lb);
+  lm_head_.forward(in, st.out_rows, dl, lctx_);
+  PERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_, dl, size_t(st.out_rows) * size_t(V) * 4, cudaMemcpyDeviceToHost,
+                                   stream_));
+}
+
+// The linear layers of one forward of M rows alone (every layer's q, k, v, o, gate|up, down and
+// lm_head on one row), timed with CUDA events: what "time outside the GEMMs" is measured against.
+// Runs on the scratch buffers (whatever they hold: the values do not change the time of a GEMM
+// much, and they are the activations of the last real forward, not zeros).
+double CudaBackend::linears_ms(int M) {
+  ensure_scratch(M, 1, 1, 256);
+  const LinearInput in = linear_in();
+  auto run = [&] {
+    for (const Layer& L : layers_) {
+      L.q.forward(in, M, q_.get<float>(), lctx_);
+      L.k.forward(in, M, k_.get<float>(), lctx_);
+      L.v.forward(in, M, v_.get<float>(), lctx_);
+      L.o.forward(in, M, delta_.get<float>(), lctx_);
+      L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
+      L.down.forward(in, M, delta_.get<float>(), lctx_);
+    }
+    lm_head_.forward(in, 1, logits_.get<float>(), lctx_);
+  };
+  run();  // warm-up
+  cudaEvent_t a, b;
+  PERRY_CUDA_CHECK(cudaEventCreate(&a));
+  PERRY_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int r = 0; r < 3; ++r) {
+    PERRY_CUDA_CHECK(cudaEventRecord(a, stream_));
+    run();
+    PERRY_CUDA_CHECK(cudaEventRecord(b, stream_));
+    PERRY_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    PERRY_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[1];
 }
 
 std::string CudaBackend::kernel_summary() const {
@@ -347,6 +487,11 @@ std::unique_ptr<model::ForwardBackend> make_cuda_backend(const model::Model& mod
 }
 
 std::string cuda_device_report(int device) { return describe_device(device); }
+
+double cuda_linears_ms(model::ForwardBackend* backend, int M) {
+  auto* b = dynamic_cast<CudaBackend*>(backend);
+  return b ? b->linears_ms(M) : 0.0;
+}
 
 size_t cuda_peak_memory(const model::ForwardBackend* backend) {
   const auto* b = dynamic_cast<const CudaBackend*>(backend);

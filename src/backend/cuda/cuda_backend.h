@@ -25,6 +25,10 @@ std::unique_ptr<model::ForwardBackend> make_cuda_backend(const model::Model& mod
 // One line on the GPU for `perry info` (or why none can be used).
 std::string cuda_device_report(int device);
 
+// Milliseconds the linear layers of one M-row forward take alone (CUDA events, median of 3), so a
+// benchmark can report the time a prefill spends outside the GEMMs. 0 when not a CUDA backend.
+double cuda_linears_ms(model::ForwardBackend* backend, int M);
+
 // Peak device memory perry held (weights + cache + scratch), bytes; 0 when no backend ran.
 size_t cuda_peak_memory(const model::ForwardBackend* backend);
 
