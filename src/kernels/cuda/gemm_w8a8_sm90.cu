@@ -300,54 +300,68 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int r0 = m0 + cw * 64 + warp * 16 + g;
       float sa[2] = {0.f, 0.f};
       if constexpr (kOut != 2) {
-        if (r0 < M) sa[0] = __ldg(Sa + r0);
-        if (r0 + 8 < M) sa[1] = __ldg(Sa + r0 + 8);
+        sa[0] = __ldg(Sa + min(r0, M - 1));
+        sa[1] = __ldg(Sa + min(r0 + 8, M - 1));
       }
+      // Column scales and bias in chunks of kJC column groups: the loads are unconditional
+      // (clamped indices) so all of a chunk's are in flight together, not one L2 latency each.
+      constexpr int kJC = 8;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int c = n0 + 8 * j + 2 * tq;
-        if (c >= N) continue;
-        const bool pair = c + 1 < N;
-        float sw0 = 0.f, sw1 = 0.f, b0 = 0.f, b1 = 0.f;
-        if constexpr (kOut != 2) {
-          sw0 = __ldg(Sw + c);
-          sw1 = pair ? __ldg(Sw + c + 1) : 0.f;
-          if (bias) {
-            b0 = __ldg(bias + c);
-            b1 = pair ? __ldg(bias + c + 1) : 0.f;
+      for (int j0 = 0; j0 < BN / 8; j0 += kJC) {
+        float sw0[kJC], sw1[kJC], b0[kJC], b1[kJC];
+#pragma unroll
+        for (int jj = 0; jj < kJC; ++jj) {
+          sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
+          if constexpr (kOut != 2) {
+            const int c = n0 + 8 * (j0 + jj) + 2 * tq;
+            const int ca = min(c, N - 1), cb = min(c + 1, N - 1);
+            sw0[jj] = __ldg(Sw + ca);
+            sw1[jj] = __ldg(Sw + cb);
+            if (bias) {
+              b0[jj] = __ldg(bias + ca);
+              b1[jj] = __ldg(bias + cb);
+            }
           }
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = r0 + 8 * h;
-          if (r >= M) continue;
-          const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
-          const size_t o = size_t(r) * N + c;
-          if constexpr (kOut == 2) {
-            int* y = static_cast<int*>(Y) + o;
-            if (pair && vec_ok) {
-              *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
-            } else {
-              y[0] = a0;
-              if (pair) y[1] = a1;
-            }
-          } else {
-            const float v0 = float(a0) * sa[h] * sw0 + b0, v1 = float(a1) * sa[h] * sw1 + b1;
-            if constexpr (kOut == 1) {
-              float* y = static_cast<float*>(Y) + o;
+        for (int jj = 0; jj < kJC; ++jj) {
+          const int j = j0 + jj;
+          const int c = n0 + 8 * j + 2 * tq;
+          if (c >= N) continue;
+          const bool pair = c + 1 < N;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            if (r >= M) continue;
+            const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
+            const size_t o = size_t(r) * N + c;
+            if constexpr (kOut == 2) {
+              int* y = static_cast<int*>(Y) + o;
               if (pair && vec_ok) {
-                *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
+                *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
               } else {
-                y[0] = v0;
-                if (pair) y[1] = v1;
+                y[0] = a0;
+                if (pair) y[1] = a1;
               }
             } else {
-              __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
-              if (pair && vec_ok) {
-                *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+              const float v0 = float(a0) * (sa[h] * sw0[jj]) + b0[jj];
+              const float v1 = float(a1) * (sa[h] * sw1[jj]) + b1[jj];
+              if constexpr (kOut == 1) {
+                float* y = static_cast<float*>(Y) + o;
+                if (pair && vec_ok) {
+                  *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
+                } else {
+                  y[0] = v0;
+                  if (pair) y[1] = v1;
+                }
               } else {
-                y[0] = __float2bfloat16_rn(v0);
-                if (pair) y[1] = __float2bfloat16_rn(v1);
+                __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
+                if (pair && vec_ok) {
+                  *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+                } else {
+                  y[0] = __float2bfloat16_rn(v0);
+                  if (pair) y[1] = __float2bfloat16_rn(v1);
+                }
               }
             }
           }
