@@ -39,9 +39,12 @@ const char* gemm_w8a8_kernel_name();
 }  // namespace perry::cuda
 
 namespace perry::cuda {
-// EXPERIMENTAL (src/kernels/cuda/gemm_w8a8_sm90.cu): the same contract as gemm_w8a8, on sm_90
-// wgmma. Not dispatched to by gemm_w8a8 until the kernel lab has verified and timed it on an
-// H100/H200; throws perry::Error on other devices.
+// EXPERIMENTAL (src/kernels/cuda/gemm_w8a8_sm90.cu, docs/cuda-gemm-w8a8-sm90.md): the same
+// contract as gemm_w8a8, on sm_90a: TMA loads into a 128-byte-swizzled mbarrier ring, a producer
+// warpgroup and 2 consumer warpgroups issuing wgmma m64n256k32 (or n128), persistent grid, fused
+// epilogue. Verified exact on an H200 by the kernel lab (1.39-1.61 POPS bf16-out at M >= 4096);
+// not yet dispatched to by gemm_w8a8. Throws perry::Error on other devices. The environment
+// variable PERRY_WGMMA_BN=128|256 (read per call) forces the column tile width, for the lab.
 bool gemm_w8a8_wgmma_supported();
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
                      const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream);

@@ -303,6 +303,51 @@ __global__ void __launch_bounds__(kThreads, 1)
         sa[0] = __ldg(Sa + min(r0, M - 1));
         sa[1] = __ldg(Sa + min(r0 + 8, M - 1));
       }
+      if constexpr (kOut == 0) {
+        // bf16 fast path (the tile's columns all < N, N % 8 == 0, Y 16-byte aligned): a 4×4
+        // transpose of packed bf16 pairs inside each quad (3 shuffles) so that each thread
+        // stores 8 consecutive outputs (16 B) instead of 4 scattered 4-byte pairs.
+        if ((vec_ok & 2) && n0 + BN <= N) {
+          auto sel4 = [](const uint32_t (&v)[4], int i) {
+            return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
+          };
+#pragma unroll
+          for (int q = 0; q < BN / 32; ++q) {
+            float sw0[4], sw1[4], b0[4], b1[4];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+              const int c = n0 + 32 * q + 8 * jj + 2 * tq;
+              sw0[jj] = __ldg(Sw + c);
+              sw1[jj] = __ldg(Sw + c + 1);
+              b0[jj] = bias ? __ldg(bias + c) : 0.f;
+              b1[jj] = bias ? __ldg(bias + c + 1) : 0.f;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              uint32_t pk[4];
+#pragma unroll
+              for (int jj = 0; jj < 4; ++jj) {
+                const int j = 4 * q + jj;
+                const float v0 = float(acc[4 * j + 2 * h]) * (sa[h] * sw0[jj]) + b0[jj];
+                const float v1 = float(acc[4 * j + 2 * h + 1]) * (sa[h] * sw1[jj]) + b1[jj];
+                const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
+                pk[jj] = *reinterpret_cast<const uint32_t*>(&b2);
+              }
+              // got[k]: the pair of quad thread tq^k in column block tq (its position tq^k).
+              uint32_t got[4];
+              got[0] = sel4(pk, tq);
+#pragma unroll
+              for (int k = 1; k < 4; ++k) got[k] = __shfl_xor_sync(0xffffffffu, sel4(pk, tq ^ k), k);
+              const int r = r0 + 8 * h;
+              if (r < M) {
+                const uint4 v = make_uint4(sel4(got, tq), sel4(got, tq ^ 1), sel4(got, tq ^ 2), sel4(got, tq ^ 3));
+                *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) = v;
+              }
+            }
+          }
+          continue;  // next tile
+        }
+      }
       // Column scales and bias in chunks of kJC column groups: the loads are unconditional
       // (clamped indices) so all of a chunk's are in flight together, not one L2 latency each.
       constexpr int kJC = 8;
@@ -451,7 +496,7 @@ int pick_bn(int M, int N, int sms) {
     const long long t = tm * ((N + bn - 1) / bn), waves = (t + sms - 1) / sms;
     return double(t) / double(waves * sms);
   };
-  return eff(128) > 1.15 * eff(256) ? 128 : 256;
+  return eff(128) > 1.1 * eff(256) ? 128 : 256;
 }
 
 template <int kOut>
@@ -487,8 +532,10 @@ void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const
   if (out != DType::I32 && (!dSa || !dSw)) throw Error("gemm_w8a8_wgmma: null scale pointer" + dims);
   const size_t es = out == DType::BF16 ? 2 : 4;
   if (reinterpret_cast<uintptr_t>(dY) % es != 0) throw Error("gemm_w8a8_wgmma: Y not aligned to its element size" + dims);
-  // Pair stores (2 elements) need an even N and Y aligned to 2 elements.
-  const int vec_ok = (N % 2 == 0 && reinterpret_cast<uintptr_t>(dY) % (2 * es) == 0) ? 1 : 0;
+  // Bit 0: pair stores (2 elements): N even and Y aligned to 2 elements.
+  // Bit 1: 16-byte stores of 8 consecutive bf16 (N % 8 == 0, Y 16-byte aligned).
+  int vec_ok = (N % 2 == 0 && reinterpret_cast<uintptr_t>(dY) % (2 * es) == 0) ? 1 : 0;
+  if (out == DType::BF16 && N % 8 == 0 && reinterpret_cast<uintptr_t>(dY) % 16 == 0) vec_ok |= 2;
   switch (out) {
     case DType::BF16: dispatch<0>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<bf16>"); return;
     case DType::F32: dispatch<1>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<f32>"); return;
