@@ -46,6 +46,35 @@ void gemv_quant(QuantMode mode, const void* x, const float* sa, const void* qwei
                 cudaStream_t stream);
 constexpr int kGemvQuantMaxM = 8;
 
+// Weight-streaming small-M linear on tensor cores (src/kernels/cuda/gemm_small_m.cu), M = 1..64
+// (batched decode, short prompts): every quantized mode, the same arguments, math and output as
+// gemv_quant above (y fp32 [M, N]; per channel W*A8: y = float(Σ x·w)·sw[n]·sa[m] (+bias[n]);
+// grouped: y = sa[m]·Σ_g sw[n,g]·float(Σ_{k∈g} x·w) (+bias); w8a16 / w4a16:
+// y = Σ_g sw[n,g]·Σ_{k∈g} float(x)·float(w) (+bias), fp32 accumulation in the tensor cores).
+// Weights are the mma A operand (16 channels per warp), activations the B operand (8 tokens per
+// n8 tile: M is padded to 8, not 128), weights loaded straight from global memory into
+// fragments; split-K over blockIdx.y with fp32 atomicAdd into y when N is too small to fill the
+// GPU (then y is zeroed first on `stream` and the summation order varies run to run).
+// Requirements (checked): 1 <= M <= 64, N >= 1, 1 <= K <= 65536, quantized mode, non-null x /
+// qweight / scales / y (and sa for W*A8), scales / sa / bias / y 4-byte aligned.
+// Fast path: K % gemm_small_m_k_multiple(mode) == 0 (16 for int8 weights, 32 for int4) and x,
+// qweight 16-byte aligned; otherwise it runs gemv_quant in blocks of 8 rows (correct, slower).
+// y must not alias x, qweight, scales or bias.
+void gemm_small_m(QuantMode mode, const void* x, const float* sa, const void* qweight,
+                  const float* scales, const float* bias, float* y, int M, int N, int K,
+                  cudaStream_t stream);
+int gemm_small_m_k_multiple(QuantMode mode);
+constexpr int kGemmSmallMMaxM = 64;
+
+// bf16 weights for the float modes: y[m, n] = Σ_k float(x[m, k])·float(w[n, k]) (+ bias[n]), x bf16
+// [M, K], w bf16 [N, K] (raw uint16 bits, row-major), y fp32 [M, N], M = 1..64; bf16 mma.sync
+// m16n8k16 with fp32 accumulation, the same streaming scheme as gemm_small_m.
+// Requirements (checked): 1 <= M <= 64, N >= 1, 1 <= K <= 65536, non-null x / w / y, x and w
+// 2-byte, y and bias 4-byte aligned. Fast path: K % 8 == 0 and x, w 16-byte aligned; otherwise
+// a simple one-warp-per-channel kernel (correct, slow).
+void gemm_small_m_bf16(const uint16_t* x, const uint16_t* w, const float* bias, float* y, int M,
+                       int N, int K, cudaStream_t stream);
+
 // M > 1 W*A8 linear on int8 tensor cores (mma.sync m16n8k32) for the grouped and int4 modes
 // (w8a8-g128, w8a8-g64, w4a8, w4a8-g128; plain w8a8 is accepted too and runs the same kernel,
 // though gemm_w8a8 is the tuned one for it). int32 accumulators per group, folded into fp32 with
