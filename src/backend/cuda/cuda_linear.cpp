@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/backend_kernels.h"
@@ -116,6 +117,14 @@ void gemm_bf16_cublas(const uint16_t* x, const uint16_t* w, float* y, int M, int
                "cublasGemmEx (bf16 linear)");
 }
 
+// Hopper: the TMA + wgmma kernel (docs/cuda-gemm-w8a8-sm90.md) from M > 128 rows; below that its
+// 128-row tiles run mostly empty and the mma.sync kernel is as fast (H200 lab: M=128 546/310 vs
+// ~500 TOPS; M=1024 1175-1375 vs ~500).
+bool use_wgmma(int M) {
+  static const bool ok = gemm_w8a8_wgmma_supported() && std::getenv("PERRY_NO_WGMMA") == nullptr;
+  return ok && M > 128;
+}
+
 }  // namespace
 
 void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const {
@@ -148,7 +157,11 @@ void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& c
     return;
   }
   if (mode_ == pq::QuantMode::W8A8) {
-    gemm_w8a8(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
+    if (use_wgmma(M))
+      gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_,
+                      ctx.stream);
+    else
+      gemm_w8a8(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
     return;
   }
   gemm_quant(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
@@ -160,7 +173,7 @@ std::string CudaLinear::kernel_name(int M) const {
   if (M <= kGemvMaxM || (input_format() == ActFormat::I8 && k_ % (bits_ == 4 ? 32 : 16) != 0))
     return mode + ":gemv_quant";
   if (input_format() == ActFormat::BF16) return mode + ":dequantize_bf16+cublas_gemm";
-  if (mode_ == pq::QuantMode::W8A8) return mode + ":" + gemm_w8a8_kernel_name();
+  if (mode_ == pq::QuantMode::W8A8) return mode + (use_wgmma(M) ? ":gemm_w8a8_wgmma_tma" : std::string(":") + gemm_w8a8_kernel_name());
   return mode + ":gemm_quant_mma";
 }
 
