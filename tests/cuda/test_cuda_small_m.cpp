@@ -199,7 +199,7 @@ TEST(CudaGemmSmallM, OnAStream) {
 
 TEST(CudaGemmSmallM, BadArgumentsThrow) {
   REQUIRE_GPU();
-  Dev<int8_t> x(64 * 128), w(64 * 128);
+  Dev<int8_t> x(64 * 128 * 2), w(64 * 128);  // x large enough for bf16 [64, 128]
   Dev<float> s(64 * 2), sa(64), y(64 * 64);
   auto call = [&](QuantMode mode, int M, int N, int K, const float* psa, const void* pw) {
     pc::gemm_small_m(mode, x.p, psa, pw, s.p, nullptr, y.p, M, N, K, nullptr);

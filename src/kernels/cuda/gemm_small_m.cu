@@ -247,6 +247,17 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
+    if constexpr (T::bf16w) {
+      // Tensor-core fp32 accumulation truncates; moving the partial sum into a CUDA-core fp32
+      // accumulator every few mma steps keeps the error at ~K/16 roundings of small partials.
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          facc[nt][e] += float(acc[nt][e]);
+          acc[nt][e] = Acc(0);
+        }
+    }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       cur[u][0] = nxt[u][0];
@@ -270,7 +281,7 @@ __global__ void __launch_bounds__(kThreads)
       if (m >= M) continue;
       float v;
       if constexpr (T::int_pc) v = fmaf(float(acc[nt][e]) * swn, __ldg(sa + m), bn);
-      else if constexpr (T::bf16w) v = acc[nt][e] + bn;
+      else if constexpr (T::bf16w) v = facc[nt][e] + bn;
       else if constexpr (T::a16) v = facc[nt][e] + bn;
       else v = fmaf(facc[nt][e], __ldg(sa + m), bn);
       float* dst = y + (long long)m * N + n;
