@@ -1,7 +1,8 @@
 // EXPERIMENTAL sm_90a W8A8 GEMM on wgmma + TMA (not dispatched to by gemm_w8a8 until the kernel
 // lab has verified and timed it on an H100/H200; `lab_cuda_gemm_w8a8 --wgmma` and the gtest
 // CudaGemmW8A8.WgmmaExperimentalExactOnSm90 exercise it). Design notes:
-// docs/cuda-gemm-w8a8-sm90.md.
+// docs/cuda-gemm-w8a8-sm90.md. The sm_90a building blocks it shares with gemm_quant_sm90.cu
+// (mbarriers, TMA, wgmma wrappers, tile order, tensor maps) live in sm90_gemm_common.cuh.
 //
 // Y[M,N] = X[M,K]·W[N,K]ᵀ, both operands K-major int8 (the only layout int8 wgmma takes).
 //   * Block tile 128×BN×128 (BN = 256, or 128 when 256-wide tiles would leave SMs idle), a ring
@@ -27,7 +28,6 @@
 // No deadlock by construction: every full barrier receives exactly one arrive.expect_tx of the
 // whole stage's bytes (TMA counts out-of-bounds, zero-filled bytes too), every empty barrier
 // exactly 8 arrives per use, and producer and consumers iterate identical (tile, k) sequences.
-#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from cudaGetDriverEntryPoint
 #include <cuda_bf16.h>
 
 #include <cstdlib>
@@ -36,9 +36,11 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/sm90_gemm_common.cuh"
 
 namespace perry::cuda {
 namespace {
+using namespace sm90;
 
 constexpr int kBM = 128;         // rows of X per tile (2 consumer warpgroups × 64)
 constexpr int kBK = 128;         // K bytes per stage = the 128-byte swizzle span
@@ -58,154 +60,6 @@ struct Cfg {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 };
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define PERRY_WGMMA 1
-#endif
-
-#ifdef PERRY_WGMMA
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// ---- mbarriers (shared::cta) ----
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// One arrive that also raises the phase's expected transaction bytes (the TMA loads' total).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Blocks until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and
-// waiting on parity 1 (the phase "before" it) returns at once: producers start at parity 1.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// ---- TMA: a 2-D box [rows, 128 B] at (k0, row0) into shared memory, completing on `bar` ----
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int k0, int row0, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(bar)
-      : "memory");
-}
-
-// ---- wgmma ----
-// Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format" for wgmma):
-//   bits  0-13 start address >> 4;  16-29 leading byte offset >> 4 (unused for K-major swizzled
-//   layouts whose K extent per instruction (32 B) lies inside one 128-B swizzle row; set to 1);
-//   32-45 stride byte offset >> 4 = 1024 B (from one 8-row group to the next: 8 rows × 128 B);
-//   49-51 base offset = 0 (tile bases are 1024-aligned); 62-63 swizzle mode, 1 = 128-byte.
-// The k32 step inside a 128-B row is +32 B on the start address (+2 in the encoded field): the
-// hardware applies the XOR swizzle to the final address bits, exactly as TMA did when writing.
-__device__ __forceinline__ uint64_t make_desc_sw128(uint32_t addr) {
-  return uint64_t((addr >> 4) & 0x3fff) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Pins the accumulator registers in program order around the asynchronous wgmma (keeps the
-// compiler from moving reads/writes of them across the fence / wait).
-template <int R>
-__device__ __forceinline__ void fence_operands(int (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-
-// D[64x128] (+)= A[64x32]·B[128x32]ᵀ, int8 inputs from shared memory (descriptors), s32 accumulators.
-__device__ __forceinline__ void wgmma_n128(int (&d)[64], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p;\n"
-      "}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-
-// D[64x256] (+)= A[64x32]·B[256x32]ᵀ, int8 inputs from shared memory (descriptors), s32 accumulators.
-__device__ __forceinline__ void wgmma_n256(int (&d)[128], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p;\n"
-      "}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
-        "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
-        "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
-        "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
-        "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]),
-        "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]),
-        "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]),
-        "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]),
-        "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-
-template <int BN>
-__device__ __forceinline__ void wgmma_tile(int (&d)[BN / 2], uint64_t da, uint64_t db, int accumulate) {
-  if constexpr (BN == 256)
-    wgmma_n256(d, da, db, accumulate);
-  else
-    wgmma_n128(d, da, db, accumulate);
-}
-#endif  // PERRY_WGMMA
-
-// Tile t of the grouped order → (first row, first column).
-__device__ __forceinline__ void tile_origin(int t, int tiles_m, int tiles_n, int bn, int& m0, int& n0) {
-  const int per_group = kGroupM * tiles_n;
-  const int first_m = (t / per_group) * kGroupM;
-  const int group_m = min(tiles_m - first_m, kGroupM);
-  const int in_group = t % per_group;
-  m0 = (first_m + in_group % group_m) * kBM;
-  n0 = (in_group / group_m) * bn;
-}
 
 template <int kOut, int BN>  // kOut: 0 = bf16, 1 = f32, 2 = i32
 __global__ void __launch_bounds__(kThreads, 1)
@@ -251,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         int m0, n0;
-        tile_origin(t, tiles_m, tiles_n, BN, m0, n0);
+        tile_origin<kBM, kGroupM>(t, tiles_m, tiles_n, BN, m0, n0);
         for (int kt = 0; kt < ktiles; ++kt) {
           mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
           mbar_arrive_expect_tx(full(s), C::kStageBytes);
@@ -272,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t phase = 0;
     for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
       int m0, n0;
-      tile_origin(t, tiles_m, tiles_n, BN, m0, n0);
+      tile_origin<kBM, kGroupM>(t, tiles_m, tiles_n, BN, m0, n0);
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(full(s), phase);
@@ -308,9 +162,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         // transpose of packed bf16 pairs inside each quad (3 shuffles) so that each thread
         // stores 8 consecutive outputs (16 B) instead of 4 scattered 4-byte pairs.
         if ((vec_ok & 2) && n0 + BN <= N) {
-          auto sel4 = [](const uint32_t (&v)[4], int i) {
-            return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
-          };
 #pragma unroll
           for (int q = 0; q < BN / 32; ++q) {
             float sw0[4], sw1[4], b0[4], b1[4];
@@ -333,14 +184,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
                 pk[jj] = *reinterpret_cast<const uint32_t*>(&b2);
               }
-              // got[k]: the pair of quad thread tq^k in column block tq (its position tq^k).
               uint32_t got[4];
-              got[0] = sel4(pk, tq);
-#pragma unroll
-              for (int k = 1; k < 4; ++k) got[k] = __shfl_xor_sync(0xffffffffu, sel4(pk, tq ^ k), k);
+              quad_exchange(pk, tq, got);
               const int r = r0 + 8 * h;
               if (r < M) {
-                const uint4 v = make_uint4(sel4(got, tq), sel4(got, tq ^ 1), sel4(got, tq ^ 2), sel4(got, tq ^ 3));
+                const uint4 v = quad_gather(got, tq);
                 *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) = v;
               }
             }
@@ -420,52 +268,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------- host side
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled from the driver through the runtime (no -lcuda link).
-EncodeTiledFn encode_tiled() {
-  static std::once_flag once;
-  static EncodeTiledFn fn = nullptr;
-  static std::string err;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p)
-      err = std::string("cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled): ") + cudaGetErrorName(e) +
-            " (query result " + std::to_string(int(q)) + ")";
-    else
-      fn = reinterpret_cast<EncodeTiledFn>(p);
-  });
-  if (!fn) throw Error("gemm_w8a8_wgmma: " + err);
-  return fn;
-}
-
-// A 2-D int8 tensor [rows, K] (row stride K bytes) read in boxes of [box_rows, 128 B], 128-byte
-// swizzled, out-of-bounds elements zero-filled.
-CUtensorMap make_map(const int8_t* p, int rows, int K, int box_rows) {
-  CUtensorMap m;
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(K)};  // bytes, for dims 1..: must be a multiple of 16
-  const cuuint32_t box[2] = {cuuint32_t(kBK), cuuint32_t(box_rows)};
-  const cuuint32_t estr[2] = {1, 1};
-  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<int8_t*>(p), dims, strides, box, estr,
-                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw Error("gemm_w8a8_wgmma: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ", rows=" +
-                std::to_string(rows) + ", K=" + std::to_string(K) + ")");
-  return m;
-}
-
-int sm_count() {
-  int dev = 0, n = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
-  return n;
-}
 
 template <int kOut, int BN>
 void launch(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias, void* dY,
@@ -477,7 +279,8 @@ void launch(const int8_t* dX, const float* dSa, const int8_t* dW, const float* d
                                     Cfg<BN>::kSmemBytes);
   });
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
-  const CUtensorMap ta = make_map(dX, M, K, kBM), tb = make_map(dW, N, K, BN);
+  const CUtensorMap ta = make_map(dX, M, K, kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma"),
+                    tb = make_map(dW, N, K, kBK, BN, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
   const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + BN - 1) / BN);
   const unsigned grid = unsigned(tiles < sms ? tiles : sms);
   gemm_w8a8_wgmma_kernel<kOut, BN><<<grid, kThreads, Cfg<BN>::kSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias, dY, M,
@@ -511,13 +314,7 @@ void dispatch(const int8_t* dX, const float* dSa, const int8_t* dW, const float*
 
 }  // namespace
 
-bool gemm_w8a8_wgmma_supported() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-  return major == 9 && minor == 0;  // sm_90a code runs on sm_90 only
-}
+bool gemm_w8a8_wgmma_supported() { return device_is_sm90(); }  // sm_90a code runs on sm_90 only
 
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
                      const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream) {
