@@ -167,6 +167,7 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
     o.quant = *m;
   }
   o.quant_lm_head = !a.float_lm_head;
+  o.pack_for_cpu = *device < 0;
   std::string label = o.quant && quant::is_quantized(*o.quant) ? "quantizing" : "loading";
   ProgressBar bar(label);
   o.progress = [&](int64_t d, int64_t t, const std::string& w) { bar.update(d, t, w); };

@@ -31,7 +31,8 @@ std::vector<float> to_f32(const io::TensorView& t) {
   return out;
 }
 
-Linear Linear::from_float(const io::TensorView& w, const io::TensorView* bias, quant::QuantMode mode) {
+Linear Linear::from_float(const io::TensorView& w, const io::TensorView* bias, quant::QuantMode mode,
+                         bool pack_for_cpu) {
   PERRY_CHECK(w.shape.size() == 2, "tensor '{}': expected a 2-D weight, got shape {}", w.name, w.shape_str());
   Linear l;
   l.mode_ = mode;
@@ -46,12 +47,12 @@ Linear Linear::from_float(const io::TensorView& w, const io::TensorView* bias, q
     return l;
   }
   std::vector<float> wf = to_f32(w);
-  l.q_ = std::make_shared<quant::QuantizedLinear>(quant::quantize_weight(wf.data(), l.n_, l.k_, mode));
+  l.q_ = std::make_shared<quant::QuantizedLinear>(quant::quantize_weight(wf.data(), l.n_, l.k_, mode), pack_for_cpu);
   return l;
 }
 
 Linear Linear::from_quantized(quant::QuantMode mode, const io::TensorView& qweight, const io::TensorView& scales,
-                              const io::TensorView* bias, int64_t N, int64_t K) {
+                              const io::TensorView* bias, int64_t N, int64_t K, bool pack_for_cpu) {
   const quant::QuantScheme s = quant::quant_scheme(mode);
   const int64_t groups = s.group_size ? (K + s.group_size - 1) / s.group_size : 1;
   quant::QuantizedWeight qw;
@@ -78,7 +79,7 @@ Linear Linear::from_quantized(quant::QuantMode mode, const io::TensorView& qweig
   l.n_ = N;
   l.k_ = K;
   if (bias) l.bias_ = to_f32(*bias);
-  l.q_ = std::make_shared<quant::QuantizedLinear>(std::move(qw));
+  l.q_ = std::make_shared<quant::QuantizedLinear>(std::move(qw), pack_for_cpu);
   return l;
 }
 

@@ -15,10 +15,11 @@ class Linear {
  public:
   // From a float weight view [N, K] (bf16/f16/f32): float mode keeps (or packs) it; a quantized
   // mode quantizes it now. bias may be null.
-  static Linear from_float(const io::TensorView& w, const io::TensorView* bias, quant::QuantMode mode);
+  static Linear from_float(const io::TensorView& w, const io::TensorView* bias, quant::QuantMode mode,
+                           bool pack_for_cpu = true);
   // From a perry-quantized checkpoint: qweight (I8 [N,K] or U8 [N,ceil(K/2)]) + scales (F32 [N,G]).
   static Linear from_quantized(quant::QuantMode mode, const io::TensorView& qweight, const io::TensorView& scales,
-                               const io::TensorView* bias, int64_t N, int64_t K);
+                               const io::TensorView* bias, int64_t N, int64_t K, bool pack_for_cpu = true);
 
   void forward(const float* x, int64_t M, float* y) const;
   int64_t rows() const { return n_; }

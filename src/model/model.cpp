@@ -81,7 +81,8 @@ Linear Model::make_linear(const std::string& base, const LoadOptions& opts, bool
       if (spec.name == wname) { N = spec.shape[0]; K = spec.shape[1]; }
     if (is_lm_head && N == 0) { N = cfg_.vocab_size; K = cfg_.hidden_size; }
     PERRY_CHECK(N > 0, "{}: unexpected quantized tensor {}", src.describe(), base);
-    return Linear::from_quantized(mode, src.get(base + ".qweight"), src.get(base + ".scales"), bias, N, K);
+    return Linear::from_quantized(mode, src.get(base + ".qweight"), src.get(base + ".scales"), bias, N, K,
+                                  opts.pack_for_cpu);
   }
   quant::QuantMode mode = mode_;
   if (is_lm_head && !opts.quant_lm_head) mode = quant::QuantMode::BF16;
@@ -97,11 +98,11 @@ Linear Model::make_linear(const std::string& base, const LoadOptions& opts, bool
     v.dtype = DType::F32;
     v.data = reinterpret_cast<const uint8_t*>(owned_.back().data());
     v.nbytes = owned_.back().size() * 4;
-    Linear l = Linear::from_float(v, bias, mode);
+    Linear l = Linear::from_float(v, bias, mode, opts.pack_for_cpu);
     if (quant::is_quantized(mode)) owned_.pop_back();
     return l;
   }
-  Linear l = Linear::from_float(w, bias, mode);
+  Linear l = Linear::from_float(w, bias, mode, opts.pack_for_cpu);
   if (quant::is_quantized(mode) && !(is_lm_head && cfg_.tie_word_embeddings)) src.release(wname);
   return l;
 }

@@ -26,6 +26,9 @@ struct LoadOptions {
   bool quant_lm_head = true;        // lm_head follows --quant (false keeps it float)
   // SmoothQuant factors to fold into norms and q/k/v, gate/up weights before quantizing.
   const SmoothingPlan* smoothing = nullptr;
+  // false: quantized layers keep only the canonical form (a device backend uploads it; the CPU
+  // kernels' packed copy is built on a first CPU forward, if any) — halves host memory and load time.
+  bool pack_for_cpu = true;
   // progress(done, total, what) while converting/loading layers.
   std::function<void(int64_t, int64_t, const std::string&)> progress;
 };

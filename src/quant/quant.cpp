@@ -90,16 +90,20 @@ void QuantizedWeight::validate() const {
     PERRY_CHECK(std::isfinite(s) && s >= 0, "QuantizedWeight ({}): scale {} is not finite and >= 0",
                 quant_mode_name(mode), s);
   // The kernels rely on |q| <= 127 (int8) / 7 (int4): -128 or -8 would overflow their sums.
-  if (quant_scheme(mode).weight_bits == 8) {
-    for (int8_t q : qweight)
-      PERRY_CHECK(q != -128, "QuantizedWeight ({}): weight value -128 is outside [-127, 127]",
-                  quant_mode_name(mode));
-  } else {
-    for (int8_t q : qweight) {
-      uint8_t b = uint8_t(q);
-      PERRY_CHECK((b & 0xF) != 8 && (b >> 4) != 8,
-                  "QuantizedWeight ({}): int4 weight value -8 is outside [-7, 7]", quant_mode_name(mode));
+  // (Scanned in parallel: an 8B model has ~7e9 weight bytes.)
+  const bool int8 = quant_scheme(mode).weight_bits == 8;
+  std::atomic<bool> bad{false};
+  thread_pool().parallel_for(qweight.size(), 1 << 20, [&](size_t b, size_t e) {
+    bool found = false;
+    for (size_t i = b; i < e; ++i) {
+      const uint8_t q = uint8_t(qweight[i]);
+      found |= int8 ? q == 0x80 : ((q & 0xF) == 8 || (q >> 4) == 8);
     }
+    if (found) bad = true;
+  });
+  if (bad) {
+    if (int8) fail("QuantizedWeight ({}): weight value -128 is outside [-127, 127]", quant_mode_name(mode));
+    fail("QuantizedWeight ({}): int4 weight value -8 is outside [-7, 7]", quant_mode_name(mode));
   }
 }
 

@@ -63,7 +63,9 @@ struct LinearImpl;
 
 class QuantizedLinear {
  public:
-  explicit QuantizedLinear(QuantizedWeight w);  // repacks into the chosen kernel's layout
+  // Repacks into the CPU kernels' layout; pack_for_cpu = false keeps only the canonical form (a
+  // model bound for a GPU: no second copy, no packing pass) and packs on a first CPU forward.
+  explicit QuantizedLinear(QuantizedWeight w, bool pack_for_cpu = true);
   ~QuantizedLinear();
   QuantizedLinear(QuantizedLinear&&) noexcept;
   QuantizedLinear& operator=(QuantizedLinear&&) noexcept;

@@ -53,8 +53,17 @@ struct LinearImpl {
     return w;
   }
   QuantScheme scheme;
-  kernels::q::PackedInt pint;
-  kernels::q::PackedWo pwo;
+  // The CPU kernels' layout, built at construction or — for a layer constructed for a device
+  // backend, which reads the canonical form — on the first CPU forward.
+  mutable std::once_flag pack_once;
+  mutable kernels::q::PackedInt pint;
+  mutable kernels::q::PackedWo pwo;
+  void ensure_packed() const {
+    std::call_once(pack_once, [this] {
+      if (scheme.int8_activations) pint = kernels::q::pack_int(w);
+      else pwo = kernels::q::pack_wo(w);
+    });
+  }
   // M <= gemv_max_m runs the matrix-vector kernel. Measured with `perry bench-op` on the Zen 4
   // dev VM (docs/perf/cpu-quant-kernels.md): the GEMM's register tile wins from 2 rows on.
   int64_t gemv_max_m = 1;
@@ -74,17 +83,21 @@ struct LinearImpl {
 };
 }  // namespace detail
 
-QuantizedLinear::QuantizedLinear(QuantizedWeight w) : impl_(std::make_unique<detail::LinearImpl>()) {
+QuantizedLinear::QuantizedLinear(QuantizedWeight w, bool pack_for_cpu) : impl_(std::make_unique<detail::LinearImpl>()) {
   w.validate();
   impl_->scheme = quant_scheme(w.mode);
-  if (impl_->scheme.int8_activations) {
-    impl_->pint = kernels::q::pack_int(w);
-  } else {
-    impl_->pwo = kernels::q::pack_wo(w);
-  }
   impl_->mode = w.mode;
   impl_->N = w.N;
   impl_->K = w.K;
+  if (pack_for_cpu) {
+    if (impl_->scheme.int8_activations) impl_->pint = kernels::q::pack_int(w);
+    else impl_->pwo = kernels::q::pack_wo(w);
+    std::call_once(impl_->pack_once, [] {});
+  } else {
+    // Canonical only (a device backend uploads it); packed lazily if the CPU ever runs it.
+    impl_->w = std::move(w);
+    std::call_once(impl_->canon_once, [] {});
+  }
 }
 QuantizedLinear::~QuantizedLinear() = default;
 QuantizedLinear::QuantizedLinear(QuantizedLinear&&) noexcept = default;
@@ -114,6 +127,7 @@ void QuantizedLinear::forward(const float* x, int64_t M, float* y, const float* 
   PERRY_CHECK(M >= 0, "QuantizedLinear::forward: negative row count {}", M);
   if (M == 0) return;
   const auto& I = *impl_;
+  if (I.family() != Family::Reference) I.ensure_packed();
   const int64_t K = I.K;
   const kq::Path path = M <= I.gemv_max_m && M <= kq::kGemvMaxRows ? kq::Path::Gemv : kq::Path::Gemm;
   Scratch& s = scratch();

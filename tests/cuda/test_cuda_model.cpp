@@ -49,6 +49,7 @@ std::unique_ptr<model::Model> load(const std::string& dir, std::optional<quant::
   model::LoadOptions o;
   o.dir = dir;
   o.quant = mode;
+  o.pack_for_cpu = !cuda;
   auto m = model::Model::load(o);
   if (cuda) m->set_backend(cuda::make_cuda_backend(*m, {}));
   return m;

@@ -158,6 +158,13 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   }
   if (progress) progress(total - 1, total, "uploading lm_head");
   lm_head_ = CudaLinear::upload(pool_, {&m.lm_head()}, "lm_head");
+  {
+    size_t scratch = lm_head_.dequant_scratch_bytes();
+    for (const Layer& d : layers_)
+      for (const CudaLinear* l : {&d.q, &d.k, &d.v, &d.o, &d.gate_up, &d.down})
+        scratch = std::max(scratch, l->dequant_scratch_bytes());
+    if (scratch) lctx_.dequant_scratch.ensure(pool_, scratch, "dequantized weight scratch");
+  }
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
 }

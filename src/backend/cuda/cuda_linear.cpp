@@ -130,51 +130,74 @@ bool use_wgmma(int M) {
 void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const {
   PERRY_CHECK(M > 0, "{}: no rows", name_);
   const float* bias = bias_.get<float>();
-  if (!pq::is_quantized(mode_)) {
-    gemm_bf16_cublas(x.bf16, weight_.get<uint16_t>(), y, M, n_, k_, bias, ctx);
-    return;
-  }
-  const bool a8 = input_format() == ActFormat::I8;
-  // The tensor-core GEMMs copy 16-byte rows: K % 16 (int8 weights) or K % 32 (int4). Other K
-  // (tiny test models) take the small-M kernel in blocks of 8 rows — correct, just slower.
-  const bool gemm_k_ok = k_ % (bits_ == 4 ? 32 : 16) == 0;
-  if (M <= kGemvMaxM || (a8 && !gemm_k_ok)) {
-    for (int m0 = 0; m0 < M; m0 += kGemvMaxM) {
-      const int mb = std::min(kGemvMaxM, M - m0);
-      const void* xp = a8 ? static_cast<const void*>(x.i8 + size_t(m0) * k_)
-                          : static_cast<const void*>(x.bf16 + size_t(m0) * k_);
-      gemv_quant(mode_, xp, a8 ? x.scale + m0 : nullptr, weight_.get(), scales_.get<float>(), bias,
-                 y + size_t(m0) * n_, mb, n_, k_, ctx.stream);
-    }
-    return;
-  }
-  if (!a8) {
-    // Weight-only prefill: one pass to rebuild the bf16 weight, then the library GEMM.
-    ctx.dequant_scratch.ensure(*ctx.pool, size_t(n_) * size_t(k_) * 2, "dequantized weight scratch");
-    dequantize_weight_bf16(weight_.get(), scales_.get<float>(), bits_, group_size_, n_, k_,
-                           ctx.dequant_scratch.get<uint16_t>(), ctx.stream);
-    gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, M, n_, k_, bias, ctx);
-    return;
-  }
-  if (mode_ == pq::QuantMode::W8A8) {
-    if (use_wgmma(M))
+  switch (path(M)) {
+    case Path::CublasBf16:
+      gemm_bf16_cublas(x.bf16, weight_.get<uint16_t>(), y, M, n_, k_, bias, ctx);
+      return;
+    case Path::SmallMBf16:
+      gemm_small_m_bf16(x.bf16, weight_.get<uint16_t>(), bias, y, M, n_, k_, ctx.stream);
+      return;
+    case Path::SmallM:
+      gemm_small_m(mode_, a8() ? static_cast<const void*>(x.i8) : static_cast<const void*>(x.bf16),
+                   a8() ? x.scale : nullptr, weight_.get(), scales_.get<float>(), bias, y, M, n_, k_, ctx.stream);
+      return;
+    case Path::Gemv:
+      // Blocks of at most 8 rows (also the fallback for K the tensor-core kernels cannot tile).
+      for (int m0 = 0; m0 < M; m0 += kGemvMaxM) {
+        const int mb = std::min(kGemvMaxM, M - m0);
+        const void* xp = a8() ? static_cast<const void*>(x.i8 + size_t(m0) * k_)
+                              : static_cast<const void*>(x.bf16 + size_t(m0) * k_);
+        gemv_quant(mode_, xp, a8() ? x.scale + m0 : nullptr, weight_.get(), scales_.get<float>(), bias,
+                   y + size_t(m0) * n_, mb, n_, k_, ctx.stream);
+      }
+      return;
+    case Path::DequantCublas:
+      // Weight-only prefill: one pass to rebuild the bf16 weight, then the library GEMM.
+      ctx.dequant_scratch.ensure(*ctx.pool, size_t(n_) * size_t(k_) * 2, "dequantized weight scratch");
+      dequantize_weight_bf16(weight_.get(), scales_.get<float>(), bits_, group_size_, n_, k_,
+                             ctx.dequant_scratch.get<uint16_t>(), ctx.stream);
+      gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, M, n_, k_, bias, ctx);
+      return;
+    case Path::Wgmma:
       gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_,
                       ctx.stream);
-    else
+      return;
+    case Path::MmaSync:
       gemm_w8a8(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
-    return;
+      return;
+    case Path::GemmQuant:
+      gemm_quant(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
+      return;
   }
-  gemm_quant(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
+}
+
+// Which kernel runs M rows. Crossovers from the H200 measurements in docs/perf/cuda/ (kernel
+// timing prints of test_cuda_small_m and perry bench-op --device cuda).
+CudaLinear::Path CudaLinear::path(int M) const {
+  if (!pq::is_quantized(mode_)) return M <= kSmallMBf16MaxM ? Path::SmallMBf16 : Path::CublasBf16;
+  // The tensor-core kernels copy 16-byte rows: K % 16 (int8 weights) or K % 32 (int4). Other K
+  // (tiny test models) take the GEMV in blocks of 8 rows — correct, just slower.
+  const bool k_ok = k_ % gemm_small_m_k_multiple(mode_) == 0;
+  if (M == 1 || !k_ok) return a8() || M <= kGemvMaxM || !k_ok ? Path::Gemv : Path::DequantCublas;
+  if (M <= kGemmSmallMMaxM) return Path::SmallM;
+  if (!a8()) return Path::DequantCublas;
+  if (mode_ == pq::QuantMode::W8A8) return use_wgmma(M) ? Path::Wgmma : Path::MmaSync;
+  return Path::GemmQuant;
 }
 
 std::string CudaLinear::kernel_name(int M) const {
   const std::string mode(pq::quant_mode_name(mode_));
-  if (!pq::is_quantized(mode_)) return "bf16:cublas_gemm";
-  if (M <= kGemvMaxM || (input_format() == ActFormat::I8 && k_ % (bits_ == 4 ? 32 : 16) != 0))
-    return mode + ":gemv_quant";
-  if (input_format() == ActFormat::BF16) return mode + ":dequantize_bf16+cublas_gemm";
-  if (mode_ == pq::QuantMode::W8A8) return mode + (use_wgmma(M) ? ":gemm_w8a8_wgmma_tma" : std::string(":") + gemm_w8a8_kernel_name());
-  return mode + ":gemm_quant_mma";
+  switch (path(M)) {
+    case Path::CublasBf16: return "bf16:cublas_gemm";
+    case Path::SmallMBf16: return "bf16:gemm_small_m_bf16";
+    case Path::SmallM: return mode + ":gemm_small_m";
+    case Path::Gemv: return mode + ":gemv_quant";
+    case Path::DequantCublas: return mode + ":dequantize_bf16+cublas_gemm";
+    case Path::Wgmma: return mode + ":gemm_w8a8_wgmma_tma";
+    case Path::MmaSync: return mode + ":" + gemm_w8a8_kernel_name();
+    case Path::GemmQuant: return mode + ":gemm_quant_mma";
+  }
+  return mode;
 }
 
 }  // namespace perry::cuda

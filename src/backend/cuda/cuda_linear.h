@@ -45,7 +45,8 @@ struct LinearContext {
 
 class CudaLinear {
  public:
-  static constexpr int kGemvMaxM = 8;  // = kGemvQuantMaxM of gemv_quant.h  // largest M that takes the weight-streaming small-M kernel
+  static constexpr int kGemvMaxM = 8;         // = kGemvQuantMaxM of gemv_quant.h
+  static constexpr int kSmallMBf16MaxM = 64;  // bf16: gemm_small_m_bf16 up to here, cuBLAS above  // largest M that takes the weight-streaming small-M kernel
 
   // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order.
   static CudaLinear upload(DevicePool& pool, const std::vector<const model::Linear*>& parts, const std::string& name);
@@ -59,8 +60,16 @@ class CudaLinear {
   int cols() const { return k_; }
   size_t weight_bytes() const { return weight_bytes_; }
   std::string kernel_name(int M) const;
+  // Bytes of the bf16 scratch a weight-only layer needs above the small-M range (0 otherwise):
+  // the backend allocates it once, so no allocation happens inside a recorded CUDA graph.
+  size_t dequant_scratch_bytes() const {
+    return quant::is_quantized(mode_) && input_format() == ActFormat::BF16 ? size_t(n_) * size_t(k_) * 2 : 0;
+  }
 
  private:
+  enum class Path { CublasBf16, SmallMBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant };
+  Path path(int M) const;
+  bool a8() const { return input_format() == ActFormat::I8; }
   quant::QuantMode mode_ = quant::QuantMode::BF16;
   int n_ = 0, k_ = 0, group_size_ = 0, bits_ = 16;
   size_t weight_bytes_ = 0;
