@@ -3,9 +3,10 @@
 //
 //   lab_cuda_gemm_w8a8 OUT_DIR [--quick] [--check-only] [--time-only] [--wgmma]
 //
-// --wgmma runs only the EXPERIMENTAL sm_90a kernel (gemm_w8a8_sm90.cu): exactness checks and a
-// timing comparison with the mma.sync kernel, cuBLAS bf16 and cuBLASLt int8, into
-// OUT_DIR/lab_cuda_gemm_w8a8_wgmma.md.
+// --wgmma runs only the EXPERIMENTAL sm_90a kernels: gemm_w8a8_sm90.cu (exactness checks and a
+// timing comparison with the mma.sync kernel, cuBLAS bf16 and cuBLASLt int8), then the grouped /
+// int4 gemm_quant_sm90.cu (w8a8-g128, w4a8-g128: whole outputs vs the mma.sync gemm_quant, timing
+// vs cuBLAS bf16), into OUT_DIR/lab_cuda_gemm_w8a8_wgmma.md.
 //
 // Correctness (exit code 1 on any failure, timing still runs so the numbers come back):
 //   quantize_per_token (fp32 and bf16 input) vs the CPU rule, bytes and scale bits exactly;
@@ -33,7 +34,9 @@
 
 #include "kernels/cuda/bench_peers.h"
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/gemv_quant.h"
 
 using perry::DType;
 namespace pc = perry::cuda;
@@ -495,6 +498,97 @@ void set_wgmma_bn(const char* v) {
   else unsetenv("PERRY_WGMMA_BN");
 }
 
+// --wgmma, second part: the grouped / int4 modes on gemm_quant_wgmma (gemm_quant_sm90.cu). At each
+// timing shape its whole output is compared on the device with the mma.sync gemm_quant's (itself
+// checked against int64 / float64 references by tests/cuda/test_cuda_quant_linear.cpp): the int32
+// per-group partials [M, N, G] exactly (M <= 4096), and the f32 output bit for bit (both fold
+// fmaf(float(acc_g), sw[n,g], facc) in group order, then fmaf(facc, sa, bias)). Then timings (L2
+// flushed, median) of gemm_quant (mma.sync) and gemm_quant_wgmma with bf16 out (scales + bias
+// fused), cuBLAS bf16 and the per-channel gemm_w8a8_wgmma for reference. Returns markdown rows.
+std::string run_wgmma_quant(bool quick, std::mt19937_64& rng, Timer& timer, cublasHandle_t blas, cudaStream_t stream,
+                            DevBuf<unsigned long long>& cnt) {
+  struct NK { int N, K; };
+  std::vector<std::pair<NK, std::vector<int>>> plan;
+  if (quick)
+    plan = {{{14336, 4096}, {4096}}};
+  else
+    plan = {{{14336, 4096}, {1024, 4096, 8192}}, {{4096, 14336}, {1024, 4096, 8192}}};
+  const pc::QuantMode modes[] = {pc::QuantMode::W8A8_G128, pc::QuantMode::W4A8_G128};
+  std::string md =
+      "| mode | M | N | K | mma.sync TOPS | wgmma ms | wgmma TOPS | per-channel wgmma TOPS | cuBLAS bf16 TFLOPS | "
+      "wgmma/bf16 | wgmma/mma.sync | i32 mismatches | f32 mismatches |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  auto mismatches = [&](const void* a, const void* b, size_t n) {
+    CK(cudaMemsetAsync(cnt.p, 0, 8, stream));
+    count_mismatch<<<1024, 256, 0, stream>>>(static_cast<const int32_t*>(a), static_cast<const int32_t*>(b), n, cnt.p);
+    pc::check_launch("count_mismatch");
+    CK(cudaStreamSynchronize(stream));
+    return cnt.download()[0];
+  };
+  for (auto& [nk, mlist] : plan) {
+    const int N = nk.N, K = nk.K, Mmax = *std::max_element(mlist.begin(), mlist.end());
+    const int G = (K + 127) / 128;
+    DevBuf<int8_t> W8(size_t(N) * K), X(size_t(Mmax) * K);
+    DevBuf<uint8_t> W4(size_t(N) * K / 2);
+    DevBuf<float> sa(Mmax), sw(size_t(N) * G), sw1(N), bias(N), Yf(size_t(Mmax) * N), Yf2(size_t(Mmax) * N);
+    DevBuf<uint16_t> Y(size_t(Mmax) * N), Xb(size_t(Mmax) * K), Wb(size_t(N) * K);
+    const size_t n32 = size_t(std::min(Mmax, 4096)) * N * G;
+    DevBuf<int32_t> A(n32), B(n32);
+    pc::fill_random_i8(W8.p, W8.n, rng(), stream);
+    pc::fill_random_int4(W4.p, W4.n, rng(), stream);
+    pc::fill_random_i8(X.p, X.n, rng(), stream);
+    pc::fill_random_bf16(Xb.p, Xb.n, rng(), 1.0f, stream);
+    pc::fill_random_bf16(Wb.p, Wb.n, rng(), 0.05f, stream);
+    pc::fill_random_f32(sa.p, Mmax, rng(), 1e-3f, 2e-2f, stream);
+    pc::fill_random_f32(sw.p, sw.n, rng(), 1e-3f, 2e-2f, stream);
+    pc::fill_random_f32(sw1.p, N, rng(), 1e-3f, 2e-2f, stream);
+    pc::fill_random_f32(bias.p, N, rng(), -1.0f, 1.0f, stream);
+    pc::check_launch("fill");
+    for (pc::QuantMode mode : modes) {
+      const char* mname = pc::quant_mode_bits(mode).name;
+      const void* W = pc::quant_mode_bits(mode).bits == 4 ? static_cast<const void*>(W4.p) : W8.p;
+      for (int M : mlist) {
+        const double ops = 2.0 * M * double(N) * K;
+        unsigned long long bad32 = 0, badf = 0;
+        char buf[256];
+        if (size_t(M) * N * G <= n32) {
+          pc::gemm_quant(mode, X.p, nullptr, W, nullptr, nullptr, A.p, DType::I32, M, N, K, stream);
+          CK(cudaMemsetAsync(B.p, 0x55, size_t(M) * N * G * 4, stream));
+          pc::gemm_quant_wgmma(mode, X.p, nullptr, W, nullptr, nullptr, B.p, DType::I32, M, N, K, stream);
+          bad32 = mismatches(A.p, B.p, size_t(M) * N * G);
+          std::snprintf(buf, sizeof buf, "gemm_quant_wgmma %s i32 M=%d N=%d K=%d: %llu/%zu group partials differ from gemm_quant (mma.sync)",
+                        mname, M, N, K, bad32, size_t(M) * N * G);
+          report(bad32 == 0, buf);
+        }
+        pc::gemm_quant(mode, X.p, sa.p, W, sw.p, bias.p, Yf.p, DType::F32, M, N, K, stream);
+        CK(cudaMemsetAsync(Yf2.p, 0x55, size_t(M) * N * 4, stream));
+        pc::gemm_quant_wgmma(mode, X.p, sa.p, W, sw.p, bias.p, Yf2.p, DType::F32, M, N, K, stream);
+        badf = mismatches(Yf.p, Yf2.p, size_t(M) * N);
+        std::snprintf(buf, sizeof buf, "gemm_quant_wgmma %s f32 M=%d N=%d K=%d: %llu/%zu outputs differ bitwise from gemm_quant (mma.sync)",
+                      mname, M, N, K, badf, size_t(M) * N);
+        report(badf == 0, buf);
+        const double t_mma = timer.median_ms([&] { pc::gemm_quant(mode, X.p, sa.p, W, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); });
+        const double t_wg = timer.median_ms([&] { pc::gemm_quant_wgmma(mode, X.p, sa.p, W, sw.p, bias.p, Y.p, DType::BF16, M, N, K, stream); });
+        const double t_pc = timer.median_ms([&] { pc::gemm_w8a8_wgmma(X.p, sa.p, W8.p, sw1.p, bias.p, Y.p, DType::BF16, M, N, K, stream); });
+        std::string note;
+        const double t_bf16 = safe_ms(timer, [&] { pc::cublas_gemm_bf16(blas, Wb.p, Xb.p, Y.p, DType::BF16, M, N, K); },
+                                      note, "cuBLAS bf16");
+        auto T = [&](double ms) { return ms > 0 ? ops / ms / 1e9 : -1.0; };
+        std::printf("%-10s M=%5d N=%5d K=%5d | mma.sync %7.1f | wgmma %8.3f ms %7.1f TOPS | per-channel wgmma %7.1f | "
+                    "cuBLAS bf16 %7.1f | wgmma/bf16 %.2fx wgmma/mma.sync %.2fx %s\n",
+                    mname, M, N, K, T(t_mma), t_wg, T(t_wg), T(t_pc), T(t_bf16), t_bf16 > 0 ? t_bf16 / t_wg : -1.0,
+                    t_mma / t_wg, note.c_str());
+        std::fflush(stdout);
+        char row[512];
+        std::snprintf(row, sizeof row, "| %s | %d | %d | %d | %.0f | %.3f | %.0f | %.0f | %.0f | %.2f | %.2f | %llu | %llu |\n",
+                      mname, M, N, K, T(t_mma), t_wg, T(t_wg), T(t_pc), T(t_bf16), t_bf16 > 0 ? t_bf16 / t_wg : -1.0,
+                      t_mma / t_wg, bad32, badf);
+        md += row;
+      }
+    }
+  }
+  return md;
+}
+
 void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const std::string& device) {
   if (!pc::gemm_w8a8_wgmma_supported()) {
     report(false, "gemm_w8a8_wgmma: device is not sm_90, nothing to test");
@@ -622,10 +716,21 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
       md += row;
     }
   }
+  std::printf("== wgmma grouped / int4 (gemm_quant_wgmma)\n");
+  std::string md_quant;
+  try {
+    md_quant = run_wgmma_quant(quick, rng, timer, blas, stream, cnt);
+  } catch (const std::exception& e) {  // keep the per-channel results when this part fails
+    report(false, std::string("gemm_quant_wgmma part aborted: ") + e.what());
+  }
   cudaFree(ws);
   cublasLtDestroy(lt);
   cublasDestroy(blas);
   cudaStreamDestroy(stream);
+  md += "\n## Grouped and int4 modes: gemm_quant_wgmma (bf16 out, group scales, sa and bias fused)\n\n"
+        "TOPS = 2MNK/t. mma.sync = gemm_quant; per-channel wgmma = gemm_w8a8_wgmma at the same shape (the "
+        "ceiling without group folding). Mismatches: vs gemm_quant, whole outputs (i32 partials for M <= 4096).\n\n" +
+        md_quant;
   FILE* f = std::fopen((dir + "/lab_cuda_gemm_w8a8_wgmma.md").c_str(), "w");
   if (!f) throw perry::Error("cannot write wgmma results into " + dir);
   std::fprintf(f, "# EXPERIMENTAL wgmma (TMA, warp-specialized) kernel on %s\n\nCUDA events, L2 flushed before each run, "

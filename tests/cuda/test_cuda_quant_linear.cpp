@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/quant.h"
 
@@ -257,8 +258,12 @@ void group_partials(const QuantizedWeight& w, const std::vector<int>& wu, const 
     }
 }
 
-void run_gemm_case(QuantMode mode, int M, int N, int K, bool with_bias, DType out, std::mt19937& g) {
-  const std::string what = "gemm " + mode_name(mode) + " M=" + std::to_string(M) + " N=" +
+using GemmQuantFn = void (*)(QuantMode, const int8_t*, const float*, const void*, const float*, const float*,
+                             void*, DType, int, int, int, cudaStream_t);
+
+void run_gemm_case(QuantMode mode, int M, int N, int K, bool with_bias, DType out, std::mt19937& g,
+                   GemmQuantFn gemm = pc::gemm_quant, const char* name = "gemm ") {
+  const std::string what = name + mode_name(mode) + " M=" + std::to_string(M) + " N=" +
                            std::to_string(N) + " K=" + std::to_string(K) + (with_bias ? " bias" : "") +
                            (out == DType::I32 ? " i32" : out == DType::F32 ? " f32" : " bf16");
   const QuantizedWeight w = make_weight(mode, N, K, g);
@@ -275,8 +280,7 @@ void run_gemm_case(QuantMode mode, int M, int N, int K, bool with_bias, DType ou
   const size_t esize = out == DType::BF16 ? 2 : 4;
   Dev<uint8_t> dy(ny * esize);
   ASSERT_EQ(cudaMemset(dy.p, 0xFF, ny * esize), cudaSuccess);  // NaN (float) / -1 (int) poison
-  pc::gemm_quant(mode, dq.p, dsa.p, dw.q.p, dw.s.p, with_bias ? dbias.p : nullptr, dy.p, out, M, N, K,
-                 nullptr);
+  gemm(mode, dq.p, dsa.p, dw.q.p, dw.s.p, with_bias ? dbias.p : nullptr, dy.p, out, M, N, K, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto raw = dy.get();
   if (out == DType::I32) {
@@ -357,6 +361,62 @@ TEST(CudaGemmQuant, BadArgumentsThrow) {
   EXPECT_THROW(call(QuantMode::W8A8_G64, 16, 64, 128, DType::I8, sa.p), perry::Error);
   EXPECT_THROW(pc::gemm_quant(QuantMode::W4A8, x.p + 1, sa.p, w.p, s.p, nullptr, y.p, DType::F32, 16, 64, 128,
                               nullptr),
+               perry::Error);  // misaligned x
+  EXPECT_NO_THROW(call(QuantMode::W4A8_G128, 16, 64, 256, DType::I32, nullptr));  // I32: no scales needed
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// gemm_quant_wgmma (sm_90a TMA + wgmma, gemm_quant_sm90.cu): the same contract and checks as
+// gemm_quant. K = 96 / 160 / 4160: a partial last 128-k stage (and partial last g128 group, g64
+// groups split across stages); 1400 × 2200: 198 tiles, more than the SMs, so CTAs loop.
+#define REQUIRE_SM90()                                                                 \
+  REQUIRE_GPU();                                                                       \
+  if (!pc::gemm_quant_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: gemm_quant_wgmma skipped"
+
+TEST(CudaGemmQuantWgmma, Int32GroupPartialsExact) {
+  REQUIRE_SM90();
+  std::mt19937 g(21);
+  const auto wg = pc::gemm_quant_wgmma;
+  for (QuantMode mode : kA8Modes)
+    for (auto [M, N, K] : {std::tuple{9, 200, 320}, {200, 37, 192}, {64, 1000, 4160}, {130, 130, 96},
+                           {129, 131, 160}, {1, 8, 32}, {1400, 2200, 96}, {300, 520, 1024}})
+      run_gemm_case(mode, M, N, K, false, DType::I32, g, wg, "gemm_quant_wgmma ");
+}
+
+TEST(CudaGemmQuantWgmma, GroupedAndInt4MatchFloat64) {
+  REQUIRE_SM90();
+  std::mt19937 g(22);
+  const auto wg = pc::gemm_quant_wgmma;
+  const char* nm = "gemm_quant_wgmma ";
+  const std::pair<int, int> shapes[] = {{200, 320}, {3, 128}, {37, 192}, {130, 96}, {131, 160}};
+  for (QuantMode mode : kA8Modes) {
+    for (auto [N, K] : shapes)
+      for (int M : {9, 64, 200})
+        for (bool bias : {false, true}) run_gemm_case(mode, M, N, K, bias, DType::F32, g, wg, nm);
+    for (int M : {9, 200}) run_gemm_case(mode, M, 1000, 4160, M != 64, DType::F32, g, wg, nm);
+    run_gemm_case(mode, 77, 200, 320, true, DType::BF16, g, wg, nm);
+    run_gemm_case(mode, 300, 520, 1024, false, DType::BF16, g, wg, nm);  // 16-byte stores + edge tile
+    run_gemm_case(mode, 300, 520, 1024, true, DType::BF16, g, wg, nm);
+    run_gemm_case(mode, 1400, 2200, 96, true, DType::F32, g, wg, nm);   // CTAs loop over tiles
+    run_gemm_case(mode, 130, 257, 4160, true, DType::BF16, g, wg, nm);  // odd N: element stores
+  }
+}
+
+TEST(CudaGemmQuantWgmma, BadArgumentsThrow) {
+  REQUIRE_SM90();
+  Dev<int8_t> x(16 * 256), w(64 * 256);
+  Dev<float> s(64 * 4), sa(16), y(16 * 64 * 2);  // I32 out: [M, N, G = 2]
+  auto call = [&](QuantMode mode, int M, int N, int K, DType out, const float* psa) {
+    pc::gemm_quant_wgmma(mode, x.p, psa, w.p, s.p, nullptr, y.p, out, M, N, K, nullptr);
+  };
+  EXPECT_THROW(call(QuantMode::W8A8_G128, 0, 64, 128, DType::F32, sa.p), perry::Error);
+  EXPECT_THROW(call(QuantMode::W8A8_G128, 16, 64, 200, DType::F32, sa.p), perry::Error);  // K % 16
+  EXPECT_THROW(call(QuantMode::W4A8_G128, 16, 64, 48, DType::F32, sa.p), perry::Error);   // K % 32
+  EXPECT_THROW(call(QuantMode::W4A16, 16, 64, 128, DType::F32, sa.p), perry::Error);      // weight-only
+  EXPECT_THROW(call(QuantMode::W8A8_G64, 16, 64, 128, DType::F32, nullptr), perry::Error);
+  EXPECT_THROW(call(QuantMode::W8A8_G64, 16, 64, 128, DType::I8, sa.p), perry::Error);
+  EXPECT_THROW(pc::gemm_quant_wgmma(QuantMode::W4A8, x.p + 1, sa.p, w.p, s.p, nullptr, y.p, DType::F32, 16, 64,
+                                    128, nullptr),
                perry::Error);  // misaligned x
   EXPECT_NO_THROW(call(QuantMode::W4A8_G128, 16, 64, 256, DType::I32, nullptr));  // I32: no scales needed
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -121,8 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == 0) {
       // ---------------- TMA issuer ----------------
       if (lane == 0) {
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmA)) : "memory");
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmB)) : "memory");
+        prefetch_tensormaps(&tmA, &tmB);
         int s = 0;
         uint32_t phase = 0;
         for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {

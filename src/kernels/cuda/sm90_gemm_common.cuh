@@ -67,6 +67,12 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Pulls two tensor maps (kernel parameters) into the descriptor cache ahead of the first loads.
+__device__ __forceinline__ void prefetch_tensormaps(const CUtensorMap* a, const CUtensorMap* b) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(a)) : "memory");
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(b)) : "memory");
+}
+
 // ---- TMA: a 2-D box [rows, 128 B] at (k0, row0) into shared memory, completing on `bar` ----
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int k0, int row0, uint32_t bar) {
   asm volatile(
