@@ -40,7 +40,7 @@ missing=$(ldd "$T/bin/perry" | grep "not found" || true)
 [ -n "$missing" ] && say "- MISSING LIBRARIES: $missing"
 
 P="$T/bin/perry"
-if [ "$LEVEL" != ops ] && [ "$LEVEL" != peers ]; then  # (steps 1 and 2; `ops`, `peers` skip them)
+if [ "$LEVEL" != ops ] && [ "$LEVEL" != peers ] && [ "$LEVEL" != run3 ]; then  # (steps 1 and 2; `ops`, `peers`, `run3` skip them)
 # 1. Tests: every CUDA test program, each bounded.
 : > "$OUT/tests.log"
 say ""
@@ -53,7 +53,7 @@ for t in "$T"/bin/test_cuda_*; do
   say "- $name: exit $rc, $(grep -c '^\[       OK \]' "$T/$name.log") passed, $(grep -cE '^\[  FAILED  \].*ms\)' "$T/$name.log") failed, $(grep -cE '^\[  SKIPPED \].*ms\)' "$T/$name.log") skipped"
 done
 grep -E '^\[  FAILED  \].*ms\)' "$OUT/tests.log" | head -30 | sed 's/^/  - /' | tee -a "$S"
-grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -30 | sed 's/^/    /' | tee -a "$S"
+grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -90 | sed "s/^/    /" | tee -a "$S"
 
 # 2. perry itself on the GPU: info, a short generation with the embedded model.
 {
@@ -89,7 +89,7 @@ bench() {  # name preset modes...
 # `full` only the .json stays as a file (the 8-file limit).
 bench_op() {
   local O="$OUT/bench-op-cuda" rc
-  timeout 300 "$P" bench-op --device cuda -o "$O" > "$T/bench-op.log" 2>&1
+  timeout 300 "$P" bench-op --device cuda ${QUICK_OPS:-} -o "$O" > "$T/bench-op.log" 2>&1
   rc=$?
   if [ $rc -ge 2 ] && [ $rc -ne 124 ]; then
     say ""
@@ -135,7 +135,7 @@ peer_transformers() {  # preset
   fi
   rm -rf "$X"
   if [ -f "$R.md" ]; then echo >> "$S"; tail -n +3 "$R.md" >> "$S"; else tail -15 "$L" | sed 's/^/    /' | tee -a "$S"; fi
-  if [ "$LEVEL" = peers ]; then  # the log up to the report it prints at the end
+  if [ "$LEVEL" = peers ] || [ "$LEVEL" = run3 ]; then  # the log up to the report it prints at the end
     { cat "$R.md" 2>/dev/null; echo; echo "## log"; echo '```'; sed '/^# transformers bench/,$d' "$L" | tail -60; echo '```'
       echo; echo "## json"; echo '```json'; cat "$R.json" 2>/dev/null; echo '```'; } > "$OUT/peers-transformers.md"
   fi
@@ -150,6 +150,17 @@ case "$LEVEL" in
   ops) bench_op ;;
   peers)
     bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128
+    peer_transformers llama3-8b ;;
+  # The two halves of `full` for two device calls of < 10 minutes each.
+  run2)
+    bench llama3-8b llama3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
+    QUICK_OPS=--quick bench_op ;;
+  run3)
+    bench qwen3-8b qwen3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
+    # Launch overhead without the decode graph (bf16 llama3-8b, decode only).
+    timeout 120 "$P" bench --device cuda --synthetic llama3-8b --modes bf16 -p 16 -b 1 16 -n 32 -r 3 --no-cuda-graphs \
+      > "$T/nograph.log" 2>&1
+    say ""; say "## llama3-8b bf16 decode WITHOUT CUDA graphs"; grep -E "decode" "$T/nograph.log" | sed 's/^/    /' | tee -a "$S"
     peer_transformers llama3-8b ;;
 esac
 say ""

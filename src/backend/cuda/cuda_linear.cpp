@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemv_quant.h"
 
 namespace perry::cuda {
@@ -168,6 +169,10 @@ void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& c
     case Path::GemmQuant:
       gemm_quant(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
       return;
+    case Path::WgmmaQuant:
+      gemm_quant_wgmma(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_,
+                       ctx.stream);
+      return;
   }
 }
 
@@ -182,7 +187,7 @@ CudaLinear::Path CudaLinear::path(int M) const {
   if (M <= kGemmSmallMMaxM) return Path::SmallM;
   if (!a8()) return Path::DequantCublas;
   if (mode_ == pq::QuantMode::W8A8) return use_wgmma(M) ? Path::Wgmma : Path::MmaSync;
-  return Path::GemmQuant;
+  return use_wgmma(M) && gemm_quant_wgmma_supported() ? Path::WgmmaQuant : Path::GemmQuant;
 }
 
 std::string CudaLinear::kernel_name(int M) const {
@@ -196,6 +201,7 @@ std::string CudaLinear::kernel_name(int M) const {
     case Path::Wgmma: return mode + ":gemm_w8a8_wgmma_tma";
     case Path::MmaSync: return mode + ":" + gemm_w8a8_kernel_name();
     case Path::GemmQuant: return mode + ":gemm_quant_mma";
+    case Path::WgmmaQuant: return mode + ":gemm_quant_wgmma_tma";
   }
   return mode;
 }

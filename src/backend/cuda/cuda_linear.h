@@ -67,7 +67,7 @@ class CudaLinear {
   }
 
  private:
-  enum class Path { CublasBf16, SmallMBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant };
+  enum class Path { CublasBf16, SmallMBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant };
   Path path(int M) const;
   bool a8() const { return input_format() == ActFormat::I8; }
   quant::QuantMode mode_ = quant::QuantMode::BF16;
