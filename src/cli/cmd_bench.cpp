@@ -68,6 +68,18 @@ Command register_bench(CLI::App& root) {
     md << "| mode | what | tokens | tok/s | ms | peak RSS MiB | peak GPU MiB |\n|---|---|---:|---:|---:|---:|---:|\n";
     std::printf("%-10s %-14s %7s %12s %10s %9s %9s\n", "mode", "what", "tokens", "tok/s", "ms", "RSS MiB", "GPU MiB");
     std::string device;
+    // Written after every mode, so a run cut short (a time limit on the GPU machine) keeps what it measured.
+    auto write_out = [&](bool final) {
+      if (a->out.empty()) return;
+      nlohmann::json doc = {{"model", a->m.synthetic.empty() ? a->m.dir : "synthetic " + a->m.synthetic},
+                            {"cpu", cpu_features().brand}, {"threads", thread_pool().size()}, {"device", device},
+                            {"results", results}};
+      std::ofstream(a->out + ".json") << doc.dump(2) << "\n";
+      std::ofstream(a->out + ".md") << "# perry bench — " << doc["model"].get<std::string>() << "\n\nCPU: "
+                                    << cpu_features().brand << ", " << thread_pool().size() << " threads; runs on "
+                                    << device << "\n\n" << md.str();
+      if (final) std::fprintf(stderr, "wrote %s.md and %s.json\n", a->out.c_str(), a->out.c_str());
+    };
     for (const std::string& mode : a->modes) {
       ModelArgs margs = a->m;
       margs.quant = mode;
@@ -150,17 +162,9 @@ Command register_bench(CLI::App& root) {
         // tok/s counts every sequence's token; ms is the time of one decode step.
         report("decode b=" + std::to_string(B), a->decode, double(B) / median(dec), median(dec) * 1e3);
       }
+      write_out(false);
     }
-    if (!a->out.empty()) {
-      nlohmann::json doc = {{"model", a->m.synthetic.empty() ? a->m.dir : "synthetic " + a->m.synthetic},
-                            {"cpu", cpu_features().brand}, {"threads", thread_pool().size()}, {"device", device},
-                            {"results", results}};
-      std::ofstream(a->out + ".json") << doc.dump(2) << "\n";
-      std::ofstream(a->out + ".md") << "# perry bench — " << doc["model"].get<std::string>() << "\n\nCPU: "
-                                    << cpu_features().brand << ", " << thread_pool().size() << " threads; runs on "
-                                    << device << "\n\n" << md.str();
-      std::fprintf(stderr, "wrote %s.md and %s.json\n", a->out.c_str(), a->out.c_str());
-    }
+    write_out(true);
     return 0;
   }};
 }

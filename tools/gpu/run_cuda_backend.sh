@@ -40,6 +40,8 @@ missing=$(ldd "$T/bin/perry" | grep "not found" || true)
 [ -n "$missing" ] && say "- MISSING LIBRARIES: $missing"
 
 P="$T/bin/perry"
+# `final` (one call of < 10 min): the tests without the timing prints, no perry.log.
+[ "$LEVEL" = final ] && TEST_FILTER='-*Timing*:*Perf*'
 if [ "$LEVEL" != ops ] && [ "$LEVEL" != peers ] && [ "$LEVEL" != run3 ]; then  # (steps 1 and 2; `ops`, `peers`, `run3` skip them)
 # 1. Tests: every CUDA test program, each bounded.
 : > "$OUT/tests.log"
@@ -47,7 +49,7 @@ say ""
 say "## tests"
 for t in "$T"/bin/test_cuda_*; do
   name=$(basename "$t")
-  timeout 300 "$t" --gtest_color=no > "$T/$name.log" 2>&1
+  timeout 300 "$t" --gtest_color=no ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} > "$T/$name.log" 2>&1
   rc=$?
   cat "$T/$name.log" >> "$OUT/tests.log"
   say "- $name: exit $rc, $(grep -c '^\[       OK \]' "$T/$name.log") passed, $(grep -cE '^\[  FAILED  \].*ms\)' "$T/$name.log") failed, $(grep -cE '^\[  SKIPPED \].*ms\)' "$T/$name.log") skipped"
@@ -56,7 +58,7 @@ grep -E '^\[  FAILED  \].*ms\)' "$OUT/tests.log" | head -30 | sed 's/^/  - /' | 
 grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -90 | sed "s/^/    /" | tee -a "$S"
 
 # 2. perry itself on the GPU: info, a short generation with the embedded model.
-{
+[ "$LEVEL" != final ] && {
   echo "== perry info --device cuda"; timeout 60 "$P" info --device cuda
   echo "== perry info --device cuda --quant w8a8"; timeout 60 "$P" info --device cuda --quant w8a8
   echo "== perry run --device cuda"; timeout 60 "$P" run --device cuda -n 48 -p "The ship sailed"
@@ -76,7 +78,7 @@ fi
 bench() {  # name preset modes...
   local name=$1 preset=$2
   shift 2
-  timeout 420 "$P" bench --device cuda --synthetic "$preset" --modes "$@" -p 512 2048 8192 -b 1 16 -n 32 -r 3 \
+  timeout ${BENCH_TIMEOUT:-420} "$P" bench --device cuda --synthetic "$preset" --modes "$@" -p 512 2048 8192 -b 1 16 -n 32 -r 3 \
     -o "$OUT/bench-$name" > "$OUT/bench-$name.log" 2>&1
   say ""
   say "## bench $name (exit $?)"
@@ -121,21 +123,21 @@ peer_transformers() {  # preset
     return
   fi
   rm -rf "$X"
-  timeout 300 "$P" export --synthetic "$preset" -o "$X" >> "$L" 2>&1
+  timeout ${EXPORT_TIMEOUT:-300} "$P" export --synthetic "$preset" -o "$X" >> "$L" 2>&1
   rc=$?
   say "- perry export: exit $rc; $(grep '^exported' "$L" | tail -1)"
   if [ $rc -eq 0 ]; then
     ids=$(timeout 180 "$P" run --device cuda --synthetic "$preset" --prompt-tokens 128 -n 8 2>>"$L" |
           sed -n 's/^generated ids: *//p')
     say "- perry greedy ids (bf16, cuda): ${ids:-none}"
-    PYTHONUNBUFFERED=1 timeout 360 python3 "$ROOT/tools/gpu/peer_transformers.py" "$X" "$R" \
+    PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-360} python3 "$ROOT/tools/gpu/peer_transformers.py" "$X" "$R" \
       --prompts 512 2048 8192 --decode 32 --batch 1 16 --repeats 3 --perry-ids "$ids" >> "$L" 2>&1
     rc=$?
     say "- peer_transformers.py: exit $rc"
   fi
   rm -rf "$X"
   if [ -f "$R.md" ]; then echo >> "$S"; tail -n +3 "$R.md" >> "$S"; else tail -15 "$L" | sed 's/^/    /' | tee -a "$S"; fi
-  if [ "$LEVEL" = peers ] || [ "$LEVEL" = run3 ]; then  # the log up to the report it prints at the end
+  if [ "$LEVEL" = peers ] || [ "$LEVEL" = run3 ] || [ "$LEVEL" = final ]; then  # the log up to the report it prints at the end
     { cat "$R.md" 2>/dev/null; echo; echo "## log"; echo '```'; sed '/^# transformers bench/,$d' "$L" | tail -60; echo '```'
       echo; echo "## json"; echo '```json'; cat "$R.json" 2>/dev/null; echo '```'; } > "$OUT/peers-transformers.md"
   fi
@@ -155,6 +157,14 @@ case "$LEVEL" in
   run2)
     bench llama3-8b llama3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
     QUICK_OPS=--quick bench_op ;;
+  final)  # everything that must be measured in the last call of a session, bounded to ~9.5 min
+    left() { echo $(( 560 - ($(date +%s) - START) )); }
+    BENCH_TIMEOUT=170 bench llama3-8b llama3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
+    EXPORT_TIMEOUT=120 PEER_TIMEOUT=$(( $(left) - 150 )) peer_transformers llama3-8b
+    timeout 45 "$P" bench --device cuda --synthetic llama3-8b --modes bf16 -p 16 -b 1 16 -n 32 -r 3 --no-cuda-graphs \
+      > "$T/nograph.log" 2>&1
+    say ""; say "## llama3-8b bf16 decode WITHOUT CUDA graphs"; grep -E "decode" "$T/nograph.log" | sed 's/^/    /' | tee -a "$S"
+    BENCH_TIMEOUT=$(( $(left) - 5 )) bench qwen3-8b qwen3-8b bf16 w8a8 w4a8-g128 w8a16 w4a16 w8a8-g128 ;;
   run3)
     bench qwen3-8b qwen3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
     # Launch overhead without the decode graph (bf16 llama3-8b, decode only).

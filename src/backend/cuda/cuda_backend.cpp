@@ -11,6 +11,7 @@
 #include <map>
 #include <tuple>
 
+#include "backend/cuda/backend_kernels.h"
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/device_memory.h"
 #include "core/error.h"
@@ -59,7 +60,7 @@ class CudaBackend final : public model::ForwardBackend {
  private:
   struct Layer {
     DeviceBuffer in_norm, post_norm, q_norm, k_norm;
-    CudaLinear q, k, v, o, gate_up, down;
+    CudaLinear qkv, o, gate_up, down;  // q|k|v and gate|up: rows concatenated, one GEMM each
   };
   // One forward pass as the kernels see it (the host-side batch description is in meta_).
   struct Step {
@@ -98,7 +99,7 @@ class CudaBackend final : public model::ForwardBackend {
   // Scratch, grown to the largest batch seen.
   int scratch_m_ = 0, scratch_rows_ = 0, scratch_seqs_ = 0;
   size_t attn_ws_bytes_ = 0;
-  DeviceBuffer x_, act_bf16_, act_i8_, act_scale_, q_, k_, v_, attn_, delta_, gu_, xlast_, logits_, attn_ws_;
+  DeviceBuffer x_, act_bf16_, act_i8_, act_scale_, qkv_, q_, k_, v_, attn_, delta_, gu_, xlast_, logits_, attn_ws_;
   DeviceBuffer meta_;  // tokens [M], positions [M], AttnSeq [n_seqs]
   std::vector<uint8_t> host_meta_;
   float* host_logits_ = nullptr;  // pinned
@@ -145,13 +146,11 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
       d.q_norm = upload_vector(pool_, s.q_norm, p + "q_norm");
       d.k_norm = upload_vector(pool_, s.k_norm, p + "k_norm");
     }
-    d.q = CudaLinear::upload(pool_, {&s.q}, p + "self_attn.q_proj");
-    d.k = CudaLinear::upload(pool_, {&s.k}, p + "self_attn.k_proj");
-    d.v = CudaLinear::upload(pool_, {&s.v}, p + "self_attn.v_proj");
+    d.qkv = CudaLinear::upload(pool_, {&s.q, &s.k, &s.v}, p + "self_attn.q_proj|k_proj|v_proj");
     d.o = CudaLinear::upload(pool_, {&s.o}, p + "self_attn.o_proj");
     d.gate_up = CudaLinear::upload(pool_, {&s.gate, &s.up}, p + "mlp.gate_proj|up_proj");
     d.down = CudaLinear::upload(pool_, {&s.down}, p + "mlp.down_proj");
-    for (const CudaLinear* l : {&d.q, &d.k, &d.v, &d.o, &d.gate_up, &d.down})
+    for (const CudaLinear* l : {&d.qkv, &d.o, &d.gate_up, &d.down})
       PERRY_CHECK(l->input_format() == act_fmt_, "{}: layers of mixed activation formats are not supported on CUDA",
                   p);
     layers_.push_back(std::move(d));
@@ -161,7 +160,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   {
     size_t scratch = lm_head_.dequant_scratch_bytes();
     for (const Layer& d : layers_)
-      for (const CudaLinear* l : {&d.q, &d.k, &d.v, &d.o, &d.gate_up, &d.down})
+      for (const CudaLinear* l : {&d.qkv, &d.o, &d.gate_up, &d.down})
         scratch = std::max(scratch, l->dequant_scratch_bytes());
     if (scratch) lctx_.dequant_scratch.ensure(pool_, scratch, "dequantized weight scratch");
   }
@@ -205,6 +204,7 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
       act_i8_.ensure(pool_, m * widest, "activations (int8 linear input)");
       act_scale_.ensure(pool_, m * 4, "activation scales");
     }
+    qkv_.ensure(pool_, m * (Q + 2 * KV) * 4, "q|k|v projections");
     q_.ensure(pool_, m * Q * 4, "attention queries");
     k_.ensure(pool_, m * KV * 4, "attention keys");
     v_.ensure(pool_, m * KV * 4, "attention values");
@@ -376,9 +376,11 @@ void CudaBackend::enqueue(const Step& st) {
   auto* d_pos = d_tok + M;
   auto* d_seq = reinterpret_cast<AttnSeq*>(d_pos + M);
   float* x = x_.get<float>();
-  float* q = q_.get<float>();
-  float* k = k_.get<float>();
-  float* v = v_.get<float>();
+  // One row: q, k and v are already contiguous inside the fused projection's output.
+  float* qkv = qkv_.get<float>();
+  float* q = M == 1 ? qkv : q_.get<float>();
+  float* k = M == 1 ? qkv + Q : k_.get<float>();
+  float* v = M == 1 ? qkv + Q + KV : v_.get<float>();
   float* attn = attn_.get<float>();
   float* delta = delta_.get<float>();
   float* gu = gu_.get<float>();
@@ -392,9 +394,8 @@ void CudaBackend::enqueue(const Step& st) {
     const Layer& L = layers_[l];
     if (l == 0) rms_norm(x, L.in_norm.get<float>(), eps, M, H, act_out(), stream_);
     // (later layers: the previous layer's residual add already normalized x into the input)
-    L.q.forward(in, M, q, lctx_);
-    L.k.forward(in, M, k, lctx_);
-    L.v.forward(in, M, v, lctx_);
+    L.qkv.forward(in, M, qkv, lctx_);
+    if (M > 1) split_qkv(qkv, M, Q, KV, q, k, v, stream_);
     if (cfg_.qk_norm) {
       head_rms_norm(q, Q, M, nh, hd, L.q_norm.get<float>(), eps, stream_);
       head_rms_norm(k, KV, M, nkv, hd, L.k_norm.get<float>(), eps, stream_);
@@ -446,9 +447,7 @@ double CudaBackend::linears_ms(int M) {
   const LinearInput in = linear_in();
   auto run = [&] {
     for (const Layer& L : layers_) {
-      L.q.forward(in, M, q_.get<float>(), lctx_);
-      L.k.forward(in, M, k_.get<float>(), lctx_);
-      L.v.forward(in, M, v_.get<float>(), lctx_);
+      L.qkv.forward(in, M, qkv_.get<float>(), lctx_);
       L.o.forward(in, M, delta_.get<float>(), lctx_);
       L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
       L.down.forward(in, M, delta_.get<float>(), lctx_);

@@ -45,8 +45,9 @@ struct LinearContext {
 
 class CudaLinear {
  public:
-  static constexpr int kGemvMaxM = 8;         // = kGemvQuantMaxM of gemv_quant.h
-  static constexpr int kSmallMBf16MaxM = 64;  // bf16: gemm_small_m_bf16 up to here, cuBLAS above  // largest M that takes the weight-streaming small-M kernel
+  static constexpr int kGemvMaxM = 8;      // = kGemvQuantMaxM of gemv_quant.h (rows per gemv_quant call)
+  static constexpr int kGemvOnlyMaxM = 3;  // gemv_quant up to here, then gemm_small_m
+  static constexpr int kSmallMA8MaxM = 32; // W*A8: gemm_small_m up to here, then the GEMMs  // largest M that takes the weight-streaming small-M kernel
 
   // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order.
   static CudaLinear upload(DevicePool& pool, const std::vector<const model::Linear*>& parts, const std::string& name);
@@ -67,7 +68,7 @@ class CudaLinear {
   }
 
  private:
-  enum class Path { CublasBf16, SmallMBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant };
+  enum class Path { CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant };
   Path path(int M) const;
   bool a8() const { return input_format() == ActFormat::I8; }
   quant::QuantMode mode_ = quant::QuantMode::BF16;
