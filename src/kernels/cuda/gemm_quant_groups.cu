@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/mma_sync_common.cuh"
 
 namespace perry::cuda {
 namespace {
@@ -39,30 +40,12 @@ __host__ __device__ constexpr int smem_bytes() { return kStages * stage_bytes<kB
 
 enum class Out { BF16, F32, I32 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void mma_s8(int c[4], const uint32_t a[4], const uint32_t b[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+using mma_sync::cp_async16;
+using mma_sync::cp_async_commit;
+using mma_sync::cp_async_wait;
+using mma_sync::int4_to_int8x8;
+using mma_sync::ldmatrix_x4;
+using mma_sync::mma_s8;
 
 // k tile at k0 of rows [row0, row0+128) of an int8 [rows, K] matrix → padded shared tile.
 // K % 16 == 0, so a 16-byte chunk is entirely inside or outside the matrix (src-size 0 = zeros).
@@ -87,16 +70,6 @@ __device__ __forceinline__ void load_tile4(int8_t* s, const uint8_t* __restrict_
   const bool ok = gr < rows && gk < K;
   const uint8_t* src = ok ? g + (size_t)gr * (K / 2) + gk / 2 : g;
   cp_async16(s + r * (kBK / 2) + chunk * 16, src, ok ? 16 : 0);
-}
-
-// 8 packed int4 (byte j: k 2j low nibble, 2j+1 high) → two words of 4 int8 in k order. Bytewise
-// sign extension of n in 0..15: ((n ^ 0x88) - 0x08) ^ 0x80 (bit 7 set: no borrow across bytes).
-__device__ __forceinline__ void int4_to_int8x8(uint32_t w, uint32_t& w0, uint32_t& w1) {
-  const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
-  const uint32_t slo = ((lo ^ 0x88888888u) - 0x08080808u) ^ 0x80808080u;
-  const uint32_t shi = ((hi ^ 0x88888888u) - 0x08080808u) ^ 0x80808080u;
-  w0 = __byte_perm(slo, shi, 0x5140);
-  w1 = __byte_perm(slo, shi, 0x7362);
 }
 
 // Packed tile → padded int8 tile (same rows; chunk c of row r holds k 32c..32c+31).

@@ -30,6 +30,7 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/mma_sync_common.cuh"
 
 namespace perry::cuda {
 namespace {
@@ -57,13 +58,9 @@ struct KT {
   static constexpr int STEPS = WORDS / 2;                        // mma steps per chunk
 };
 
-__device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
+using mma_sync::int4_to_int8x8;
+using mma_sync::ld_stream16;
+using mma_sync::word;
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                        uint32_t b0, uint32_t b1) {
@@ -82,23 +79,9 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// 8 packed int4 (byte j: k 2j low nibble, 2j+1 high) → two words of 4 int8 in k order. Bytewise
-// sign extension of n in 0..15: ((n ^ 0x88) - 0x08) ^ 0x80 (bit 7 set: no borrow across bytes).
-__device__ __forceinline__ void int4_to_int8x8(uint32_t w, uint32_t& w0, uint32_t& w1) {
-  const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
-  const uint32_t slo = ((lo ^ 0x88888888u) - 0x08080808u) ^ 0x80808080u;
-  const uint32_t shi = ((hi ^ 0x88888888u) - 0x08080808u) ^ 0x80808080u;
-  w0 = __byte_perm(slo, shi, 0x5140);
-  w1 = __byte_perm(slo, shi, 0x7362);
-}
-
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
   return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 // One 16-byte weight chunk (C consecutive k) → the fragment words of those k in k order:

@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/mma_sync_common.cuh"
 
 namespace perry::cuda {
 
@@ -50,13 +51,9 @@ struct Cfg {
   static constexpr int U = 4 / R;
 };
 
-__device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
+using mma_sync::int4_to_int8x8;
+using mma_sync::ld_stream16;
+using mma_sync::word;
 
 // 16 bytes p[off, off+16) of a buffer of len bytes, zero past len. The vector path is taken when
 // the caller vouched (vec) that every in-bounds chunk start is 16-byte aligned and len % 16 == 0.
@@ -72,21 +69,6 @@ __device__ __forceinline__ uint4 load16(const uint8_t* __restrict__ p, long long
   for (int i = 0; i < 16; ++i)
     if (off + i < len) w[i / 4] |= uint32_t(__ldg(p + off + i)) << (8 * (i % 4));
   return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// 8 packed int4 (k order: byte j = k 2j low, 2j+1 high) → two words of 4 int8 in k order.
-// Bytewise sign extension of a nibble n (byte value 0..15): ((n ^ 0x88) - 0x08) ^ 0x80 — the
-// XOR sets bit 7 so the subtraction never borrows from the neighbouring byte.
-__device__ __forceinline__ void int4_to_int8x8(uint32_t w, uint32_t& lo_word, uint32_t& hi_word) {
-  const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;  // k 0,2,4,6 / k 1,3,5,7
-  const uint32_t slo = ((lo ^ 0x88888888u) - 0x08080808u) ^ 0x80808080u;
-  const uint32_t shi = ((hi ^ 0x88888888u) - 0x08080808u) ^ 0x80808080u;
-  lo_word = __byte_perm(slo, shi, 0x5140);  // k0 k1 k2 k3
-  hi_word = __byte_perm(slo, shi, 0x7362);  // k4 k5 k6 k7
 }
 
 // Byte i of u (an unsigned value 0..255) as the float 8388608 + u (exact).

@@ -1,0 +1,62 @@
+// Private to the mma.sync kernels (gemm_w8a8.cu, gemm_quant_groups.cu, gemm_small_m.cu,
+// gemv_quant.cu, attention.cu / attention_decode.cu via attention_device.cuh): the PTX wrappers
+// and bit tricks they share — cp.async, ldmatrix, mma.sync m16n8k32 s8, streaming 16-byte loads,
+// int4 → int8 unpacking. Everything is __forceinline__: including it changes no generated code.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace perry::cuda::mma_sync {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async global → shared copy; src_bytes = 0 writes 16 zero bytes (and reads nothing).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// C += A·B, m16n8k32, s8 inputs, s32 accumulators.
+__device__ __forceinline__ void mma_s8(int c[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// 16 bytes from global memory, read-only, not allocated in L1 (weights streamed once).
+__device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// 8 packed int4 (k order: byte j = k 2j low nibble, 2j+1 high) → two words of 4 int8 in k order.
+// Bytewise sign extension of a nibble n (byte value 0..15): ((n ^ 0x88) - 0x08) ^ 0x80 — the
+// XOR sets bit 7 so the subtraction never borrows from the neighbouring byte.
+__device__ __forceinline__ void int4_to_int8x8(uint32_t w, uint32_t& lo_word, uint32_t& hi_word) {
+  const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;  // k 0,2,4,6 / k 1,3,5,7
+  const uint32_t slo = ((lo ^ 0x88888888u) - 0x08080808u) ^ 0x80808080u;
+  const uint32_t shi = ((hi ^ 0x88888888u) - 0x08080808u) ^ 0x80808080u;
+  lo_word = __byte_perm(slo, shi, 0x5140);  // k0 k1 k2 k3
+  hi_word = __byte_perm(slo, shi, 0x7362);  // k4 k5 k6 k7
+}
+
+}  // namespace perry::cuda::mma_sync
