@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/mma_sync_common.cuh"
 
 namespace perry::cuda {
@@ -234,7 +235,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
 template <int kBits, Out kOut>
 void launch(const int8_t* x, const float* sa, const int8_t* w, const float* sw, const float* bias,
@@ -285,16 +285,7 @@ void gemm_quant(QuantMode mode, const int8_t* x, const float* sa, const void* qw
   if (K % kalign != 0)
     throw Error(where + ": K must be a multiple of " + std::to_string(kalign) +
                 " (16-byte weight rows); use gemv_quant over blocks of 8 rows");
-  if (!x || !qweight || !y) throw Error(where + ": null x, qweight or y");
-  if (!aligned(x, 16) || !aligned(qweight, 16)) throw Error(where + ": x and qweight must be 16-byte aligned");
-  if (out != DType::I32 && out != DType::F32 && out != DType::BF16)
-    throw Error(where + ": output dtype must be F32, BF16 or I32");
-  if (out != DType::I32) {
-    if (!sa || !scales) throw Error(where + ": null sa or scales");
-    if (!aligned(sa, 4) || !aligned(scales, 4) || (bias && !aligned(bias, 4)))
-      throw Error(where + ": sa, scales or bias misaligned");
-  }
-  if (!aligned(y, out == DType::BF16 ? 2 : 4)) throw Error(where + ": y misaligned");
+  quant_args::check_gemm_pointers(where, x, sa, qweight, scales, bias, y, out);
   const int gs = mb.group_size;
   const int G = gs > 0 ? (K + gs - 1) / gs : 1;
   const int8_t* w = static_cast<const int8_t*>(qweight);

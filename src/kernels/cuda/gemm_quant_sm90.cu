@@ -41,6 +41,7 @@
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/sm90_gemm_common.cuh"
 
 namespace perry::cuda {
@@ -382,7 +383,7 @@ void launch_out(DType out, const int8_t* x, const float* sa, const void* w, cons
   }
 }
 
-bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+using quant_args::aligned;
 
 }  // namespace
 
@@ -398,17 +399,8 @@ void gemm_quant_wgmma(QuantMode mode, const int8_t* x, const float* sa, const vo
   if (M < 1 || N < 1 || K < 1 || K > 65536) throw Error(where + ": need M, N >= 1, 1 <= K <= 65536");
   const int kalign = mb.bits == 8 ? 16 : 32;
   if (K % kalign != 0) throw Error(where + ": K must be a multiple of " + std::to_string(kalign));
-  if (!x || !qweight || !y) throw Error(where + ": null x, qweight or y");
-  if (!aligned(x, 16) || !aligned(qweight, 16)) throw Error(where + ": x and qweight must be 16-byte aligned");
-  if (out != DType::I32 && out != DType::F32 && out != DType::BF16)
-    throw Error(where + ": output dtype must be F32, BF16 or I32");
-  if (out != DType::I32) {
-    if (!sa || !scales) throw Error(where + ": null sa or scales");
-    if (!aligned(sa, 4) || !aligned(scales, 4) || (bias && !aligned(bias, 4)))
-      throw Error(where + ": sa, scales or bias misaligned");
-  }
+  quant_args::check_gemm_pointers(where, x, sa, qweight, scales, bias, y, out);
   const size_t es = out == DType::BF16 ? 2 : 4;
-  if (!aligned(y, es)) throw Error(where + ": y misaligned");
   const int gs = mb.group_size;
   if (gs != 0 && gs != 64 && gs != 128) throw Error(where + ": group size must be 64 or 128");
   if (mb.bits == 4 && gs == 64) throw Error(where + ": int4 with 64-wide groups is not a perry mode");

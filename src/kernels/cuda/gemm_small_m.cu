@@ -30,6 +30,7 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/mma_sync_common.cuh"
 
 namespace perry::cuda {
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+using quant_args::aligned;
 
 int sm_count() {
   static const int n = [] {
@@ -368,12 +369,7 @@ void gemm_small_m(QuantMode mode, const void* x, const float* sa, const void* qw
   const std::string where = std::string("gemm_small_m(") + mb.name + ", M=" + std::to_string(M) +
                             ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")";
   if (M < 1 || M > kGemmSmallMMaxM) throw Error(where + ": M must be in 1..64");
-  if (N < 1 || K < 1 || K > 65536) throw Error(where + ": need N >= 1 and 1 <= K <= 65536");
-  if (!x || !qweight || !scales || !y) throw Error(where + ": null x, qweight, scales or y");
-  if (mb.a8 && !sa) throw Error(where + ": W*A8 mode needs the activation scales sa");
-  if (!aligned(scales, 4) || !aligned(y, 4) || (bias && !aligned(bias, 4)) ||
-      (sa && !aligned(sa, 4)) || (!mb.a8 && !aligned(x, 2)))
-    throw Error(where + ": pointer not aligned to its element size");
+  quant_args::check_linear(where, mb, x, sa, qweight, scales, bias, y, N, K);
   const bool fast = K % gemm_small_m_k_multiple(mode) == 0 && aligned(x, 16) && aligned(qweight, 16);
   if (!fast) {
     // The byte-wise-capable small-M kernel, 8 rows at a time.

@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/mma_sync_common.cuh"
 
 namespace perry::cuda {
@@ -281,7 +282,7 @@ void dispatch_m(int M, const GemvArgs& a) {
   }
 }
 
-bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+using quant_args::aligned;
 
 __global__ void dequant_bf16_kernel(const uint8_t* __restrict__ q, const float* __restrict__ sc,
                                     int bits, int gs, int G, int K, uint16_t* __restrict__ out) {
@@ -314,12 +315,7 @@ void gemv_quant(QuantMode mode, const void* x, const float* sa, const void* qwei
   const std::string where = std::string("gemv_quant(") + mb.name + ", M=" + std::to_string(M) +
                             ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")";
   if (M < 1 || M > kGemvQuantMaxM) throw Error(where + ": M must be in 1..8 (use gemm_quant)");
-  if (N < 1 || K < 1 || K > 65536) throw Error(where + ": need N >= 1 and 1 <= K <= 65536");
-  if (!x || !qweight || !scales || !y) throw Error(where + ": null x, qweight, scales or y");
-  if (mb.a8 && !sa) throw Error(where + ": W*A8 mode needs the activation scales sa");
-  if (!aligned(scales, 4) || !aligned(y, 4) || (bias && !aligned(bias, 4)) ||
-      (sa && !aligned(sa, 4)) || (!mb.a8 && !aligned(x, 2)))
-    throw Error(where + ": pointer not aligned to its element size");
+  quant_args::check_linear(where, mb, x, sa, qweight, scales, bias, y, N, K);
   const long long row_bytes = mb.bits == 8 ? (long long)K : (K + 1) / 2;
   const long long x_row = mb.a8 ? (long long)K : 2LL * K;
   GemvArgs a;
