@@ -247,6 +247,28 @@ void check_gemm(int M, int N, int K, std::mt19937_64& rng, GemmFn gemm = pc::gem
   report(err_f < 1e-4, buf);
 }
 
+// Y one element past an allocation (M=5, N=6, K=32): element stores, the same values as at an
+// aligned Y, for every output dtype. `what` is the report line, the dtype name is appended.
+void check_odd_y_offset(GemmFn gemm, const char* what, std::mt19937_64& rng) {
+  const int M = 5, N = 6, K = 32;
+  DevBuf<int8_t> X(size_t(M) * K), W(size_t(N) * K);
+  X.upload(random_i8(X.n, rng));
+  W.upload(random_i8(W.n, rng));
+  DevBuf<float> sa(M), sw(N);
+  sa.upload(random_f32(M, rng, 0.01f, 0.02f));
+  sw.upload(random_f32(N, rng, 0.01f, 0.02f));
+  for (DType out : {DType::BF16, DType::F32, DType::I32}) {
+    const size_t es = out == DType::BF16 ? 2 : 4;
+    DevBuf<int32_t> a(size_t(M) * N + 1), b(size_t(M) * N + 1);
+    gemm(X.p, sa.p, W.p, sw.p, nullptr, a.p, out, M, N, K, nullptr);
+    gemm(X.p, sa.p, W.p, sw.p, nullptr, reinterpret_cast<char*>(b.p) + es, out, M, N, K, nullptr);
+    CK(cudaDeviceSynchronize());
+    auto ha = a.download(), hb = b.download();
+    const bool same = std::memcmp(ha.data(), reinterpret_cast<const char*>(hb.data()) + es, size_t(M) * N * es) == 0;
+    report(same, std::string(what) + (out == DType::BF16 ? "bf16" : out == DType::F32 ? "f32" : "i32"));
+  }
+}
+
 void check_errors() {
   // Bad arguments must be a perry::Error naming the problem, never a launch.
   DevBuf<int8_t> d(64 * 64);
@@ -268,24 +290,7 @@ void check_errors() {
 
   // Y one element past an allocation: the kernel must fall back to element stores, same values.
   std::mt19937_64 rng(7);
-  const int M = 5, N = 6, K = 32;
-  DevBuf<int8_t> X(size_t(M) * K), W(size_t(N) * K);
-  X.upload(random_i8(X.n, rng));
-  W.upload(random_i8(W.n, rng));
-  DevBuf<float> sa(M), sw(N);
-  sa.upload(random_f32(M, rng, 0.01f, 0.02f));
-  sw.upload(random_f32(N, rng, 0.01f, 0.02f));
-  for (DType out : {DType::BF16, DType::F32, DType::I32}) {
-    const size_t es = out == DType::BF16 ? 2 : 4;
-    DevBuf<int32_t> a(size_t(M) * N + 1), b(size_t(M) * N + 1);
-    pc::gemm_w8a8(X.p, sa.p, W.p, sw.p, nullptr, a.p, out, M, N, K, nullptr);
-    pc::gemm_w8a8(X.p, sa.p, W.p, sw.p, nullptr, reinterpret_cast<char*>(b.p) + es, out, M, N, K, nullptr);
-    CK(cudaDeviceSynchronize());
-    auto ha = a.download(), hb = b.download();
-    const bool same = std::memcmp(ha.data(), reinterpret_cast<const char*>(hb.data()) + es, size_t(M) * N * es) == 0;
-    report(same, std::string("gemm_w8a8 output at an odd element offset (element stores) matches, out=") +
-                     (out == DType::BF16 ? "bf16" : out == DType::F32 ? "f32" : "i32"));
-  }
+  check_odd_y_offset(pc::gemm_w8a8, "gemm_w8a8 output at an odd element offset (element stores) matches, out=", rng);
 }
 
 // Device fills, cuBLAS bf16 and cuBLASLt int8: the shared peers of kernels/cuda/bench_peers.h.
@@ -605,26 +610,8 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
     for (auto& sh : shapes) check_gemm(sh[0], sh[1], sh[2], rng, pc::gemm_w8a8_wgmma, name.c_str());
   }
   set_wgmma_bn(nullptr);
-  {  // Y one element past an allocation: element stores, the same values.
-    const int M = 5, N = 6, K = 32;
-    DevBuf<int8_t> X(size_t(M) * K), W(size_t(N) * K);
-    X.upload(random_i8(X.n, rng));
-    W.upload(random_i8(W.n, rng));
-    DevBuf<float> sa(M), sw(N);
-    sa.upload(random_f32(M, rng, 0.01f, 0.02f));
-    sw.upload(random_f32(N, rng, 0.01f, 0.02f));
-    for (DType out : {DType::BF16, DType::F32, DType::I32}) {
-      const size_t es = out == DType::BF16 ? 2 : 4;
-      DevBuf<int32_t> a(size_t(M) * N + 1), b(size_t(M) * N + 1);
-      pc::gemm_w8a8_wgmma(X.p, sa.p, W.p, sw.p, nullptr, a.p, out, M, N, K, nullptr);
-      pc::gemm_w8a8_wgmma(X.p, sa.p, W.p, sw.p, nullptr, reinterpret_cast<char*>(b.p) + es, out, M, N, K, nullptr);
-      CK(cudaDeviceSynchronize());
-      auto ha = a.download(), hb = b.download();
-      const bool same = std::memcmp(ha.data(), reinterpret_cast<const char*>(hb.data()) + es, size_t(M) * N * es) == 0;
-      report(same, std::string("gemm_w8a8_wgmma output at an odd element offset matches, out=") +
-                       (out == DType::BF16 ? "bf16" : out == DType::F32 ? "f32" : "i32"));
-    }
-  }
+  // Y one element past an allocation: element stores, the same values.
+  check_odd_y_offset(pc::gemm_w8a8_wgmma, "gemm_w8a8_wgmma output at an odd element offset matches, out=", rng);
   const int failures_before_timing = g_failures;
   std::printf("== wgmma timing\n");
   struct NK { int N, K; };
