@@ -24,6 +24,7 @@
 
 namespace pc = perry::cuda;
 #include "cuda/cuda_test_util.h"
+#include "cuda/quant_test_util.h"
 
 using perry::DType;
 using perry::quant::QuantizedWeight;
@@ -31,98 +32,6 @@ using perry::quant::QuantMode;
 
 namespace {
 using namespace perry::cuda::testing;
-
-const QuantMode kAllModes[] = {QuantMode::W8A8,      QuantMode::W8A8_G128, QuantMode::W8A8_G64,
-                               QuantMode::W4A8,      QuantMode::W4A8_G128, QuantMode::W8A16,
-                               QuantMode::W4A16};
-
-std::string mode_name(QuantMode m) { return pc::quant_mode_bits(m).name; }
-
-QuantizedWeight make_weight(QuantMode mode, int N, int K, std::mt19937& g) {
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> w(size_t(N) * K);
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) w[size_t(n) * K + k] = nd(g) * (0.02f + 0.01f * float(n % 7)) * (1.f + float(k / 64 % 3));
-  return perry::quant::quantize_weight(w.data(), N, K, mode);
-}
-
-struct Act {
-  std::vector<int8_t> q;     // int8 [M, K]
-  std::vector<float> sa;     // [M]
-  std::vector<uint16_t> xb;  // bf16 [M, K]
-};
-
-Act make_act(int M, int K, std::mt19937& g) {
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(size_t(M) * K);
-  for (auto& v : x) v = nd(g);
-  for (int m = 0; m < M; ++m) x[size_t(m) * K + (m * 13) % K] *= 20.f;  // outliers
-  Act a;
-  a.q.resize(x.size());
-  a.sa.resize(size_t(M));
-  for (int m = 0; m < M; ++m)
-    a.sa[size_t(m)] = perry::quant::quantize_row_ref(&x[size_t(m) * K], K, &a.q[size_t(m) * K]);
-  a.xb.resize(x.size());
-  for (size_t i = 0; i < x.size(); ++i) a.xb[i] = perry::f32_to_bf16(x[i]);
-  return a;
-}
-
-// float64 reference of the quantized math; mag = the same sum over |terms| (the error scale).
-void reference(const QuantizedWeight& w, const Act& a, int M, const float* bias, std::vector<double>& ref,
-               std::vector<double>& mag) {
-  const auto mb = pc::quant_mode_bits(w.mode);
-  const int N = int(w.N), K = int(w.K), G = w.n_groups();
-  const int gl = mb.group_size > 0 ? mb.group_size : K;
-  std::vector<double> wu(size_t(N) * K), xd(size_t(M) * K);
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) wu[size_t(n) * K + k] = w.weight(n, k);
-  for (size_t i = 0; i < xd.size(); ++i) xd[i] = mb.a8 ? double(a.q[i]) : double(perry::bf16_to_f32(a.xb[i]));
-  ref.assign(size_t(M) * N, 0.0);
-  mag.assign(size_t(M) * N, 0.0);
-  for (int m = 0; m < M; ++m)
-    for (int n = 0; n < N; ++n) {
-      double acc = 0, am = 0;
-      const double* xr = &xd[size_t(m) * K];
-      const double* wr = &wu[size_t(n) * K];
-      for (int gi = 0; gi < G; ++gi) {
-        double s = 0, sabs = 0;
-        for (int k = gi * gl; k < std::min(K, (gi + 1) * gl); ++k) {
-          const double t = xr[k] * wr[k];
-          s += t;
-          sabs += std::fabs(t);
-        }
-        acc += double(w.scales[size_t(n) * G + gi]) * s;
-        am += double(w.scales[size_t(n) * G + gi]) * sabs;
-      }
-      if (mb.a8) {
-        acc *= a.sa[size_t(m)];
-        am *= a.sa[size_t(m)];
-      }
-      const double b = bias ? bias[n] : 0.0;
-      ref[size_t(m) * N + n] = acc + b;
-      mag[size_t(m) * N + n] = am + std::fabs(b);
-    }
-}
-
-void expect_close(const std::vector<float>& y, const std::vector<double>& ref, const std::vector<double>& mag,
-                  const std::string& what, double tol = 1e-5) {
-  ASSERT_EQ(y.size(), ref.size());
-  double num = 0, den = 0;
-  size_t bad = 0, first_bad = 0;
-  for (size_t i = 0; i < y.size(); ++i) {
-    const double d = double(y[i]) - ref[i];
-    num += d * d;
-    den += ref[i] * ref[i];
-    if (!std::isfinite(y[i]) || std::fabs(d) > tol * mag[i] + 1e-30) {
-      if (bad++ == 0) first_bad = i;
-    }
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " bad; first bad element " << first_bad << " gpu " << y[first_bad]
-                     << " ref " << ref[first_bad] << " (|terms| " << mag[first_bad] << ")";
-  if (den > 0) {
-    EXPECT_LT(std::sqrt(num / den), tol) << what << ": relative L2";
-  }
-}
 
 // offset: elements by which x and qweight are shifted from their 256-byte aligned allocation.
 void run_case(QuantMode mode, int M, int N, int K, bool with_bias, std::mt19937& g, int offset = 0,
@@ -145,7 +54,7 @@ void run_case(QuantMode mode, int M, int N, int K, bool with_bias, std::mt19937&
                    N, K, stream);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   std::vector<double> ref, mag;
-  reference(w, a, M, with_bias ? bias.data() : nullptr, ref, mag);
+  reference(w, unpack(w), a, M, with_bias ? bias.data() : nullptr, ref, mag);
   expect_close(dy.get(), ref, mag,
                "small_m " + mode_name(mode) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
                    " K=" + std::to_string(K) + (with_bias ? " bias" : "") +
