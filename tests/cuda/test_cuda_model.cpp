@@ -23,20 +23,17 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "cuda/cuda_test_util.h"
+#include "golden_util.h"
 #include "model/model.h"
 #include "quant/quant.h"
 #include "runtime/generator.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace perry;
+using namespace perry::golden_test;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string source_dir() {
-  if (const char* e = std::getenv("PERRY_SOURCE_DIR")) return e;
-  return PERRY_SOURCE_DIR;
-}
 
 bool gpu_present() {
   int n = 0;
@@ -57,14 +54,6 @@ std::unique_ptr<model::Model> load(const std::string& dir, std::optional<quant::
 
 constexpr double kNearTie = 0.05;
 
-std::vector<std::string> golden_names() {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(source_dir() + "/tests/golden"))
-    if (e.path().extension() == ".json") out.push_back(e.path().stem().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
 
 // Top-1 minus top-2 of a logits row (how safely the greedy choice is determined).
@@ -83,7 +72,7 @@ class CudaGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaGolden, LogitsAndGreedyMatchTransformers) {
   REQUIRE_DEVICE();
-  const auto g = nlohmann::json::parse(read_text_file(source_dir() + "/tests/golden/" + GetParam() + ".json"));
+  const auto g = load_golden(GetParam());
   const std::string dir = source_dir() + "/" + g["model_dir"].get<std::string>();
   // The GPU machine gets a subset of models/ (the device tool's transfer limit): say so, honestly.
   if (!fs::exists(dir + "/config.json")) GTEST_SKIP() << dir << " is not on this machine";
@@ -116,13 +105,7 @@ TEST_P(CudaGolden, LogitsAndGreedyMatchTransformers) {
   }
 }
 
-std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string s = info.param;
-  for (char& c : s)
-    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
-}
-INSTANTIATE_TEST_SUITE_P(Checkpoints, CudaGolden, ::testing::ValuesIn(golden_names()), param_name);
+INSTANTIATE_TEST_SUITE_P(Checkpoints, CudaGolden, ::testing::ValuesIn(golden_files()), param_name);
 
 // Every mode on the GPU against the same mode on the CPU: the embedded model's held-out text.
 class CudaModeVsCpu : public ::testing::TestWithParam<std::string> {};

@@ -17,31 +17,15 @@
 #include <nlohmann/json.hpp>
 
 #include "core/mapped_file.h"
+#include "golden_util.h"
 #include "model/model.h"
 #include "runtime/generator.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace perry;
-namespace fs = std::filesystem;
+using namespace perry::golden_test;
 
 namespace {
-
-std::string source_dir() {
-  if (const char* e = std::getenv("PERRY_SOURCE_DIR")) return e;
-  return PERRY_SOURCE_DIR;
-}
-
-std::vector<std::string> golden_files() {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(source_dir() + "/tests/golden"))
-    if (e.path().extension() == ".json") out.push_back(e.path().stem().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-nlohmann::json load_golden(const std::string& name) {
-  return nlohmann::json::parse(read_text_file(source_dir() + "/tests/golden/" + name + ".json"));
-}
 
 // The trained checkpoints: their goldens carry held-out perplexities (random-init ones don't).
 std::vector<std::string> trained_golden_files() {
@@ -129,13 +113,6 @@ TEST_P(GoldenPerplexity, WithinHalfPercent) {
     std::printf("[golden] %s %s: perry ppl %.4f, transformers %.4f (%+.3f%%)\n", GetParam().c_str(), key.c_str(),
                 r.ppl, want, 100.0 * (r.ppl / want - 1.0));
   }
-}
-
-std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string s = info.param;
-  for (char& c : s)
-    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, Golden, ::testing::ValuesIn(golden_files()), param_name);
