@@ -147,9 +147,9 @@ def main():
         L.append(f"- {q}: llama.cpp pp {[round(x, 1) for x in llama.get((q, 'pp'), [])]} tg "
                  f"{[round(x, 2) for x in llama.get((q, 'tg'), [])]}; {m}: perry pp "
                  f"{[round(x, 1) for x in perry.get((m, 'pp'), [])]} tg {[round(x, 2) for x in perry.get((m, 'tg'), [])]}")
-    L.append("\nperry's decode is measured right after the 512-token prompt (context 512–640); llama-bench's "
-             "tg128 starts from an empty context. At this size the KV cache read per token (≤ 2.6 MB) is "
-             "~0.2% of the weight bytes, so the difference is within noise.\n")
+    L.append("\nperry's decode is measured after a 128-token prompt (`perry bench --decode-context`, context "
+             "128–256); llama-bench's tg128 starts from an empty context. At this size the KV cache read per "
+             "token (< 1 MB) is < 0.1% of the weight bytes, so the difference is within noise.\n")
 
     L.append("## Decode against the memory bound\n")
     if bw:
