@@ -103,7 +103,6 @@ class CudaBackend final : public model::ForwardBackend {
   DeviceBuffer meta_;  // tokens [M], positions [M], AttnSeq [n_seqs]
   std::vector<uint8_t> host_meta_;
   float* host_logits_ = nullptr;  // pinned
-  size_t host_logits_bytes_ = 0;
 };
 
 CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
@@ -220,11 +219,9 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     const size_t hb = size_t(out_rows) * V * 4;
     if (host_logits_) cudaFreeHost(host_logits_);
     PERRY_CUDA_CHECK(cudaMallocHost(&host_logits_, hb));
-    host_logits_bytes_ = hb;
     scratch_rows_ = out_rows;
     ++scratch_gen_;
-    // The final norm writes the lm_head input for out_rows rows: make sure it fits.
-    if (out_rows > scratch_m_) ensure_scratch(out_rows, 0, 0, 0);
+    // (The final norm writes the lm_head input into the activation buffers: out_rows <= M fits.)
   }
   const size_t ws = attention_decode_workspace_bytes(n_seqs, int(cfg_.num_heads), int(cfg_.head_dim), max_ctx);
   if (ws > attn_ws_bytes_) {
