@@ -42,6 +42,8 @@ missing=$(ldd "$T/bin/perry" | grep "not found" || true)
 P="$T/bin/perry"
 # `final` (one call of < 10 min): the tests without the timing prints, no perry.log.
 [ "$LEVEL" = final ] && TEST_FILTER='-*Timing*:*Perf*'
+# `decode`: the decode-path tests only (TESTS_ONLY names the programs), then decode A/B below.
+[ "$LEVEL" = decode ] && TESTS_ONLY=${TESTS_ONLY:-"test_cuda_gemv_decode test_cuda_attention test_cuda_model"}
 if [ "$LEVEL" != ops ] && [ "$LEVEL" != peers ] && [ "$LEVEL" != run3 ]; then  # (steps 1 and 2; `ops`, `peers`, `run3` skip them)
 # 1. Tests: every CUDA test program, each bounded.
 : > "$OUT/tests.log"
@@ -49,6 +51,7 @@ say ""
 say "## tests"
 for t in "$T"/bin/test_cuda_*; do
   name=$(basename "$t")
+  [ -n "${TESTS_ONLY:-}" ] && ! echo " $TESTS_ONLY " | grep -q " $name " && continue
   timeout 300 "$t" --gtest_color=no ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} > "$T/$name.log" 2>&1
   rc=$?
   cat "$T/$name.log" >> "$OUT/tests.log"
@@ -58,7 +61,7 @@ grep -E '^\[  FAILED  \].*ms\)' "$OUT/tests.log" | head -30 | sed 's/^/  - /' | 
 grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -90 | sed "s/^/    /" | tee -a "$S"
 
 # 2. perry itself on the GPU: info, a short generation with the embedded model.
-[ "$LEVEL" != final ] && {
+[ "$LEVEL" != final ] && [ "$LEVEL" != decode ] && {
   echo "== perry info --device cuda"; timeout 60 "$P" info --device cuda
   echo "== perry info --device cuda --quant w8a8"; timeout 60 "$P" info --device cuda --quant w8a8
   echo "== perry run --device cuda"; timeout 60 "$P" run --device cuda -n 48 -p "The ship sailed"
@@ -142,7 +145,29 @@ peer_transformers() {  # preset
       echo; echo "## json"; echo '```json'; cat "$R.json" 2>/dev/null; echo '```'; } > "$OUT/peers-transformers.md"
   fi
 }
+# Decode at batch 1 (and 16), fused path vs the separate kernels vs no programmatic dependent
+# launch, same run; then per-kernel times of one fused decode step (Nsight Compute).
+decode_ab() {
+  local modes=${DECODE_MODES:-"bf16 w8a8 w4a8-g128 w8a16 w4a16 w8a8-g128"}
+  say ""
+  say "## decode A/B (llama3-8b, 128-token prompt, 64 new tokens, CUDA graphs)"
+  for m in $modes; do
+    for v in fused separate nopdl; do
+      case $v in
+        fused) env=() ;;
+        separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_FUSED_DECODE=1) ;;
+        nopdl) [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_PDL=1) ;;
+      esac
+      timeout 150 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b 1 16 -n 64 -r 3 \
+        -o "$T/dec-$m-$v" > "$T/dec-$m-$v.log" 2>&1
+      say "- $m $v (exit $?): $(grep 'decode b=' "$T/dec-$m-$v.md" 2>/dev/null | cut -d'|' -f3,5,6 | tr -s ' ' | tr '\n' ' ')"
+    done
+  done
+  [ "${DECODE_PROFILE:-1}" = 1 ] && PROFILE_TIMEOUT=120 bash "$ROOT/tools/gpu/profile_decode.sh" "$OUT" bf16 w4a8-g128 > /dev/null 2>&1 &&
+    { say ""; cat "$OUT/profile.md" >> "$S"; rm -f "$OUT"/profile-*.csv; }
+}
 case "$LEVEL" in
+  decode) decode_ab ;;
   quick) bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128 ;;
   full)
     bench llama3-8b llama3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128

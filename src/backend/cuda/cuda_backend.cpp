@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/gemv_decode.h"
 
 namespace perry::cuda {
 
@@ -70,6 +72,9 @@ class CudaBackend final : public model::ForwardBackend {
     std::vector<std::pair<int, int>> gather;  // (first row, rows) runs of wanted rows; empty = all of x
   };
   void enqueue(const Step& st);
+  void enqueue_decode_one(const Step& st);
+  void decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm, DecodeOut out,
+                     float* y);
   void run_graph(const Step& st);
   void clear_graphs();
   DeviceKv& device_kv(model::KvCache& cache);
@@ -92,6 +97,9 @@ class CudaBackend final : public model::ForwardBackend {
   std::string name_;
   ActFormat act_fmt_;
   std::vector<Layer> layers_;
+  // One-token steps run the fused decode path (gemv_decode + decode_rope_append: 7 kernels a
+  // layer) when every linear fits it; PERRY_NO_FUSED_DECODE=1 keeps the separate kernels (A/B).
+  bool fused_decode_ = false;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
   RopeTableView rope_view_;
@@ -163,6 +171,10 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
         scratch = std::max(scratch, l->dequant_scratch_bytes());
     if (scratch) lctx_.dequant_scratch.ensure(pool_, scratch, "dequantized weight scratch");
   }
+  fused_decode_ = lm_head_.decode_fusable() && cfg_.hidden_size % 8 == 0 && cfg_.head_dim % 2 == 0;
+  for (const Layer& d : layers_)
+    for (const CudaLinear* l : {&d.qkv, &d.o, &d.gate_up, &d.down}) fused_decode_ &= l->decode_fusable();
+  if (const char* e = std::getenv("PERRY_NO_FUSED_DECODE"); e && *e && *e != '0') fused_decode_ = false;
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -363,8 +375,57 @@ void CudaBackend::clear_graphs() {
   graphs_.clear();
 }
 
+void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm,
+                                DecodeOut out, float* y) {
+  DecodeLinearArgs a;
+  a.x = x;
+  a.in = in;
+  a.norm_w = norm ? norm->get<float>() : nullptr;
+  a.eps = float(cfg_.rms_norm_eps);
+  a.y = y;
+  a.out = out;
+  gemv_decode(l.decode_weights(), a, stream_);
+}
+
+// One token of one sequence: 7 kernels a layer, each linear carrying the elementwise work around
+// it — qkv (RMSNorm in), RoPE + q/k norm + KV append, attention partial + combine, o (residual
+// add out), gate|up (RMSNorm in, SwiGLU out), down (residual add out) — launched with
+// programmatic dependent launch so each one's weight prefetch overlaps the kernel before it.
+void CudaBackend::enqueue_decode_one(const Step& st) {
+  const int H = int(cfg_.hidden_size), Q = int(cfg_.q_dim()), KV = int(cfg_.kv_dim());
+  const int nh = int(cfg_.num_heads), nkv = int(cfg_.num_kv_heads), hd = int(cfg_.head_dim);
+  const int V = int(cfg_.vocab_size);
+  auto* d_tok = meta_.get<int32_t>();
+  auto* d_seq = reinterpret_cast<AttnSeq*>(d_tok + 2);
+  float* x = x_.get<float>();
+  float* qkv = qkv_.get<float>();
+  float* attn = attn_.get<float>();
+  float* act = gu_.get<float>();
+  const float scale = 1.0f / std::sqrt(float(hd));
+  const DeviceKv& kv = *st.kv;
+  embedding_lookup(embed_.get(), embed_dtype_, H, d_tok, 1, x, stream_, V);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::Store, qkv);
+    uint16_t* kc = kv.k.get<uint16_t>() + l * kv.layer_elems;
+    uint16_t* vc = kv.v.get<uint16_t>() + l * kv.layer_elems;
+    decode_rope_append(qkv, Q + 2 * KV, d_seq, 1, 1, nh, nkv, hd, cfg_.qk_norm ? L.q_norm.get<float>() : nullptr,
+                       cfg_.qk_norm ? L.k_norm.get<float>() : nullptr, float(cfg_.rms_norm_eps), rope_view_, st.cap,
+                       kc, vc, stream_);
+    attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
+                     attn_ws_.bytes(), stream_);
+    decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x);
+    decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
+    decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x);
+  }
+  float* dl = logits_.get<float>();
+  decode_linear(lm_head_, DecodeIn::RmsNorm, x, &final_norm_, DecodeOut::Store, dl);
+  PERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_, dl, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+}
+
 // Every kernel of one forward pass, from the token ids in meta_ to the logits in pinned host memory.
 void CudaBackend::enqueue(const Step& st) {
+  if (st.M == 1 && st.decode && fused_decode_) return enqueue_decode_one(st);
   const int H = int(cfg_.hidden_size), Q = int(cfg_.q_dim()), KV = int(cfg_.kv_dim()), I = int(cfg_.intermediate_size);
   const int nh = int(cfg_.num_heads), nkv = int(cfg_.num_kv_heads), hd = int(cfg_.head_dim);
   const int V = int(cfg_.vocab_size);
@@ -478,6 +539,9 @@ std::string CudaBackend::kernel_summary() const {
   s += "  attention/mlp linears: M=1 → " + g.kernel_name(1) + ", M=512 → " + g.kernel_name(512) + "\n";
   s += "  lm_head: M=1 → " + lm_head_.kernel_name(1) + ", M=512 → " + lm_head_.kernel_name(512) + "\n";
   s += "  attention: prefill → attention_prefill (tensor cores, online softmax), decode → attention_decode (split-KV)\n";
+  s += fused_decode_ ? "  one-token decode: gemv_decode (RMSNorm / SwiGLU / residual add fused into the linears), "
+                       "decode_rope_append, programmatic dependent launch\n"
+                     : "  one-token decode: separate kernels (PERRY_NO_FUSED_DECODE or a layer gemv_decode cannot take)\n";
   s += fmt::format("  GPU memory held: {}\n", mib(pool_.in_use()));
   return s;
 }

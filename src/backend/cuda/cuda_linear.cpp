@@ -173,6 +173,21 @@ void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& c
   }
 }
 
+DecodeWeights CudaLinear::decode_weights() const {
+  DecodeWeights w;
+  w.mode = pq::is_quantized(mode_) ? mode_ : pq::QuantMode::BF16;  // float layers live in bf16 here
+  w.w = weight_.get();
+  w.scales = scales_.get<float>();
+  w.bias = bias_.get<float>();
+  w.N = n_;
+  w.K = k_;
+  return w;
+}
+
+bool CudaLinear::decode_fusable() const {
+  return gemv_decode_supports(pq::is_quantized(mode_) ? mode_ : pq::QuantMode::BF16, k_);
+}
+
 // Which kernel runs M rows. Crossovers from the H200 measurements in docs/perf/cuda/ (kernel
 // timing prints of test_cuda_small_m and perry bench-op --device cuda).
 CudaLinear::Path CudaLinear::path(int M) const {

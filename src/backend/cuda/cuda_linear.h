@@ -19,6 +19,7 @@
 
 #include "backend/cuda/device_memory.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemv_decode.h"
 #include "model/linear.h"
 #include "quant/quant.h"
 
@@ -54,6 +55,10 @@ class CudaLinear {
 
   // y[M, N] fp32 = x · Wᵀ (+ bias). x in input_format(mode()).
   void forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const;
+
+  // The layer as the fused one-token kernel (gemv_decode.h) sees it, and whether it can take it.
+  DecodeWeights decode_weights() const;
+  bool decode_fusable() const;
 
   quant::QuantMode mode() const { return mode_; }
   ActFormat input_format() const { return cuda::input_format(mode_); }

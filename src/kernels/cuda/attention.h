@@ -26,6 +26,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/elementwise.h"
+
 namespace perry::cuda {
 
 struct AttnSeq {
@@ -70,6 +72,18 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
 size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx);
 // Keys per decode chunk for this batch (a multiple of 64); exposed for tests and logs.
 int attention_decode_chunk(int n_seqs, int max_ctx);
+
+// A one-token-per-sequence step's q/k/v preparation in one kernel (the decode path fuses what
+// head_rms_norm + rope_apply + kv_cache_append do separately, with the same results): for each
+// row of qkv fp32 [M, row_stride] (the fused projection output: nh q heads, nkv k heads, nkv v
+// heads, hd floats each), the optional per-head RMSNorm of q and k (q_norm / k_norm [hd], both or
+// neither), RoPE at the row's position (pos0 + row - q_row of its sequence; HF rotate_half, table
+// as rope_apply), q written back in place, k and v appended to the sequence's cache slot as bf16.
+// A position outside the RoPE table gives NaN q / k; a position past the capacity is not stored.
+// Launched with programmatic dependent launch where available (pdl.cuh).
+void decode_rope_append(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh, int nkv,
+                        int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope, int capacity,
+                        uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
 
 // Which prefill kernel a head dimension gets, for logs and `perry info`.
 const char* attention_prefill_kernel_name(int hd);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/attention_device.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace perry::cuda {
 namespace {
@@ -21,7 +22,9 @@ using namespace attn_detail;
 // known at run time. The block writes its unnormalised (m, l, O) to the workspace; the combine
 // kernel merges the chunks. Several blocks per SM overlap one block's loads with another's math.
 constexpr int kDecThreads = 128, kDecTile = 64;
-constexpr int kDecMinChunk = 128, kDecTargetParts = 1024;
+// Chunks of 64 keys (one tile) at short contexts: a one-token step at a few hundred positions
+// then has nkv × (ctx / 64) blocks rather than nkv × 1-2, each a short dependency chain.
+constexpr int kDecMinChunk = 64, kDecTargetParts = 1024;
 
 int dec_stride(int hd) { return (hd + 7) / 8 * 8 + 8; }  // bf16 elements per shared K/V row
 size_t dec_smem_bytes(int G, int hd) {
@@ -36,6 +39,8 @@ __global__ void __launch_bounds__(kDecThreads)
                           int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
                           float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
   extern __shared__ __align__(16) unsigned char dsm[];
+  pdl::wait();  // before anything else: q and the cache come from the previous kernels
+  pdl::launch_dependents();
   const int G = nh / nkv, hdp = (hd + 7) / 8 * 8 + 8;
   const AttnSeq sq = seqs[blockIdx.z];
   const int kvh = blockIdx.y, c = blockIdx.x;
@@ -202,6 +207,8 @@ __global__ void __launch_bounds__(kDecThreads)
                           const float* __restrict__ ws_ml, float* __restrict__ out) {
   extern __shared__ float w[];  // [nchunks] chunk weights
   __shared__ float red[33];
+  pdl::wait();
+  pdl::launch_dependents();
   const AttnSeq sq = seqs[blockIdx.y];
   const int h = blockIdx.x;
   const int kv_len = min(sq.pos0 + 1, capacity);
@@ -226,6 +233,68 @@ __global__ void __launch_bounds__(kDecThreads)
     float a = 0.f;
     for (int c = 0; c < nc; ++c) a = fmaf(w[c], acc[(size_t)c * hd + d], a);
     dst[d] = a * inv;
+  }
+}
+
+
+// ---------------------------------------------------------------- decode q/k/v preparation
+// Block (head group, row): 8 warps, one head each — q heads [0, nh), then k heads [nh, nh+nkv)
+// (whose warp also copies the v head of the same index). Per head: the optional RMSNorm (sum of
+// squares in double over the warp, like head_rms_norm), RoPE on the pairs (i, i + hd/2) each lane
+// owns (like rope_apply: separate roundings), then q back in place / k, v into the cache as bf16.
+constexpr int kPrepWarps = 8;
+__global__ void __launch_bounds__(kPrepWarps * 32)
+    decode_rope_append_kernel(float* qkv, long long row_stride, const AttnSeq* __restrict__ seqs, int n_seqs,
+                              int nh, int nkv, int hd, const float* __restrict__ q_norm,
+                              const float* __restrict__ k_norm, float eps, RopeTableView rope, int capacity,
+                              uint16_t* __restrict__ kc, uint16_t* __restrict__ vc) {
+  pdl::wait();
+  pdl::launch_dependents();
+  const int row = blockIdx.y, lane = threadIdx.x & 31;
+  const int h = blockIdx.x * kPrepWarps + (threadIdx.x >> 5);
+  if (h >= nh + nkv) return;  // whole warp; no block barriers below
+  int pos = -1, slot = -1;
+  for (int i = 0; i < n_seqs; ++i) {
+    const AttnSeq s = seqs[i];
+    if (row >= s.q_row && row < s.q_row + s.n_new) pos = s.pos0 + (row - s.q_row), slot = s.slot;
+  }
+  if (slot < 0) return;  // a row of no sequence
+  const bool is_q = h < nh;
+  float* x = qkv + row * row_stride + (long long)h * hd;  // k heads follow the q heads
+  const float* nw = is_q ? q_norm : k_norm;
+  float inv = 1.0f;
+  if (nw) {
+    double ss = 0.0;
+    for (int i = lane; i < hd; i += 32) ss += double(x[i]) * double(x[i]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    inv = float(1.0 / sqrt(ss / double(hd) + double(eps)));
+  }
+  const int half = hd / 2;
+  const bool rope_ok = pos >= 0 && pos < rope.max_pos;
+  const bool store = !is_q && pos >= 0 && pos < capacity;
+  const size_t cache_off = (((size_t)slot * nkv + (h - nh)) * capacity + (size_t)max(pos, 0)) * hd;
+  for (int i = lane; i < half; i += 32) {
+    float a = x[i], b = x[i + half];
+    if (nw) a = __fmul_rn(__fmul_rn(a, inv), nw[i]), b = __fmul_rn(__fmul_rn(b, inv), nw[i + half]);
+    float ra, rb;
+    if (rope_ok) {
+      const float c = rope.cos[(long long)pos * half + i], s = rope.sin[(long long)pos * half + i];
+      ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    } else {
+      ra = rb = __int_as_float(0x7fc00000);
+    }
+    if (is_q) {
+      x[i] = ra, x[i + half] = rb;
+    } else if (store) {
+      kc[cache_off + i] = f32_to_bf16_bits(ra);
+      kc[cache_off + i + half] = f32_to_bf16_bits(rb);
+    }
+  }
+  if (store) {
+    const float* v = x + (long long)nkv * hd;  // v head h - nh
+    for (int d = lane; d < hd; d += 32) vc[cache_off + d] = f32_to_bf16_bits(v[d]);
   }
 }
 
@@ -283,22 +352,37 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
     static std::mutex mu;
     ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<true>), smem, &current, &mu,
                 "attention_decode_partial");
-    decode_partial_kernel<true><<<grid, kDecThreads, smem, stream>>>(
-        q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc,
-        ws_ml);
+    pdl::launch("attention_decode_partial", decode_partial_kernel<true>, grid, dim3(kDecThreads), smem, stream, q,
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
   } else {
     static int current = 0;
     static std::mutex mu;
     ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<false>), smem, &current, &mu,
                 "attention_decode_partial");
-    decode_partial_kernel<false><<<grid, kDecThreads, smem, stream>>>(
-        q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc,
-        ws_ml);
+    pdl::launch("attention_decode_partial", decode_partial_kernel<false>, grid, dim3(kDecThreads), smem, stream, q,
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
   }
-  check_launch("attention_decode_partial");
-  decode_combine_kernel<<<dim3(nh, n_seqs), kDecThreads, nchunks * sizeof(float), stream>>>(
-      d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
-  check_launch("attention_decode_combine");
+  pdl::launch("attention_decode_combine", decode_combine_kernel, dim3(nh, n_seqs), dim3(kDecThreads),
+              nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
+}
+
+void decode_rope_append(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh, int nkv,
+                        int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope, int capacity,
+                        uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream) {
+  const char* fn = "decode_rope_append";
+  check_heads(fn, nh, nkv, hd, capacity);
+  check_batch(fn, d_seqs, n_seqs);
+  check_cache(fn, k_cache, v_cache);
+  PERRY_CHECK(M >= 0 && M <= 65535, "{}: M {} must be in [0, 65535]", fn, M);
+  PERRY_CHECK(hd % 2 == 0 && rope.head_dim == hd, "{}: RoPE table head_dim {} does not match head_dim {}", fn,
+              rope.head_dim, hd);
+  PERRY_CHECK(row_stride >= int64_t(nh + 2 * nkv) * hd, "{}: row stride {} is narrower than q|k|v", fn, row_stride);
+  PERRY_CHECK((q_norm == nullptr) == (k_norm == nullptr), "{}: give both q and k norm weights or neither", fn);
+  if (M == 0 || n_seqs == 0) return;
+  PERRY_CHECK(qkv && rope.cos && rope.sin, "{}: null qkv or RoPE table", fn);
+  const dim3 grid((nh + nkv + kPrepWarps - 1) / kPrepWarps, M);
+  pdl::launch(fn, decode_rope_append_kernel, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
+              d_seqs, n_seqs, nh, nkv, hd, q_norm, k_norm, eps, rope, capacity, k_cache, v_cache);
 }
 
 }  // namespace perry::cuda

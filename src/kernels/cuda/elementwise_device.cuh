@@ -1,0 +1,57 @@
+// Device helpers shared by the elementwise kernels (elementwise.cu) and the kernels that fuse
+// that elementwise work into a linear layer (gemv_decode.cu): the bf16 rounding, the block-wide
+// reductions and the fp32 expressions of RMSNorm and SwiGLU, so a fused kernel produces the same
+// bits as the separate kernels for the same inputs.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace perry::cuda::elementwise_detail {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+// Same bits as perry::f32_to_bf16 (host): RNE, NaN kept quiet with its upper payload.
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+struct SumOp {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct MaxOp {
+  // fmaxf ignores a NaN operand, like std::max(amax, NaN) in the CPU rule.
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Every thread gets the same result: the xor butterfly gives all lanes the same value
+// (a + b == b + a), and all threads fold the per-warp partials in the same order, so the result
+// is also deterministic run to run. blockDim.x must be a multiple of 32. The leading barrier lets
+// a kernel call it twice (the partials buffer is reused).
+template <typename T, typename Op>
+__device__ T block_all_reduce(T v, Op op) {
+  __shared__ T part[32];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_xor_sync(kFull, v, off));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T r = part[0];
+  for (int w = 1; w < int(blockDim.x >> 5); ++w) r = op(r, part[w]);
+  return r;
+}
+
+// The normalized value, written as two rounded fp32 multiplies like the CPU ((x * inv) * w);
+// __fmul_rn keeps the compiler from reassociating.
+__device__ __forceinline__ float norm_one(float x, float inv, float w) { return __fmul_rn(__fmul_rn(x, inv), w); }
+
+// silu(g) * u = g / (1 + exp(-g)) * u, in the CPU's order. expf is within 2 ulp (CUDA math
+// guide), glibc's within 1: the product differs from the CPU by a few ulp at most.
+__device__ __forceinline__ float swiglu_one(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+}  // namespace perry::cuda::elementwise_detail

@@ -1,0 +1,427 @@
+// Fused one-token linear layer (contract in gemv_decode.h).
+//
+// Block = 8 warps. The block builds the token's input row in shared memory once (prologue), then
+// loops over groups of rows (a grid of about as many blocks as fit on the GPU at once, so the
+// prologue is paid a few hundred times, not once per 8 rows). Each warp owns kR = 2 rows of a
+// group (SwiGLU: the gate row j and the up row j + N/2) and streams them in 16-byte chunks,
+// kU = 4 chunks per row in flight per lane (128 bytes): lane l takes chunks l, l + 32, ... so a
+// warp reads 512 contiguous bytes per row per step.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/elementwise_device.cuh"
+#include "kernels/cuda/gemv_decode.h"
+#include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/mma_sync_common.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/quant_rule.cuh"
+
+namespace perry::cuda {
+namespace {
+
+using namespace elementwise_detail;
+using mma_sync::ld_stream16;
+using mma_sync::word;
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps, kR = 2, kU = 4;
+constexpr int kMaxK = 32768;
+
+enum WKind : int { kWBf16 = 0, kWI8 = 1, kWI4 = 2 };
+enum InKind : int { kInNorm = 0, kInPlain = 1 };
+enum OutKind : int { kOutStore = 0, kOutAcc = 1, kOutSwiglu = 2 };
+
+struct Params {
+  const uint8_t* w;
+  const float* sw;
+  const float* bias;
+  int N, K, G, gs;  // N: weight rows
+  const float* x;
+  const float* norm_w;
+  float eps;
+  float* y;
+};
+
+template <int kW>
+__host__ __device__ constexpr int per_chunk() {  // k values in one 16-byte weight chunk
+  return kW == kWBf16 ? 8 : (kW == kWI8 ? 16 : 32);
+}
+
+// d = c + Σ a.u8[i] · b.s8[i]
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
+__device__ __forceinline__ float magic_byte(uint32_t u, int i) {
+  return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440 | i));
+}
+__device__ __forceinline__ void int8x4_to_f32(uint32_t w, float* f) {
+  const uint32_t u = w ^ 0x80808080u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[i] = magic_byte(u, i) - 8388736.0f;
+}
+__device__ __forceinline__ void int4x8_to_f32(uint32_t w, float* f) {
+  const uint32_t t = w ^ 0x88888888u;
+  const uint32_t lo = t & 0x0F0F0F0Fu, hi = (t >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = magic_byte(lo, i) - 8388616.0f;
+    f[2 * i + 1] = magic_byte(hi, i) - 8388616.0f;
+  }
+}
+__device__ __forceinline__ uint32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d) {
+  return uint32_t(uint8_t(a)) | uint32_t(uint8_t(b)) << 8 | uint32_t(uint8_t(c)) << 16 | uint32_t(uint8_t(d)) << 24;
+}
+
+// The 8 input values k = 8o .. 8o+7 (normalized when kIn == kInNorm).
+template <int kIn>
+__device__ __forceinline__ void input_octet(const Params& p, int o, float inv, float (&v)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p.x + 8 * o);
+  const float4 b = *reinterpret_cast<const float4*>(p.x + 8 * o + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  if constexpr (kIn == kInNorm) {
+    const float4 c = *reinterpret_cast<const float4*>(p.norm_w + 8 * o);
+    const float4 d = *reinterpret_cast<const float4*>(p.norm_w + 8 * o + 4);
+    const float w[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = norm_one(v[j], inv, w[j]);
+  }
+}
+
+// Prologue: the token's linear input into shared memory. int8 activations: xs int8 [K] (for int4
+// weights permuted per 8 values to (k0 k2 k4 k6 | k1 k3 k5 k7), the nibble order of a weight
+// word) and, for int4, xsum[c] = Σ of the 32 int8 values of chunk c; bf16: xs uint16 [K].
+// Returns the per-token activation scale (int8) — the same value in every thread.
+template <int kW, bool kXI8, int kIn>
+__device__ float build_input(const Params& p, uint8_t* xs, int* xsum) {
+  const int K = p.K, octets = K / 8;
+  float inv = 1.0f;
+  if constexpr (kIn == kInNorm) {
+    double ss = 0.0;  // x*x exact in double, as rms_norm
+    for (int o = threadIdx.x; o < octets; o += kThreads) {
+      const float4 a = *reinterpret_cast<const float4*>(p.x + 8 * o);
+      const float4 b = *reinterpret_cast<const float4*>(p.x + 8 * o + 4);
+      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss += double(v[j]) * double(v[j]);
+    }
+    ss = block_all_reduce(ss, SumOp{});
+    inv = float(1.0 / sqrt(ss / double(K) + double(p.eps)));
+  }
+  float scale = 0.0f;
+  if constexpr (kXI8) {
+    float amax = 0.0f;
+    for (int o = threadIdx.x; o < octets; o += kThreads) {
+      float v[8];
+      input_octet<kIn>(p, o, inv, v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    }
+    amax = block_all_reduce(amax, MaxOp{});
+    float qinv;
+    per_token_params(amax, scale, qinv);
+    for (int o = threadIdx.x; o < octets; o += kThreads) {
+      float v[8];
+      input_octet<kIn>(p, o, inv, v);
+      int8_t q[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = quant_one(v[j], qinv);
+      const uint2 out = kW == kWI4 ? make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]))
+                                   : make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+      *reinterpret_cast<uint2*>(xs + 8 * o) = out;
+    }
+    if constexpr (kW == kWI4) {
+      __syncthreads();
+      for (int c = threadIdx.x; c < K / 32; c += kThreads) {
+        const uint4 a = *reinterpret_cast<const uint4*>(xs + 32 * c);
+        const uint4 b = *reinterpret_cast<const uint4*>(xs + 32 * c + 16);
+        int s = 0;
+        const uint32_t ones = 0x01010101u;
+        s = __dp4a(int(a.x), int(ones), s), s = __dp4a(int(a.y), int(ones), s);
+        s = __dp4a(int(a.z), int(ones), s), s = __dp4a(int(a.w), int(ones), s);
+        s = __dp4a(int(b.x), int(ones), s), s = __dp4a(int(b.y), int(ones), s);
+        s = __dp4a(int(b.z), int(ones), s), s = __dp4a(int(b.w), int(ones), s);
+        xsum[c] = s;
+      }
+    }
+  } else {
+    for (int o = threadIdx.x; o < octets; o += kThreads) {
+      float v[8];
+      input_octet<kIn>(p, o, inv, v);
+      uint4 out;
+      out.x = uint32_t(bf16_bits(v[0])) | uint32_t(bf16_bits(v[1])) << 16;
+      out.y = uint32_t(bf16_bits(v[2])) | uint32_t(bf16_bits(v[3])) << 16;
+      out.z = uint32_t(bf16_bits(v[4])) | uint32_t(bf16_bits(v[5])) << 16;
+      out.w = uint32_t(bf16_bits(v[6])) | uint32_t(bf16_bits(v[7])) << 16;
+      *reinterpret_cast<uint4*>(xs + 16 * o) = out;
+    }
+  }
+  __syncthreads();
+  return scale;
+}
+
+// Physical weight row r (0..kR-1) of the warp's slot in group g; -1 when past the end.
+template <int kOut>
+__device__ __forceinline__ int row_of(int g, int warp, int r, int N) {
+  if constexpr (kOut == kOutSwiglu) {
+    const int half = N / 2, j = g * kWarps + warp;
+    return j < half ? j + r * half : -1;
+  } else {
+    const int n = (g * kWarps + warp) * kR + r;
+    return n < N ? n : -1;
+  }
+}
+template <int kOut>
+__device__ __forceinline__ int n_groups(int N) {
+  return kOut == kOutSwiglu ? (N / 2 + kWarps - 1) / kWarps : (N + kWarps * kR - 1) / (kWarps * kR);
+}
+
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut>
+__global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
+  extern __shared__ __align__(16) uint8_t xs[];
+  constexpr int kPer = per_chunk<kW>();
+  constexpr bool kIntAcc = kXI8 && !kGrouped;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long row_bytes = kW == kWBf16 ? 2LL * p.K : (kW == kWI8 ? (long long)p.K : p.K / 2);
+  const int nchunks = int(row_bytes / 16);
+  const int groups = n_groups<kOut>(p.N);
+
+  // Before the wait: this block's first rows into L2 (weights do not depend on earlier kernels).
+  if (blockIdx.x < groups) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int n = row_of<kOut>(blockIdx.x, warp, r, p.N);
+      if (n >= 0)
+        for (long long off = 128LL * lane; off < row_bytes; off += 32 * 128) prefetch_l2(p.w + n * row_bytes + off);
+    }
+  }
+  pdl::wait();
+  pdl::launch_dependents();
+
+  int* xsum = reinterpret_cast<int*>(xs + (kXI8 ? p.K : 2 * p.K));
+  const float sa = build_input<kW, kXI8, kIn>(p, xs, xsum);
+
+  for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+    int rows[kR];
+    const uint8_t* wrow[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      rows[r] = row_of<kOut>(g, warp, r, p.N);
+      wrow[r] = p.w + (long long)(rows[r] >= 0 ? rows[r] : 0) * row_bytes;  // row 0: valid memory, never stored
+    }
+    if (rows[0] < 0) continue;  // the whole warp (no shuffles are left for it)
+    float facc[kR];
+    int iacc[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) facc[r] = 0.0f, iacc[r] = 0;
+
+    for (int base = 0; base < nchunks; base += 32 * kU) {
+      uint4 wc[kU][kR];
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          const int c = base + u * 32 + lane;
+          wc[u][r] = c < nchunks ? ld_stream16(wrow[r] + 16LL * c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int c = base + u * 32 + lane;
+        if (c >= nchunks) break;
+        const int k0 = c * kPer;
+        float s[kR];
+#pragma unroll
+        for (int r = 0; r < kR; ++r) s[r] = kGrouped ? __ldg(p.sw + (long long)max(rows[r], 0) * p.G + k0 / p.gs) : 0.0f;
+        if constexpr (kW == kWBf16) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(xs + 2 * k0);
+          const float xf[8] = {bf16_lo(xv.x), bf16_hi(xv.x), bf16_lo(xv.y), bf16_hi(xv.y),
+                               bf16_lo(xv.z), bf16_hi(xv.z), bf16_lo(xv.w), bf16_hi(xv.w)};
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+            float a = facc[r];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const uint32_t ww = word(wc[u][r], i);
+              a = fmaf(xf[2 * i], bf16_lo(ww), a);
+              a = fmaf(xf[2 * i + 1], bf16_hi(ww), a);
+            }
+            facc[r] = a;
+          }
+        } else if constexpr (kXI8 && kW == kWI8) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(xs + k0);
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+            int pr = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) pr = __dp4a(int(word(wc[u][r], i)), int(word(xv, i)), pr);
+            if constexpr (kGrouped) facc[r] = fmaf(float(pr), s[r], facc[r]);
+            else iacc[r] += pr;
+          }
+        } else if constexpr (kXI8 && kW == kWI4) {
+          const uint4 x0 = *reinterpret_cast<const uint4*>(xs + k0);
+          const uint4 x1 = *reinterpret_cast<const uint4*>(xs + k0 + 16);
+          const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+          const int corr = xsum[c] * 8;  // Σ (n ^ 8)·x = Σ (v + 8)·x
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+            int pr = -corr;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const uint32_t ww = word(wc[u][r], i);
+              const uint32_t lo = (ww & 0x0F0F0F0Fu) ^ 0x08080808u;         // k 8i + 0, 2, 4, 6
+              const uint32_t hi = ((ww >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u;  // k 8i + 1, 3, 5, 7
+              pr = dp4a_us(lo, xw[2 * i], pr);
+              pr = dp4a_us(hi, xw[2 * i + 1], pr);
+            }
+            if constexpr (kGrouped) facc[r] = fmaf(float(pr), s[r], facc[r]);
+            else iacc[r] += pr;
+          }
+        } else {  // weight-only: bf16 x, 8 k per sub-chunk
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+            float a = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kPer / 8; ++j) {
+              float wf[8];
+              if constexpr (kW == kWI8) {
+                int8x4_to_f32(word(wc[u][r], 2 * j), wf);
+                int8x4_to_f32(word(wc[u][r], 2 * j + 1), wf + 4);
+              } else {
+                int4x8_to_f32(word(wc[u][r], j), wf);
+              }
+              const uint4 xv = *reinterpret_cast<const uint4*>(xs + 2 * k0 + 16 * j);
+              const float xf[8] = {bf16_lo(xv.x), bf16_hi(xv.x), bf16_lo(xv.y), bf16_hi(xv.y),
+                                   bf16_lo(xv.z), bf16_hi(xv.z), bf16_lo(xv.w), bf16_hi(xv.w)};
+#pragma unroll
+              for (int e = 0; e < 8; ++e) a = fmaf(xf[e], wf[e], a);
+            }
+            facc[r] = fmaf(a, s[r], facc[r]);
+          }
+        }
+      }
+    }
+
+    // Warp reduction, then lane 0 finishes the outputs.
+    float val[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int n = max(rows[r], 0);
+      const float b = p.bias ? __ldg(p.bias + n) : 0.0f;
+      if constexpr (kIntAcc) {
+        int v = iacc[r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+        val[r] = fmaf(float(v) * __ldg(p.sw + n), sa, b);
+      } else {
+        float v = facc[r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+        val[r] = kXI8 ? fmaf(v, sa, b) : v + b;
+      }
+    }
+    if (lane == 0) {
+      if constexpr (kOut == kOutSwiglu) {
+        p.y[rows[0]] = swiglu_one(val[0], val[1]);
+      } else {
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          if (rows[r] < 0) continue;
+          if constexpr (kOut == kOutAcc) p.y[rows[r]] = __fadd_rn(p.y[rows[r]], val[r]);
+          else p.y[rows[r]] = val[r];
+        }
+      }
+    }
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return std::max(v, 1);
+  }();
+  return n;
+}
+
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut>
+void launch(const Params& p, const char* name, cudaStream_t stream) {
+  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut>;
+  const size_t smem = size_t(kXI8 ? p.K : 2 * p.K) + (kW == kWI4 && kXI8 ? size_t(p.K / 32) * 4 : 0);
+  // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed).
+  static std::atomic<int> opted{48 * 1024};
+  if (int(smem) > opted.load()) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+               "cudaFuncSetAttribute (gemv_decode shared memory)");
+    opted.store(int(smem));
+  }
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv_decode)");
+  const int groups = kOut == kOutSwiglu ? (p.N / 2 + kWarps - 1) / kWarps : (p.N + kWarps * kR - 1) / (kWarps * kR);
+  const int grid = std::max(1, std::min(groups, std::max(per_sm, 1) * sm_count()));
+  pdl::launch(name, kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
+}
+
+template <int kW, bool kXI8, bool kGrouped>
+void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, const char* name, cudaStream_t s) {
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, name, s);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, name, s);
+  if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
+  throw Error(std::string(name) + ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, Plain+Accumulate)");
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+bool gemv_decode_supports(QuantMode mode, int K) {
+  if (K < 32 || K > kMaxK || K % 32 != 0) return false;
+  if (mode == QuantMode::BF16) return true;
+  if (!quant::is_quantized(mode)) return false;
+  const QuantModeBits mb = quant_mode_bits(mode);
+  return mb.group_size == 0 || mb.group_size % 32 == 0;
+}
+
+void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream) {
+  const std::string where = "gemv_decode(N=" + std::to_string(w.N) + ", K=" + std::to_string(w.K) + ")";
+  if (!gemv_decode_supports(w.mode, w.K)) throw Error(where + ": unsupported mode or K (need K % 32 == 0, K <= 32768)");
+  if (w.N < 1 || (a.out == DecodeOut::SwiGLU && w.N % 2 != 0)) throw Error(where + ": bad N (SwiGLU needs an even N)");
+  if (!w.w || !a.x || !a.y || (a.in == DecodeIn::RmsNorm && !a.norm_w)) throw Error(where + ": null pointer");
+  if (!aligned16(w.w) || !aligned16(a.x) || (a.norm_w && !aligned16(a.norm_w)))
+    throw Error(where + ": weights, x and norm weights must be 16-byte aligned");
+  Params p{};
+  p.w = static_cast<const uint8_t*>(w.w);
+  p.sw = w.scales;
+  p.bias = w.bias;
+  p.N = w.N;
+  p.K = w.K;
+  p.x = a.x;
+  p.norm_w = a.norm_w;
+  p.eps = a.eps;
+  p.y = a.y;
+  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
+  const QuantModeBits mb = quant_mode_bits(w.mode);
+  if (!w.scales) throw Error(where + ": null scales");
+  p.gs = mb.group_size;
+  p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
+  switch (w.mode) {
+    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, "gemv_decode<w8a8>", stream);
+    case QuantMode::W8A8_G128:
+    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, "gemv_decode<w8a8-g>", stream);
+    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, "gemv_decode<w4a8>", stream);
+    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, "gemv_decode<w4a8-g128>", stream);
+    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, "gemv_decode<w8a16>", stream);
+    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, "gemv_decode<w4a16>", stream);
+    default: throw Error(where + ": not a quantized or bf16 mode");
+  }
+}
+
+}  // namespace perry::cuda

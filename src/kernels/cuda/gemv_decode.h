@@ -1,0 +1,63 @@
+// The linear layer of a one-token decode step with its neighbouring elementwise work fused in, so
+// that a decoder layer is 7 kernels instead of 12 (docs/cuda.md, "decode step"):
+//
+//   input:  RmsNorm  the token's fp32 residual row x [K] normalized with norm_w (RMSNorm, eps),
+//           Plain    x [K] as it is (the attention output, the SwiGLU output);
+//           either way converted in the kernel to the layer's input format — int8 with one
+//           per-token scale (the exact rule of quantize_per_token) or bf16 — into shared memory;
+//   output: Store       y[n] = x·w[n] (+ bias[n])                              y fp32 [N]
+//           Accumulate  y[n] += x·w[n] (+ bias[n])  (the residual add)          y fp32 [N]
+//           SwiGLU      rows [0, N/2) are the gate, [N/2, N) the up projection:
+//                       y[j] = silu(gate_j)·up_j                                y fp32 [N/2]
+//
+// The results are those of the separate kernels: rms_norm / swiglu / quantize_per_token, then
+// gemv_quant (quantized modes, same math and scale placement) or a bf16 GEMV with fp32
+// accumulation (bf16), then residual_add — up to the summation order inside a dot product and
+// the RMSNorm sum of squares (accumulated in float64 here as there).
+//
+// Weights (canonical layouts, gemv_quant.h): BF16 bf16 [N, K]; int8 [N, K]; int4 packed
+// [N, K/2]; scales fp32 [N, G]. Every weight byte is streamed once (16-byte loads, L1 bypassed);
+// each block first prefetches its first rows into L2 and only then waits for the previous kernel
+// (programmatic dependent launch, pdl.cuh), so the weight fetch overlaps the kernel before it.
+// int4 weights with int8 activations: the activations are stored in shared memory permuted to the
+// nibble order and the nibbles used as unsigned (v + 8) in dp4a, with the 8·Σx correction per
+// 32 values — three integer instructions per 8 weights instead of a sign-extending unpack.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "quant/quant.h"
+
+namespace perry::cuda {
+
+struct DecodeWeights {
+  quant::QuantMode mode = quant::QuantMode::BF16;  // BF16, or a quantized mode
+  const void* w = nullptr;
+  const float* scales = nullptr;  // quantized modes: fp32 [N, G]
+  const float* bias = nullptr;    // fp32 [N] or null
+  int N = 0, K = 0;
+};
+
+enum class DecodeIn : uint8_t { RmsNorm, Plain };
+enum class DecodeOut : uint8_t { Store, Accumulate, SwiGLU };
+
+struct DecodeLinearArgs {
+  const float* x = nullptr;       // fp32 [K], must not alias y
+  DecodeIn in = DecodeIn::Plain;
+  const float* norm_w = nullptr;  // fp32 [K] (RmsNorm)
+  float eps = 0.0f;
+  float* y = nullptr;
+  DecodeOut out = DecodeOut::Store;
+};
+
+// Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
+// memory), a BF16 or quantized mode. Other layers keep the separate kernels.
+bool gemv_decode_supports(quant::QuantMode mode, int K);
+
+// Launches the fused linear on `stream` (programmatic dependent launch where available).
+// Throws perry::Error on unsupported shapes, null or misaligned pointers (w, x, norm_w 16-byte
+// aligned), an odd N with SwiGLU, or a launch failure.
+void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream);
+
+}  // namespace perry::cuda

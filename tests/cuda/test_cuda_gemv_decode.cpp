@@ -1,0 +1,246 @@
+// gemv_decode (src/kernels/cuda/gemv_decode.h): the fused one-token linear of the decode step,
+// every mode (bf16 and the 7 quantized ones) and every fused input/output form, against a float64
+// reference of the quantized math on inputs prepared on the host by the CPU rules (RMSNorm with a
+// float64 sum of squares, quant::quantize_row_ref, f32_to_bf16). Shapes: Llama-like K = 4096, a K
+// that is not a multiple of the 128 group (1056), and an N large enough that blocks loop over
+// several row groups. Also decode_rope_append against head_rms_norm + rope_apply +
+// kv_cache_append (bit-exact: the same fp32 operations), and the argument checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "cuda_test_util.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemv_decode.h"
+#include "quant_test_util.h"
+
+namespace {
+namespace pc = perry::cuda;
+using namespace perry::cuda::testing;
+using perry::quant::QuantMode;
+
+struct Case {
+  int N, K;
+};
+
+// The linear's input as the CPU computes it: RMSNorm (or the row as it is), then int8 per token
+// or bf16. Returned as an Act for the float64 reference.
+Act host_input(const std::vector<float>& x, const std::vector<float>& nw, bool norm, float eps) {
+  const int K = int(x.size());
+  std::vector<float> v(x);
+  if (norm) {
+    double ss = 0;
+    for (float e : x) ss += double(e) * double(e);
+    const float inv = float(1.0 / std::sqrt(ss / double(K) + double(eps)));
+    for (int k = 0; k < K; ++k) v[size_t(k)] = (x[size_t(k)] * inv) * nw[size_t(k)];
+  }
+  Act a;
+  a.q.resize(size_t(K));
+  a.sa = {perry::quant::quantize_row_ref(v.data(), K, a.q.data())};
+  a.xb.resize(size_t(K));
+  for (int k = 0; k < K; ++k) a.xb[size_t(k)] = perry::f32_to_bf16(v[size_t(k)]);
+  return a;
+}
+
+double silu(double g) { return g / (1.0 + std::exp(-g)); }
+
+void run_case(QuantMode mode, Case c, pc::DecodeIn in, pc::DecodeOut out, std::mt19937& gen) {
+  const int N = c.N, K = c.K;
+  const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
+                           " K=" + std::to_string(K) + " in=" + std::to_string(int(in)) +
+                           " out=" + std::to_string(int(out));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(K)), nw(static_cast<size_t>(K)), bias(static_cast<size_t>(N));
+  for (auto& e : x) e = nd(gen) * 3.f;
+  x[size_t(K / 3)] *= 25.f;  // an outlier channel
+  for (auto& e : nw) e = 0.5f + 0.5f * std::fabs(nd(gen));
+  for (auto& e : bias) e = nd(gen) * 0.1f;
+  const float eps = 1e-5f;
+  const Act a = host_input(x, nw, in == pc::DecodeIn::RmsNorm, eps);
+
+  // Weights: a quantized weight, or bf16 (then the reference treats it as one per-channel
+  // "group" of scale 1 over bf16 activations).
+  perry::quant::QuantizedWeight qw;
+  std::vector<uint16_t> wb;
+  std::vector<int> wu;
+  std::vector<double> ref, mag;
+  if (mode == QuantMode::BF16) {
+    wb.resize(size_t(N) * K);
+    wu.resize(wb.size());
+    ref.assign(size_t(N), 0.0);
+    mag.assign(size_t(N), 0.0);
+    for (size_t i = 0; i < wb.size(); ++i) wb[i] = perry::f32_to_bf16(nd(gen) * 0.05f);
+    for (int n = 0; n < N; ++n) {
+      for (int k = 0; k < K; ++k) {
+        const double t = double(perry::bf16_to_f32(a.xb[size_t(k)])) * double(perry::bf16_to_f32(wb[size_t(n) * K + k]));
+        ref[size_t(n)] += t;
+        mag[size_t(n)] += std::fabs(t);
+      }
+      ref[size_t(n)] += bias[size_t(n)];
+      mag[size_t(n)] += std::fabs(bias[size_t(n)]);
+    }
+  } else {
+    qw = make_weight(mode, N, K, gen);
+    wu = unpack(qw);
+    reference(qw, wu, a, 1, bias.data(), ref, mag);
+  }
+
+  Dev<float> dx(x), dnw(nw), dbias(bias);
+  std::vector<float> y0(static_cast<size_t>(N));
+  for (auto& e : y0) e = nd(gen);
+  Dev<float> dy(y0);
+  Dev<uint16_t> dwb(wb.empty() ? std::vector<uint16_t>(1) : wb);
+  Dev<int8_t> dq8(mode == QuantMode::BF16 ? std::vector<int8_t>(1) : qw.qweight);
+  Dev<float> dsc(mode == QuantMode::BF16 ? std::vector<float>(1) : qw.scales);
+  pc::DecodeWeights w;
+  w.mode = mode;
+  w.w = mode == QuantMode::BF16 ? static_cast<const void*>(dwb.p) : static_cast<const void*>(dq8.p);
+  w.scales = mode == QuantMode::BF16 ? nullptr : dsc.p;
+  w.bias = dbias.p;
+  w.N = N;
+  w.K = K;
+  pc::DecodeLinearArgs args;
+  args.x = dx.p;
+  args.in = in;
+  args.norm_w = dnw.p;
+  args.eps = eps;
+  args.y = dy.p;
+  args.out = out;
+  ASSERT_NO_THROW(pc::gemv_decode(w, args, nullptr)) << what;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  std::vector<float> y = dy.get();
+
+  const double tol = 2e-5;
+  if (out == pc::DecodeOut::Store) {
+    expect_close(y, ref, mag, what, tol);
+  } else if (out == pc::DecodeOut::Accumulate) {
+    std::vector<double> r2(ref), m2(mag);
+    for (int n = 0; n < N; ++n) r2[size_t(n)] += y0[size_t(n)], m2[size_t(n)] += std::fabs(y0[size_t(n)]);
+    expect_close(y, r2, m2, what, tol);
+  } else {
+    const int half = N / 2;
+    std::vector<float> yh(y.begin(), y.begin() + half);
+    std::vector<double> r2(static_cast<size_t>(half)), m2(static_cast<size_t>(half));
+    for (int j = 0; j < half; ++j) {
+      const double g = ref[size_t(j)], u = ref[size_t(j + half)];
+      r2[size_t(j)] = silu(g) * u;
+      // |d silu/dg| <= 1.1: the error of g and u propagated, plus the fp32 rounding of the result.
+      m2[size_t(j)] = std::fabs(silu(g)) * mag[size_t(j + half)] + 1.1 * std::fabs(u) * mag[size_t(j)] +
+                      std::fabs(r2[size_t(j)]);
+    }
+    expect_close(yh, r2, m2, what, tol);
+    // Outputs past N/2 are untouched.
+    for (int n = half; n < N; ++n) ASSERT_EQ(y[size_t(n)], y0[size_t(n)]) << what << " wrote past N/2 at " << n;
+  }
+}
+
+TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
+  REQUIRE_GPU();
+  std::mt19937 gen(20261129);
+  std::vector<QuantMode> modes(std::begin(kAllModes), std::end(kAllModes));
+  modes.push_back(QuantMode::BF16);
+  const struct {
+    pc::DecodeIn in;
+    pc::DecodeOut out;
+  } forms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store},
+               {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU},
+               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate}};
+  for (QuantMode m : modes)
+    for (const auto& f : forms)
+      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}}) run_case(m, c, f.in, f.out, gen);
+}
+
+TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
+  REQUIRE_GPU();
+  EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 1000));  // K % 32
+  EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 65536));
+  EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::F32, 4096));
+  EXPECT_TRUE(pc::gemv_decode_supports(QuantMode::W4A8_G128, 4096));
+  Dev<float> x(64), y(64), nw(64);
+  Dev<int8_t> w(64 * 64);
+  Dev<float> sc(64);
+  pc::DecodeWeights dw;
+  dw.mode = QuantMode::W8A8;
+  dw.w = w.p;
+  dw.scales = sc.p;
+  dw.N = 63;
+  dw.K = 64;
+  pc::DecodeLinearArgs a;
+  a.x = x.p;
+  a.y = y.p;
+  a.norm_w = nw.p;
+  a.in = pc::DecodeIn::RmsNorm;
+  a.out = pc::DecodeOut::SwiGLU;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);  // odd N with SwiGLU
+  dw.N = 64;
+  a.x = nullptr;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.x = x.p;
+  a.in = pc::DecodeIn::Plain;
+  a.out = pc::DecodeOut::Store;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);  // a form that is not built
+}
+
+// decode_rope_append == head_rms_norm + rope_apply + kv_cache_append, bit for bit: two decode
+// rows of two sequences, GQA 8/2, with and without the q/k norm, one position past the RoPE
+// table (NaN q and k), cache bytes compared whole.
+TEST(CudaDecodeRopeAppend, EqualsTheSeparateKernels) {
+  REQUIRE_GPU();
+  std::mt19937 gen(7);
+  const int nh = 8, nkv = 2, hd = 128, cap = 64, max_pos = 48, slots = 3;
+  const int Q = nh * hd, KV = nkv * hd, stride = Q + 2 * KV, M = 2;
+  std::vector<float> cosv(size_t(max_pos) * hd / 2), sinv(cosv.size());
+  for (size_t i = 0; i < cosv.size(); ++i) cosv[i] = std::cos(0.01f * float(i)), sinv[i] = std::sin(0.01f * float(i));
+  pc::DeviceRopeTable rope(cosv.data(), sinv.data(), hd, max_pos);
+  for (bool qk_norm : {false, true}) {
+    for (int pos_b : {20, 50}) {  // 50: past the RoPE table (but inside the cache)
+      std::vector<float> qkv = rand_f(size_t(M) * stride, gen, -2.f, 2.f);
+      std::vector<float> qn = rand_f(size_t(hd), gen, 0.5f, 1.5f), kn = rand_f(size_t(hd), gen, 0.5f, 1.5f);
+      std::vector<pc::AttnSeq> seqs = {{0, 1, 10, 2}, {1, 1, pos_b, 0}};
+      std::vector<int32_t> pos = {10, pos_b};
+      const size_t cache_elems = size_t(slots) * nkv * cap * hd;
+      std::vector<uint16_t> cache0(cache_elems);
+      for (auto& e : cache0) e = uint16_t(gen());
+      Dev<pc::AttnSeq> dseq(seqs);
+      Dev<int32_t> dpos(pos);
+      Dev<float> dqn(qn), dkn(kn);
+      // Fused.
+      Dev<float> f_qkv(qkv);
+      Dev<uint16_t> f_k(cache0), f_v(cache0);
+      pc::decode_rope_append(f_qkv.p, stride, dseq.p, 2, M, nh, nkv, hd, qk_norm ? dqn.p : nullptr,
+                             qk_norm ? dkn.p : nullptr, 1e-6f, rope.view(), cap, f_k.p, f_v.p, nullptr);
+      // Separate: q, k, v split out of the fused rows first.
+      std::vector<float> q(static_cast<size_t>(M) * Q), k(static_cast<size_t>(M) * KV), v(static_cast<size_t>(M) * KV);
+      for (int m = 0; m < M; ++m) {
+        std::copy_n(&qkv[size_t(m) * stride], Q, &q[size_t(m) * Q]);
+        std::copy_n(&qkv[size_t(m) * stride + Q], KV, &k[size_t(m) * KV]);
+        std::copy_n(&qkv[size_t(m) * stride + Q + KV], KV, &v[size_t(m) * KV]);
+      }
+      Dev<float> s_q(q), s_k(k), s_v(v);
+      Dev<uint16_t> s_kc(cache0), s_vc(cache0);
+      if (qk_norm) {
+        pc::head_rms_norm(s_q.p, Q, M, nh, hd, dqn.p, 1e-6f, nullptr);
+        pc::head_rms_norm(s_k.p, KV, M, nkv, hd, dkn.p, 1e-6f, nullptr);
+      }
+      pc::rope_apply(s_q.p, Q, nh, s_k.p, KV, nkv, M, dpos.p, rope.view(), nullptr);
+      pc::kv_cache_append(s_k.p, s_v.p, dseq.p, 2, M, nkv, hd, cap, s_kc.p, s_vc.p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> fq = f_qkv.get(), sq = s_q.get();
+      for (int m = 0; m < M; ++m)
+        for (int i = 0; i < Q; ++i) {
+          const float a = fq[size_t(m) * stride + i], b = sq[size_t(m) * Q + i];
+          ASSERT_TRUE((std::isnan(a) && std::isnan(b)) || a == b)
+              << "q row " << m << " elem " << i << " norm " << qk_norm << ": " << a << " vs " << b;
+        }
+      EXPECT_EQ(f_k.get(), s_kc.get()) << "k cache, norm " << qk_norm << " pos " << pos_b;
+      EXPECT_EQ(f_v.get(), s_vc.get()) << "v cache, norm " << qk_norm << " pos " << pos_b;
+    }
+  }
+}
+
+}  // namespace
