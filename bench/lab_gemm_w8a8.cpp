@@ -125,12 +125,12 @@ int main(int argc, char** argv) {
   const int threads = perry::thread_pool().size();
   perry::set_num_threads(1);
   std::vector<float> y(size_t(M * N));
-  kq::avx512::int_accumulators(p, a.data(), M, got.data(), kq::Path::Gemm);
+  kq::avx512::int_accumulators(p, a.data(), nullptr, M, got.data(), kq::Path::Gemm);
   const bool lib_ok = got == want;
-  double t3 = best_of(reps, [&] { kq::avx512::int_forward(p, a.data(), M, sa.data(), y.data(), nullptr, kq::Path::Gemm); });
+  double t3 = best_of(reps, [&] { kq::avx512::int_forward(p, a.data(), nullptr, M, sa.data(), y.data(), nullptr, kq::Path::Gemm); });
   report("v3 library 6x2 tile + MC blocking, 1 thread", t3, true, lib_ok);
   perry::set_num_threads(threads);
-  double t4 = best_of(reps, [&] { kq::avx512::int_forward(p, a.data(), M, sa.data(), y.data(), nullptr, kq::Path::Gemm); }, false);
+  double t4 = best_of(reps, [&] { kq::avx512::int_forward(p, a.data(), nullptr, M, sa.data(), y.data(), nullptr, kq::Path::Gemm); }, false);
   report("v4 library kernel, all threads", t4, true, lib_ok);
   pq::QuantizedLinear lin(w);
   double t5 = best_of(reps, [&] { lin.forward(x.data(), M, y.data()); }, false);
@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
       for (int path = 0; path < 2; ++path) {
         sink += kq::avx512::stream_read(flush.data(), int64_t(flush.size()));
         const double t0 = now(false);
-        kq::avx512::int_forward(p, a.data(), m, sa.data(), y.data(), nullptr, path ? kq::Path::Gemm : kq::Path::Gemv);
+        kq::avx512::int_forward(p, a.data(), nullptr, m, sa.data(), y.data(), nullptr, path ? kq::Path::Gemm : kq::Path::Gemv);
         if (r > 0) best[path] = std::min(best[path], now(false) - t0);
       }
     std::printf("M=%ld  gemv %8.3f ms (%5.1f GB/s)   gemm %8.3f ms (%5.1f GB/s)\n", long(m), best[0] * 1e3,

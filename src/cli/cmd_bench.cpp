@@ -10,6 +10,7 @@
 #include "cli/common.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/op_profile.h"
 #include "core/thread_pool.h"
 #ifdef PERRY_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -117,6 +118,7 @@ Command register_bench(CLI::App& root) {
         model.forward({{0, t.data(), 1, false}}, cache, logits);
         cache.reset(0);
       }
+      prof::reset();
       for (int64_t P : a->prompts) {
         std::vector<double> pre;
         auto toks = random_token_ids(P, vocab, uint64_t(100 + P));
@@ -161,6 +163,10 @@ Command register_bench(CLI::App& root) {
         }
         // tok/s counts every sequence's token; ms is the time of one decode step.
         report("decode b=" + std::to_string(B), a->decode, double(B) / median(dec), median(dec) * 1e3);
+      }
+      if (prof::enabled()) {
+        prof::report(stdout, mode.c_str());
+        prof::reset();
       }
       write_out(false);
     }

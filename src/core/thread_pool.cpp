@@ -1,5 +1,7 @@
 #include "core/thread_pool.h"
 
+#include "core/op_profile.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -48,6 +50,8 @@ void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
     fn(0, 1);
     return;
   }
+  static prof::Counter dispatches("pool dispatches (count)"), wait("pool/caller waits for workers");
+  prof::count(dispatches);
   {
     std::lock_guard<std::mutex> lk(mu_);
     job_ = &fn;
@@ -56,6 +60,7 @@ void ThreadPool::run_on_all(const std::function<void(int, int)>& fn) {
   }
   cv_.notify_all();
   fn(0, size());
+  prof::Scope waiting(wait);
   while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
 }
 

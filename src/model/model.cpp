@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/op_profile.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/attention.h"
 #include "model/tensor_names.h"
@@ -11,6 +12,18 @@
 namespace perry::model {
 
 namespace {
+
+// PERRY_PROFILE: one counter per op of the forward pass (core/op_profile.h).
+struct OpCounters {
+  prof::Counter forward{"forward"}, embed{"embed"}, norm{"rms_norm"}, q{"attn.q_proj"}, k{"attn.k_proj"},
+      v{"attn.v_proj"}, qk_norm{"attn.qk_norm"}, rope{"attn.rope"}, kv_store{"attn.kv_store"},
+      attention{"attn.attention"}, o{"attn.o_proj"}, add{"residual_add"}, gate{"mlp.gate_proj"},
+      up{"mlp.up_proj"}, silu{"mlp.silu_mul"}, down{"mlp.down_proj"}, lm_head{"lm_head"};
+};
+OpCounters& ops() {
+  static OpCounters c;
+  return c;
+}
 
 bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
@@ -199,6 +212,17 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
     backend_->forward(batch, cache, logits);
     return;
   }
+  prof::set_phase(M == 1 ? prof::Phase::Decode : prof::Phase::Prefill);
+  OpCounters& P = ops();
+  prof::Scope forward_scope(P.forward);
+  // Runs one op under its profile counter (bytes: the weights it streams, for a GB/s column).
+  auto op = [](prof::Counter& c, const auto& fn, int64_t bytes = 0) {
+    prof::Scope s(c, bytes);
+    fn();
+  };
+  auto lin = [&](prof::Counter& c, const Linear& l, const float* x, float* y) {
+    op(c, [&] { l.forward(x, M, y); }, int64_t(l.weight_bytes()));
+  };
   Scratch& S = s_;
   auto fit = [](std::vector<float>& v, int64_t n) {
     if (int64_t(v.size()) < n) v.resize(size_t(n));
@@ -206,25 +230,27 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
   fit(S.x, M * H); fit(S.xn, M * H); fit(S.q, M * Q); fit(S.k, M * KV); fit(S.v, M * KV);
   fit(S.attn, M * Q); fit(S.o, M * H); fit(S.gate, M * I); fit(S.up, M * I);
 
-  {
+  op(P.embed, [&] {
     int64_t off = 0;
     for (const SeqInput& s : batch) {
       kernels::embedding_lookup(embed_.data, embed_.dtype, H, s.tokens, s.n_tokens, S.x.data() + off * H, c.vocab_size);
       off += s.n_tokens;
     }
-  }
+  });
   const float eps = float(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(float(hd));
   for (int64_t l = 0; l < c.num_layers; ++l) {
     Layer& L = layers_[size_t(l)];
-    kernels::rms_norm(S.x.data(), L.in_norm.data(), eps, M, H, S.xn.data());
+    op(P.norm, [&] { kernels::rms_norm(S.x.data(), L.in_norm.data(), eps, M, H, S.xn.data()); });
     if (calib_) calib_->attn_in[size_t(l)].observe(S.xn.data(), M, H);
-    L.q.forward(S.xn.data(), M, S.q.data());
-    L.k.forward(S.xn.data(), M, S.k.data());
-    L.v.forward(S.xn.data(), M, S.v.data());
+    lin(P.q, L.q, S.xn.data(), S.q.data());
+    lin(P.k, L.k, S.xn.data(), S.k.data());
+    lin(P.v, L.v, S.xn.data(), S.v.data());
     if (c.qk_norm) {
-      kernels::rms_norm(S.q.data(), L.q_norm.data(), eps, M * nh, hd, S.q.data());
-      kernels::rms_norm(S.k.data(), L.k_norm.data(), eps, M * nkv, hd, S.k.data());
+      op(P.qk_norm, [&] {
+        kernels::rms_norm(S.q.data(), L.q_norm.data(), eps, M * nh, hd, S.q.data());
+        kernels::rms_norm(S.k.data(), L.k_norm.data(), eps, M * nkv, hd, S.k.data());
+      });
     }
     int64_t off = 0;
     for (const SeqInput& s : batch) {
@@ -232,28 +258,34 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
       float* q = S.q.data() + off * Q;
       float* k = S.k.data() + off * KV;
       const float* v = S.v.data() + off * KV;
-      kernels::rope_apply(q, T, nh, Q, pos0, *rope_);
-      kernels::rope_apply(k, T, nkv, KV, pos0, *rope_);
+      op(P.rope, [&] {
+        kernels::rope_apply(q, T, nh, Q, pos0, *rope_);
+        kernels::rope_apply(k, T, nkv, KV, pos0, *rope_);
+      });
       float* kc = cache.keys(s.slot, l);
       float* vc = cache.values(s.slot, l);
       const int64_t cap = cache.capacity();
-      for (int64_t t = 0; t < T; ++t)
-        for (int h = 0; h < nkv; ++h) {
-          std::memcpy(kc + (h * cap + pos0 + t) * hd, k + t * KV + h * hd, size_t(hd) * 4);
-          std::memcpy(vc + (h * cap + pos0 + t) * hd, v + t * KV + h * hd, size_t(hd) * 4);
-        }
-      kernels::attention_f32(q, T, pos0, nh, nkv, int(hd), kc, vc, cap, scale, S.attn.data() + off * Q);
+      op(P.kv_store, [&] {
+        for (int64_t t = 0; t < T; ++t)
+          for (int h = 0; h < nkv; ++h) {
+            std::memcpy(kc + (h * cap + pos0 + t) * hd, k + t * KV + h * hd, size_t(hd) * 4);
+            std::memcpy(vc + (h * cap + pos0 + t) * hd, v + t * KV + h * hd, size_t(hd) * 4);
+          }
+      });
+      op(P.attention, [&] {
+        kernels::attention_f32(q, T, pos0, nh, nkv, int(hd), kc, vc, cap, scale, S.attn.data() + off * Q);
+      });
       off += T;
     }
-    L.o.forward(S.attn.data(), M, S.o.data());
-    kernels::add_inplace(S.x.data(), S.o.data(), M * H);
-    kernels::rms_norm(S.x.data(), L.post_norm.data(), eps, M, H, S.xn.data());
+    lin(P.o, L.o, S.attn.data(), S.o.data());
+    op(P.add, [&] { kernels::add_inplace(S.x.data(), S.o.data(), M * H); });
+    op(P.norm, [&] { kernels::rms_norm(S.x.data(), L.post_norm.data(), eps, M, H, S.xn.data()); });
     if (calib_) calib_->mlp_in[size_t(l)].observe(S.xn.data(), M, H);
-    L.gate.forward(S.xn.data(), M, S.gate.data());
-    L.up.forward(S.xn.data(), M, S.up.data());
-    kernels::silu_mul(S.gate.data(), S.up.data(), M * I, S.gate.data());
-    L.down.forward(S.gate.data(), M, S.o.data());
-    kernels::add_inplace(S.x.data(), S.o.data(), M * H);
+    lin(P.gate, L.gate, S.xn.data(), S.gate.data());
+    lin(P.up, L.up, S.xn.data(), S.up.data());
+    op(P.silu, [&] { kernels::silu_mul(S.gate.data(), S.up.data(), M * I, S.gate.data()); });
+    lin(P.down, L.down, S.gate.data(), S.o.data());
+    op(P.add, [&] { kernels::add_inplace(S.x.data(), S.o.data(), M * H); });
   }
   for (const SeqInput& s : batch) cache.advance(s.slot, s.n_tokens);
   if (calib_) calib_->tokens += M;
@@ -270,9 +302,9 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
       off += s.n_tokens;
     }
   }
-  kernels::rms_norm(S.last.data(), final_norm_.data(), eps, out_rows, H, S.last.data());
+  op(P.norm, [&] { kernels::rms_norm(S.last.data(), final_norm_.data(), eps, out_rows, H, S.last.data()); });
   logits.resize(size_t(out_rows * c.vocab_size));
-  lm_head_.forward(S.last.data(), out_rows, logits.data());
+  op(P.lm_head, [&] { lm_head_.forward(S.last.data(), out_rows, logits.data()); }, int64_t(lm_head_.weight_bytes()));
 }
 
 int64_t Model::parameter_count() const {

@@ -7,6 +7,7 @@
 #include "core/cpu_features.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/op_profile.h"
 #include "kernels/cpu/qgemm.h"
 #include "quant/quant.h"
 
@@ -19,6 +20,7 @@ std::atomic<bool> g_force_reference{false};
 struct Scratch {
   AlignedBuffer<uint8_t> a;
   AlignedBuffer<float> sa;
+  AlignedBuffer<int32_t> act_corr;
   AlignedBuffer<uint16_t> xb;
   AlignedBuffer<float> xf;
 };
@@ -133,11 +135,14 @@ void QuantizedLinear::forward(const float* x, int64_t M, float* y, const float* 
   Scratch& s = scratch();
   switch (I.family()) {
     case Family::IntAvx512: {
-      const int64_t lda = I.pint.lda();
-      uint8_t* a = grow(s.a, size_t(M * lda));
-      float* sa = grow(s.sa, size_t(M));
-      kq::avx512::quantize_rows_u8(x, M, K, a, lda, sa);
-      kq::avx512::int_forward(I.pint, a, M, sa, y, bias, path);
+      const kq::avx512::ActBuffers act{grow(s.a, size_t(M * I.pint.lda())), grow(s.sa, size_t(M)),
+                                       grow(s.act_corr, size_t(M * I.pint.G))};
+      static prof::Counter quantize("linear/quantize activations");
+      {
+        prof::Scope t(quantize);
+        kq::avx512::quantize_activations(I.pint, x, M, act);
+      }
+      kq::avx512::int_forward(I.pint, act.a, act.act_corr, M, act.sa, y, bias, path);
       return;
     }
     case Family::IntAvx2: {

@@ -90,12 +90,20 @@ void check_all_int_paths(const pq::QuantizedWeight& w, const std::vector<int8_t>
   std::vector<kq::Path> paths = {kq::Path::Gemm};
   if (M <= kq::kGemvMaxRows) paths.push_back(kq::Path::Gemv);
   if (have_avx512_vnni()) {
-    std::vector<uint8_t> a(size_t(M * lda), 128);
+    // The kernels' activation layout, built here from q (not by the library's quantizer): int8
+    // weights take u8 q+128 padded with 128; int4 weights take s8 q padded with 0 plus 8·Σq per group.
+    const bool int4 = p.bits == 4;
+    std::vector<uint8_t> a(size_t(M * lda), int4 ? 0 : 128);
+    std::vector<int32_t> corr(size_t(M * G), 0);
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < w.K; ++k) a[size_t(m * lda + k)] = uint8_t(q[size_t(m * w.K + k)] + 128);
+      for (int64_t k = 0; k < w.K; ++k) {
+        const int v = q[size_t(m * w.K + k)];
+        a[size_t(m * lda + k)] = int4 ? uint8_t(int8_t(v)) : uint8_t(v + 128);
+        corr[size_t(m * G + group_of(w, k))] += 8 * v;
+      }
     for (auto path : paths) {
       std::fill(got.begin(), got.end(), 0x5a5a5a5a);
-      kq::avx512::int_accumulators(p, a.data(), M, got.data(), path);
+      kq::avx512::int_accumulators(p, a.data(), int4 ? corr.data() : nullptr, M, got.data(), path);
       expect_acc_equal(want, got, tag + (path == kq::Path::Gemv ? " avx512 gemv" : " avx512 gemm"));
     }
   }
@@ -261,9 +269,10 @@ TEST(QuantizedLinear, GemvAndGemmPathsAgreeBitwise) {
         const auto p = kq::pack_int(qw);
         std::vector<uint8_t> a(size_t(M * p.lda()));
         std::vector<float> sa(static_cast<size_t>(M));
-        kq::avx512::quantize_rows_u8(x.data(), M, K, a.data(), p.lda(), sa.data());
-        kq::avx512::int_forward(p, a.data(), M, sa.data(), y1.data(), bias.data(), kq::Path::Gemv);
-        kq::avx512::int_forward(p, a.data(), M, sa.data(), y2.data(), bias.data(), kq::Path::Gemm);
+        std::vector<int32_t> corr(size_t(M * p.G));
+        kq::avx512::quantize_activations(p, x.data(), M, {a.data(), sa.data(), corr.data()});
+        kq::avx512::int_forward(p, a.data(), corr.data(), M, sa.data(), y1.data(), bias.data(), kq::Path::Gemv);
+        kq::avx512::int_forward(p, a.data(), corr.data(), M, sa.data(), y2.data(), bias.data(), kq::Path::Gemm);
       } else {
         const auto p = kq::pack_wo(qw);
         std::vector<uint16_t> xb(size_t(M * p.ldx()));

@@ -53,6 +53,27 @@ static void check_activation_quantizers(const std::vector<float>& x, int64_t M, 
         ASSERT_EQ(int(q[size_t(m * ld + k)]) - 128, k < K ? qr[size_t(m * K + k)] : 0) << m << "," << k;
     }
   }
+  if (perry::cpu_features().avx512f && perry::cpu_features().avx512bw) {
+    // The int4 kernels' layout: s8 padded with 0, and 8·Σq per group (groups of 16, 64, 128 and
+    // one group over the whole row), summed here from the reference bytes.
+    for (int64_t gl : {int64_t(16), int64_t(64), int64_t(128), ld}) {
+      const int G = int((K + gl - 1) / gl);
+      std::vector<int8_t> q(size_t(M * ld), 99);
+      std::vector<float> s(static_cast<size_t>(M));
+      std::vector<int32_t> gs(size_t(M * G), -1);
+      kq::avx512::quantize_rows_s8(x.data(), M, K, q.data(), ld, s.data(), gl, G, gs.data());
+      for (int64_t m = 0; m < M; ++m) {
+        EXPECT_EQ(s[size_t(m)], sr[size_t(m)]) << "row " << m;
+        std::vector<int32_t> want(static_cast<size_t>(G), 0);
+        for (int64_t k = 0; k < ld; ++k) {
+          const int v = k < K ? qr[size_t(m * K + k)] : 0;
+          ASSERT_EQ(q[size_t(m * ld + k)], v) << m << "," << k << " group " << gl;
+          if (k < K) want[size_t(k / gl)] += 8 * v;
+        }
+        for (int g = 0; g < G; ++g) ASSERT_EQ(gs[size_t(m * G + g)], want[size_t(g)]) << m << " group " << g << " of " << gl;
+      }
+    }
+  }
   if (perry::cpu_features().avx2) {
     std::vector<int8_t> q(size_t(M * ld));
     std::vector<float> s(static_cast<size_t>(M));

@@ -6,8 +6,9 @@
 //   bytes: lane c (output column 16p+c) holds w[n][4s..4s+3] — one 32-bit lane of `vpdpbusd`.
 //   int4: two steps share one 64-byte block: low nibble = step 2t, high nibble = step 2t+1, each
 //   stored as w+8 in [1, 15] so unpacking is and/shift/sub-8 (no sign extension).
-//   Padding (k >= K, n >= N) is 0. Per (panel, group) 16 scales and 16 int32 corrections
-//   128·Σw (the activations enter vpdpbusd as u8 = q+128).
+//   Padding (k >= K, n >= N) is 0. Per (panel, group) 16 scales; int8 only: 16 int32 corrections
+//   128·Σw (the int8 kernels feed the activations to vpdpbusd as u8 = q+128; the int4 ones feed
+//   the stored nibbles w+8 as the unsigned operand and correct with 8·Σq from the activations).
 // Packed weight-only layout (W8A16 / W4A16, `vdpbf16ps`):
 //   panels of 16 columns; steps of 2 consecutive k; step s of panel p is 32 bytes int8 with
 //   byte 2c+j = w[16p+c][2s+j] (int4: 16 bytes, byte c = (w[.][2s]+8) | (w[.][2s+1]+8) << 4).
@@ -31,7 +32,7 @@ struct PackedInt {
   int64_t panel_bytes = 0;   // steps*64 (int8) or steps*32 (int4)
   AlignedBuffer<uint8_t> data;       // [panel][panel_bytes]
   AlignedBuffer<float> scales;       // [panel][G][16]
-  AlignedBuffer<int32_t> wsum128;    // [panel][G][16]
+  AlignedBuffer<int32_t> wsum128;    // [panel][G][16], int8 weights only (empty for int4)
   int64_t lda() const { return steps * 4; }  // row stride of the quantized activations
 };
 PackedInt pack_int(const quant::QuantizedWeight& w);
@@ -74,10 +75,27 @@ void wo_forward(const quant::QuantizedWeight& w, const float* x, int64_t M, floa
 namespace avx512 {
 // q[m][k] = quantized x + 128 (u8), rows padded with 128 up to ldq; scales[m] = amax/127.
 void quantize_rows_u8(const float* x, int64_t M, int64_t K, uint8_t* q, int64_t ldq, float* scales);
-void int_forward(const PackedInt& p, const uint8_t* a, int64_t M, const float* sa, float* y,
-                 const float* bias, Path path);
+// q[m][k] = quantized x (s8), rows padded with 0 up to ldq; scales[m] = amax/127; and
+// gsum8[m][g] = 8·Σ_{k in group g} q[m][k] for groups of `group_len` (a multiple of 16) along K.
+void quantize_rows_s8(const float* x, int64_t M, int64_t K, int8_t* q, int64_t ldq, float* scales,
+                      int64_t group_len, int G, int32_t* gsum8);
+
+// The activations of M rows as the kernels for p read them:
+//   int8 weights: a[m] = q+128 (u8, quantize_rows_u8), act_corr unused (may be null);
+//   int4 weights: a[m] = q as s8 bytes (quantize_rows_s8), act_corr[m][G] = 8·Σq per group.
+// The int4 kernels multiply the stored nibbles (w+8, unsigned) by the signed activations: no
+// per-byte "-8" and no per-column correction to read, so the GEMV streams only weights + scales.
+struct ActBuffers {
+  uint8_t* a;         // [M][p.lda()]
+  float* sa;          // [M]
+  int32_t* act_corr;  // [M][p.G] (int4 weights)
+};
+void quantize_activations(const PackedInt& p, const float* x, int64_t M, const ActBuffers& out);
+void int_forward(const PackedInt& p, const uint8_t* a, const int32_t* act_corr, int64_t M, const float* sa,
+                 float* y, const float* bias, Path path);
 // Test hook: the same loops with an epilogue that stores the int32 group sums [M][N][G].
-void int_accumulators(const PackedInt& p, const uint8_t* a, int64_t M, int32_t* acc, Path path);
+void int_accumulators(const PackedInt& p, const uint8_t* a, const int32_t* act_corr, int64_t M, int32_t* acc,
+                      Path path);
 void to_bf16_rows(const float* x, int64_t M, int64_t K, uint16_t* xb, int64_t ldx);
 void wo_forward(const PackedWo& p, const uint16_t* xb, int64_t M, float* y, const float* bias, Path path);
 // Reads [p, p+bytes) once with 64-byte loads on the calling thread (memory-bandwidth probe for

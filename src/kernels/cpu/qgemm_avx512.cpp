@@ -1,8 +1,11 @@
 // AVX-512 VNNI kernels of the W8A8 / W4A8 modes: per-token activation quantization and the
 // u8×s8 `vpdpbusd` GEMM/GEMV on the packed layout described in qgemm.h.
 //
-// Activations enter as u8 = q + 128 (vpdpbusd multiplies unsigned by signed); the 128·Σw excess
-// is removed per (column, group) with the packed correction, so the int32 sums are exact.
+// vpdpbusd multiplies unsigned by signed bytes. int8 weights: the activations enter as u8 = q + 128
+// and the 128·Σw excess is removed per (column, group) with the packed correction. int4 weights:
+// the stored nibbles w+8 in [1, 15] are the unsigned operand as they are, the activations the
+// signed one, and the 8·Σq excess is removed per (row, group) with the activation group sums.
+// Either way the int32 sums are exact.
 // GCC 12 reports its own _mm512_undefined_*() inside the intrinsics as uninitialized.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -14,6 +17,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/qgemm.h"
 
@@ -60,6 +64,34 @@ float quantize_row(const float* x, int64_t K, uint8_t* q, int64_t ldq) {
   return scale;
 }
 
+// One row for the int4 kernels: the same rule as s8 (padded with 0 up to ldq), plus
+// gsum8[g] = 8·Σ q over each group of group_len (a multiple of 16 when G > 1, so no vector
+// straddles two groups).
+float quantize_row_s8(const float* x, int64_t K, int8_t* q, int64_t ldq, int64_t group_len, int G, int32_t* gsum8) {
+  const float amax = hmax_abs(x, K);
+  float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  float scale = amax / 127.0f;
+  if (!std::isfinite(inv) || !std::isfinite(amax)) inv = scale = 0;
+  std::memset(q, 0, size_t(ldq));
+  std::fill_n(gsum8, G, 0);
+  if (inv == 0) return scale;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int g = 0; g < G; ++g) {
+    const int64_t k0 = g * group_len, k1 = std::min(K, k0 + group_len);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t k = k0; k < k1; k += 16) {
+      const __mmask16 mk = __mmask16(k + 16 <= k1 ? 0xFFFF : (1u << (k1 - k)) - 1);
+      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + k), vinv));  // RNE
+      v = _mm512_min_epi32(_mm512_max_epi32(v, lo), hi);
+      sum = _mm512_add_epi32(sum, v);
+      _mm_mask_storeu_epi8(q + k, mk, _mm512_cvtepi32_epi8(v));
+    }
+    gsum8[g] = 8 * _mm512_reduce_add_epi32(sum);
+  }
+  return scale;
+}
+
 inline __m512i bcast32(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -80,7 +112,8 @@ constexpr int64_t kGemmMC = 120;  // rows per cache block (A block stays in L2)
 
 struct Args {
   const PackedInt* p;
-  const uint8_t* a;  // [M][lda] u8
+  const uint8_t* a;  // [M][lda]: u8 q+128 (int8 weights) or s8 q (int4 weights)
+  const int32_t* act_corr;  // int4 weights: [M][G] 8·Σq per group
   int64_t lda;
   const float* sa;
   float* y;
@@ -114,28 +147,30 @@ void tile(const Args& A, int64_t m0, int64_t p0) {
         }
       }
     } else {
-      const __m512i mask = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+      // Nibbles stay w+8 (u8, vpdpbusd's first operand); the activations are s8.
+      const __m512i mask = _mm512_set1_epi8(0x0F);
       for (int64_t s = s0; s < s1; s += 2) {
         __m512i b0[NV], b1[NV];
         for (int v = 0; v < NV; ++v) {
           const __m512i raw = _mm512_load_si512(bp + v * P.panel_bytes + (s / 2) * 64);
-          b0[v] = _mm512_sub_epi8(_mm512_and_si512(raw, mask), eight);
-          b1[v] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), mask), eight);
+          b0[v] = _mm512_and_si512(raw, mask);
+          b1[v] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
         }
         for (int r = 0; r < MR; ++r) {
           const __m512i a0 = bcast32(arow[r] + 4 * s), a1 = bcast32(arow[r] + 4 * s + 4);
           for (int v = 0; v < NV; ++v) {
-            acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], a0, b0[v]);
-            acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], a1, b1[v]);
+            acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], b0[v], a0);
+            acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], b1[v], a1);
           }
         }
       }
     }
     for (int v = 0; v < NV; ++v) {
       const int64_t pg = ((p0 + v) * G + g) * kPanel;
-      const __m512i corr = _mm512_load_si512(P.wsum128.data() + pg);
       const __m512 sw = _mm512_load_ps(P.scales.data() + pg);
       for (int r = 0; r < MR; ++r) {
+        const __m512i corr = INT4 ? _mm512_set1_epi32(A.act_corr[(m0 + r) * G + g])
+                                  : _mm512_load_si512(P.wsum128.data() + pg);
         const __m512i x = _mm512_sub_epi32(acc[r][v], corr);
         if constexpr (HOOK) {
           alignas(64) int32_t tmp[kPanel];
@@ -231,9 +266,34 @@ void quantize_rows_u8(const float* x, int64_t M, int64_t K, uint8_t* q, int64_t 
   }
 }
 
-void int_forward(const PackedInt& p, const uint8_t* a, int64_t M, const float* sa, float* y, const float* bias,
-                 Path path) {
-  Args A{&p, a, p.lda(), sa, y, bias, nullptr};
+void quantize_rows_s8(const float* x, int64_t M, int64_t K, int8_t* q, int64_t ldq, float* scales,
+                      int64_t group_len, int G, int32_t* gsum8) {
+  PERRY_CHECK((G == 1 || group_len % 16 == 0) && G >= 1 && G * group_len >= K, "quantize_rows_s8: group length {} x {} groups for K={}",
+              group_len, G, K);
+  auto body = [&](size_t m0, size_t m1) {
+    for (size_t m = m0; m < m1; ++m)
+      scales[m] = quantize_row_s8(x + int64_t(m) * K, K, q + int64_t(m) * ldq, ldq, group_len, G, gsum8 + int64_t(m) * G);
+  };
+  if (M * K < (int64_t(1) << 16)) {
+    body(0, size_t(M));
+  } else {
+    thread_pool().parallel_for(size_t(M), 1, body);
+  }
+}
+
+void quantize_activations(const PackedInt& p, const float* x, int64_t M, const ActBuffers& out) {
+  if (p.bits == 4) {
+    quantize_rows_s8(x, M, p.K, reinterpret_cast<int8_t*>(out.a), p.lda(), out.sa, p.group_steps * 4, p.G,
+                     out.act_corr);
+  } else {
+    quantize_rows_u8(x, M, p.K, out.a, p.lda(), out.sa);
+  }
+}
+
+void int_forward(const PackedInt& p, const uint8_t* a, const int32_t* act_corr, int64_t M, const float* sa, float* y,
+                 const float* bias, Path path) {
+  PERRY_CHECK(p.bits != 4 || act_corr, "int_forward: int4 weights need the activation group sums");
+  Args A{&p, a, act_corr, p.lda(), sa, y, bias, nullptr};
   if (p.bits == 4) {
     run<true, false>(A, M, path);
   } else {
@@ -254,8 +314,10 @@ uint64_t stream_read(const uint8_t* p, int64_t bytes) {
   return uint64_t(_mm512_reduce_add_epi64(x));
 }
 
-void int_accumulators(const PackedInt& p, const uint8_t* a, int64_t M, int32_t* acc, Path path) {
-  Args A{&p, a, p.lda(), nullptr, nullptr, nullptr, acc};
+void int_accumulators(const PackedInt& p, const uint8_t* a, const int32_t* act_corr, int64_t M, int32_t* acc,
+                      Path path) {
+  PERRY_CHECK(p.bits != 4 || act_corr, "int_accumulators: int4 weights need the activation group sums");
+  Args A{&p, a, act_corr, p.lda(), nullptr, nullptr, nullptr, acc};
   if (p.bits == 4) {
     run<true, true>(A, M, path);
   } else {

@@ -49,7 +49,7 @@ PackedInt pack_int(const QuantizedWeight& w) {
   p.panel_bytes = p.bits == 8 ? p.steps * 64 : p.steps * 32;
   p.data.resize(size_t(p.n_panels * p.panel_bytes));
   p.scales.resize(size_t(p.n_panels * p.G * kPanel));
-  p.wsum128.resize(size_t(p.n_panels * p.G * kPanel));
+  if (p.bits == 8) p.wsum128.resize(size_t(p.n_panels * p.G * kPanel));
   std::fill_n(p.data.data(), p.data.size(), uint8_t(p.bits == 8 ? 0 : 0x88));
   std::fill_n(p.scales.data(), p.scales.size(), 0.0f);
   std::fill_n(p.wsum128.data(), p.wsum128.size(), 0);
@@ -73,7 +73,7 @@ PackedInt pack_int(const QuantizedWeight& w) {
       int32_t sum = 0;
       for (int64_t k = g * gl; k < std::min(w.K, (g + 1) * gl); ++k) sum += row[size_t(k)];
       p.scales[size_t((pn * p.G + g) * kPanel + c)] = w.scales[size_t(n * p.G + g)];
-      p.wsum128[size_t((pn * p.G + g) * kPanel + c)] = 128 * sum;
+      if (p.bits == 8) p.wsum128[size_t((pn * p.G + g) * kPanel + c)] = 128 * sum;
     }
   }
   return p;
