@@ -11,6 +11,9 @@
 //        so no per-column correction is read. Now the library kernel.
 //   v2   v1 with two accumulator chains (low / high nibble), summed per group
 //   v3   int8 lib with two accumulator chains (even / odd steps)
+//   v4   dynamic split: chunks of 4 (int8) / 8 (int4) panels (128 KiB at K = 2048) claimed from
+//        an atomic counter instead of one contiguous half per thread
+//   v5   v4 with chunks of 16 / 32 panels (512 KiB)
 //
 // Measured (2 threads, loadavg ~1): int8 lib = read speed (36-37 GB/s); int4 v0 27-34 GB/s,
 // v1 34-37 GB/s (= read), v2 = v1 (the vpdpbusd chain is not the limit), v3 = lib.
@@ -20,6 +23,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -87,6 +91,24 @@ ActS8 quantize_s8(const float* x, const kq::PackedInt& p) {
   return a;
 }
 
+// Splits the panels over the pool: chunk == 0 statically (one contiguous range per thread, the
+// library's split); chunk > 0 dynamically, `chunk` panels at a time claimed from an atomic counter
+// (a preempted or late thread leaves its share to the others).
+void for_panels(int64_t n_panels, int64_t chunk, const std::function<void(size_t, size_t)>& fn) {
+  if (chunk == 0) {
+    thread_pool().parallel_for(size_t(n_panels), 16, fn);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  thread_pool().run_on_all([&](int, int) {
+    for (;;) {
+      const int64_t b = next.fetch_add(chunk, std::memory_order_relaxed);
+      if (b >= n_panels) return;
+      fn(size_t(b), size_t(std::min(n_panels, b + chunk)));
+    }
+  });
+}
+
 // v0: activations u8 = q+128, corr[panel][G][16] = 128·Σw per group.
 void gemv_int4_v0(const kq::PackedInt& P, const uint8_t* a, const int32_t* corr, float sa, float* y) {
   thread_pool().parallel_for(size_t(P.n_panels), 16, [&](size_t p0, size_t p1) {
@@ -116,8 +138,8 @@ void gemv_int4_v0(const kq::PackedInt& P, const uint8_t* a, const int32_t* corr,
 }
 
 template <bool TWO_CHAINS>
-void gemv_int4_swapped(const kq::PackedInt& P, const ActS8& A, float* y) {
-  thread_pool().parallel_for(size_t(P.n_panels), 16, [&](size_t p0, size_t p1) {
+void gemv_int4_swapped(const kq::PackedInt& P, const ActS8& A, float* y, int64_t chunk = 0) {
+  for_panels(P.n_panels, chunk, [&](size_t p0, size_t p1) {
     const __m512i mask = _mm512_set1_epi8(0x0F);
     for (size_t p = p0; p < p1; ++p) {
       const uint8_t* bp = P.data.data() + int64_t(p) * P.panel_bytes;
@@ -144,8 +166,9 @@ void gemv_int4_swapped(const kq::PackedInt& P, const ActS8& A, float* y) {
   });
 }
 
-void gemv_int8_two_chains(const kq::PackedInt& P, const uint8_t* a, float sa, float* y) {
-  thread_pool().parallel_for(size_t(P.n_panels), 16, [&](size_t p0, size_t p1) {
+template <bool TWO_CHAINS>
+void gemv_int8(const kq::PackedInt& P, const uint8_t* a, float sa, float* y, int64_t chunk = 0) {
+  for_panels(P.n_panels, chunk, [&](size_t p0, size_t p1) {
     for (size_t p = p0; p < p1; ++p) {
       const uint8_t* bp = P.data.data() + int64_t(p) * P.panel_bytes;
       __m512 f = _mm512_setzero_ps();
@@ -155,7 +178,10 @@ void gemv_int8_two_chains(const kq::PackedInt& P, const uint8_t* a, float sa, fl
         int64_t s = s0;
         for (; s + 2 <= s1; s += 2) {
           acc0 = _mm512_dpbusd_epi32(acc0, bcast32(a + 4 * s), _mm512_load_si512(bp + s * 64));
-          acc1 = _mm512_dpbusd_epi32(acc1, bcast32(a + 4 * s + 4), _mm512_load_si512(bp + s * 64 + 64));
+          if constexpr (TWO_CHAINS)
+            acc1 = _mm512_dpbusd_epi32(acc1, bcast32(a + 4 * s + 4), _mm512_load_si512(bp + s * 64 + 64));
+          else
+            acc0 = _mm512_dpbusd_epi32(acc0, bcast32(a + 4 * s + 4), _mm512_load_si512(bp + s * 64 + 64));
         }
         if (s < s1) acc0 = _mm512_dpbusd_epi32(acc0, bcast32(a + 4 * s), _mm512_load_si512(bp + s * 64));
         const int64_t pg = (int64_t(p) * P.G + g) * kq::kPanel;
@@ -228,8 +254,12 @@ void run_shape(const Shape& s, pq::QuantMode mode, int calls) {
     vs.push_back({"v0", [&](const kq::PackedInt& p, float* out) { gemv_int4_v0(p, au.data(), corr.data(), sa, out); }});
     vs.push_back({"v1", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<false>(p, as8, out); }});
     vs.push_back({"v2", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<true>(p, as8, out); }});
+    vs.push_back({"v4", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<false>(p, as8, out, 8); }});
+    vs.push_back({"v5", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<false>(p, as8, out, 32); }});
   } else {
-    vs.push_back({"v3", [&](const kq::PackedInt& p, float* out) { gemv_int8_two_chains(p, au.data(), sa, out); }});
+    vs.push_back({"v3", [&](const kq::PackedInt& p, float* out) { gemv_int8<true>(p, au.data(), sa, out); }});
+    vs.push_back({"v4", [&](const kq::PackedInt& p, float* out) { gemv_int8<false>(p, au.data(), sa, out, 4); }});
+    vs.push_back({"v5", [&](const kq::PackedInt& p, float* out) { gemv_int8<false>(p, au.data(), sa, out, 16); }});
   }
   for (auto& v : vs) {
     std::fill(y.begin(), y.end(), 0.0f);

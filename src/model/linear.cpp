@@ -89,6 +89,27 @@ void Linear::forward(const float* x, int64_t M, float* y) const {
   else q_->forward(x, M, y, b);
 }
 
+void Linear::forward_many(std::initializer_list<Output> out, const float* x, int64_t M) {
+  PERRY_CHECK(out.size() >= 1 && out.size() <= 4, "Linear::forward_many: {} layers (1..4)", out.size());
+  bool quantized = true;
+  for (const Output& o : out) quantized = quantized && o.layer->q_;
+  if (!quantized) {
+    for (const Output& o : out) o.layer->forward(x, M, o.y);
+    return;
+  }
+  const quant::QuantizedLinear* layers[4];
+  float* ys[4];
+  const float* biases[4];
+  int n = 0;
+  for (const Output& o : out) {
+    layers[n] = o.layer->q_.get();
+    ys[n] = o.y;
+    biases[n] = o.layer->bias_.empty() ? nullptr : o.layer->bias_.data();
+    ++n;
+  }
+  quant::QuantizedLinear::forward_many(layers, n, x, M, ys, biases);
+}
+
 std::string Linear::kernel_name(int64_t M) const { return f_ ? f_->kernel_name(M) : q_->kernel_name(M); }
 
 size_t Linear::weight_bytes() const {

@@ -1,6 +1,7 @@
 // A linear layer y = x·Wᵀ (+ b) in any perry mode: float (the baseline, FloatLinear) or quantized
 // (QuantizedLinear: w8a8, w4a8-g128, ...). The kernel is chosen inside by M (rows).
 #pragma once
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,14 @@ class Linear {
                                const io::TensorView* bias, int64_t N, int64_t K, bool pack_for_cpu = true);
 
   void forward(const float* x, int64_t M, float* y) const;
+  // Several layers on the same input x (q|k|v, gate|up), out[i] = (layer, its y): quantized
+  // layers share one activation quantization and, in decode, one parallel region
+  // (QuantizedLinear::forward_many); anything else runs forward() layer by layer.
+  struct Output {
+    const Linear* layer;
+    float* y;
+  };
+  static void forward_many(std::initializer_list<Output> out, const float* x, int64_t M);
   int64_t rows() const { return n_; }
   int64_t cols() const { return k_; }
   quant::QuantMode mode() const { return mode_; }

@@ -15,10 +15,10 @@ namespace {
 
 // PERRY_PROFILE: one counter per op of the forward pass (core/op_profile.h).
 struct OpCounters {
-  prof::Counter forward{"forward"}, embed{"embed"}, norm{"rms_norm"}, q{"attn.q_proj"}, k{"attn.k_proj"},
-      v{"attn.v_proj"}, qk_norm{"attn.qk_norm"}, rope{"attn.rope"}, kv_store{"attn.kv_store"},
-      attention{"attn.attention"}, o{"attn.o_proj"}, add{"residual_add"}, gate{"mlp.gate_proj"},
-      up{"mlp.up_proj"}, silu{"mlp.silu_mul"}, down{"mlp.down_proj"}, lm_head{"lm_head"};
+  prof::Counter forward{"forward"}, embed{"embed"}, norm{"rms_norm"}, qkv{"attn.qkv_proj"}, qk_norm{"attn.qk_norm"},
+      rope{"attn.rope"}, kv_store{"attn.kv_store"}, attention{"attn.attention"}, o{"attn.o_proj"},
+      add{"residual_add"}, gate_up{"mlp.gate_up_proj"}, silu{"mlp.silu_mul"}, down{"mlp.down_proj"},
+      lm_head{"lm_head"};
 };
 OpCounters& ops() {
   static OpCounters c;
@@ -243,9 +243,10 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
     Layer& L = layers_[size_t(l)];
     op(P.norm, [&] { kernels::rms_norm(S.x.data(), L.in_norm.data(), eps, M, H, S.xn.data()); });
     if (calib_) calib_->attn_in[size_t(l)].observe(S.xn.data(), M, H);
-    lin(P.q, L.q, S.xn.data(), S.q.data());
-    lin(P.k, L.k, S.xn.data(), S.k.data());
-    lin(P.v, L.v, S.xn.data(), S.v.data());
+    // q|k|v (and gate|up below) read the same input: one activation quantization, one parallel
+    // region in decode (each projection alone is too small to keep both threads streaming).
+    op(P.qkv, [&] { Linear::forward_many({{&L.q, S.q.data()}, {&L.k, S.k.data()}, {&L.v, S.v.data()}}, S.xn.data(), M); },
+       int64_t(L.q.weight_bytes() + L.k.weight_bytes() + L.v.weight_bytes()));
     if (c.qk_norm) {
       op(P.qk_norm, [&] {
         kernels::rms_norm(S.q.data(), L.q_norm.data(), eps, M * nh, hd, S.q.data());
@@ -281,8 +282,8 @@ void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vec
     op(P.add, [&] { kernels::add_inplace(S.x.data(), S.o.data(), M * H); });
     op(P.norm, [&] { kernels::rms_norm(S.x.data(), L.post_norm.data(), eps, M, H, S.xn.data()); });
     if (calib_) calib_->mlp_in[size_t(l)].observe(S.xn.data(), M, H);
-    lin(P.gate, L.gate, S.xn.data(), S.gate.data());
-    lin(P.up, L.up, S.xn.data(), S.up.data());
+    op(P.gate_up, [&] { Linear::forward_many({{&L.gate, S.gate.data()}, {&L.up, S.up.data()}}, S.xn.data(), M); },
+       int64_t(L.gate.weight_bytes() + L.up.weight_bytes()));
     op(P.silu, [&] { kernels::silu_mul(S.gate.data(), S.up.data(), M * I, S.gate.data()); });
     lin(P.down, L.down, S.gate.data(), S.o.data());
     op(P.add, [&] { kernels::add_inplace(S.x.data(), S.o.data(), M * H); });

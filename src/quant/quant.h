@@ -73,6 +73,12 @@ class QuantizedLinear {
   // y[M, N] = x[M, K] · Wᵀ (+ bias[N]); fp32 in and out. Runs on perry::thread_pool(); the
   // activation scratch is per calling thread.
   void forward(const float* x, int64_t M, float* y, const float* bias = nullptr) const;
+  // y[i] = x·W_iᵀ (+ bias[i], entries may be null) for n <= 4 layers that read the same x (q|k|v,
+  // gate|up): the activations are quantized once and the decode GEMV runs every layer in one
+  // parallel region. Layers that differ in mode or K, or a CPU without the AVX-512 kernels, run
+  // one forward() after the other (same results either way).
+  static void forward_many(const QuantizedLinear* const* layers, int n, const float* x, int64_t M, float* const* y,
+                           const float* const* bias);
   // Which kernel forward() uses for M rows, e.g. "w8a8:gemm_avx512_vnni" or "w4a8:reference".
   std::string kernel_name(int64_t M) const;
   const QuantizedWeight& canonical() const;

@@ -34,6 +34,11 @@ T* grow(AlignedBuffer<T>& b, size_t n) {
   return b.data();
 }
 
+prof::Counter& quantize_counter() {  // PERRY_PROFILE: the online activation quantization
+  static prof::Counter c("linear/quantize activations");
+  return c;
+}
+
 enum class Family { Reference, IntAvx512, IntAvx2, WoAvx512, WoAvx2 };
 }  // namespace
 
@@ -137,9 +142,8 @@ void QuantizedLinear::forward(const float* x, int64_t M, float* y, const float* 
     case Family::IntAvx512: {
       const kq::avx512::ActBuffers act{grow(s.a, size_t(M * I.pint.lda())), grow(s.sa, size_t(M)),
                                        grow(s.act_corr, size_t(M * I.pint.G))};
-      static prof::Counter quantize("linear/quantize activations");
       {
-        prof::Scope t(quantize);
+        prof::Scope t(quantize_counter());
         kq::avx512::quantize_activations(I.pint, x, M, act);
       }
       kq::avx512::int_forward(I.pint, act.a, act.act_corr, M, act.sa, y, bias, path);
@@ -178,6 +182,38 @@ void QuantizedLinear::forward(const float* x, int64_t M, float* y, const float* 
       }
       return;
   }
+}
+
+void QuantizedLinear::forward_many(const QuantizedLinear* const* layers, int n, const float* x, int64_t M,
+                                   float* const* y, const float* const* bias) {
+  namespace kq = kernels::q;
+  PERRY_CHECK(n >= 1 && n <= 4, "QuantizedLinear::forward_many: {} layers (1..4)", n);
+  PERRY_CHECK(M >= 0, "QuantizedLinear::forward_many: negative row count {}", M);
+  if (M == 0) return;
+  const auto& I0 = *layers[0]->impl_;
+  bool shared = I0.family() == Family::IntAvx512;
+  for (int i = 1; i < n && shared; ++i) {
+    const auto& I = *layers[i]->impl_;
+    shared = I.mode == I0.mode && I.K == I0.K && I.gemv_max_m == I0.gemv_max_m;
+  }
+  if (!shared) {
+    for (int i = 0; i < n; ++i) layers[i]->forward(x, M, y[i], bias ? bias[i] : nullptr);
+    return;
+  }
+  const kq::PackedInt* p[4];
+  for (int i = 0; i < n; ++i) {
+    layers[i]->impl_->ensure_packed();
+    p[i] = &layers[i]->impl_->pint;
+  }
+  const kq::Path path = M <= I0.gemv_max_m && M <= kq::kGemvMaxRows ? kq::Path::Gemv : kq::Path::Gemm;
+  Scratch& s = scratch();
+  const kq::avx512::ActBuffers act{grow(s.a, size_t(M * p[0]->lda())), grow(s.sa, size_t(M)),
+                                   grow(s.act_corr, size_t(M * p[0]->G))};
+  {
+    prof::Scope t(quantize_counter());
+    kq::avx512::quantize_activations(*p[0], x, M, act);
+  }
+  kq::avx512::int_forward_many(p, n, act.a, act.act_corr, M, act.sa, y, bias, path);
 }
 
 }  // namespace perry::quant

@@ -9,6 +9,7 @@
 
 #include "core/cpu_features.h"
 #include "core/dtype.h"
+#include "core/error.h"
 #include "kernels/cpu/qgemm.h"
 #include "quant/quant.h"
 
@@ -284,6 +285,56 @@ TEST(QuantizedLinear, GemvAndGemmPathsAgreeBitwise) {
           << pq::quant_mode_name(mode) << " M=" << M;
     }
   }
+}
+
+// forward_many (q|k|v, gate|up in one call: one activation quantization, one parallel region for
+// the decode GEMV) gives every layer the bits of its own forward(), which the float64 oracle test
+// above covers. Layers of several panel counts (partial panels included), with and without bias,
+// every M of both paths; a layer of another mode in the set takes the one-by-one fallback.
+TEST(QuantizedLinear, ForwardManyMatchesForwardBitwise) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t K = 333;
+  for (auto mode : kIntModes) {
+    std::vector<pq::QuantizedLinear> ls;
+    for (int64_t N : {83, 16, 5}) ls.emplace_back(random_weight(mode, N, K, rng));
+    const pq::QuantMode other = mode == pq::QuantMode::W8A8 ? pq::QuantMode::W4A8_G128 : pq::QuantMode::W8A8;
+    ls.emplace_back(random_weight(other, 40, K, rng));
+    for (int64_t M : {int64_t(1), int64_t(2), int64_t(4), int64_t(7)}) {
+      std::vector<float> x(size_t(M * K));
+      for (auto& v : x) v = nd(rng);
+      for (int n : {3, 4}) {  // 3: same mode (shared path); 4: plus the other mode (fallback)
+        std::vector<std::vector<float>> want(static_cast<size_t>(n)), got(static_cast<size_t>(n)), bias(static_cast<size_t>(n));
+        const pq::QuantizedLinear* layers[4];
+        float* ys[4];
+        const float* bs[4];
+        for (int i = 0; i < n; ++i) {
+          const auto& l = ls[size_t(i)];
+          bias[size_t(i)].resize(size_t(l.rows()));
+          for (auto& v : bias[size_t(i)]) v = nd(rng);
+          want[size_t(i)].assign(size_t(M * l.rows()), 0.0f);
+          got[size_t(i)].assign(size_t(M * l.rows()), -1.0f);
+          layers[i] = &l;
+          ys[i] = got[size_t(i)].data();
+          bs[i] = i == 1 ? nullptr : bias[size_t(i)].data();
+          l.forward(x.data(), M, want[size_t(i)].data(), bs[i]);
+        }
+        pq::QuantizedLinear::forward_many(layers, n, x.data(), M, ys, bs);
+        for (int i = 0; i < n; ++i)
+          EXPECT_EQ(0, std::memcmp(want[size_t(i)].data(), got[size_t(i)].data(), want[size_t(i)].size() * 4))
+              << pq::quant_mode_name(mode) << " M=" << M << " n=" << n << " layer " << i;
+      }
+    }
+  }
+}
+
+TEST(QuantizedLinear, ForwardManyRejectsBadCounts) {
+  std::vector<float> w(32 * 64, 0.5f), x(64, 1.0f), y(32);
+  pq::QuantizedLinear l(pq::quantize_weight(w.data(), 32, 64, pq::QuantMode::W8A8));
+  const pq::QuantizedLinear* layers[5] = {&l, &l, &l, &l, &l};
+  float* ys[5] = {y.data(), y.data(), y.data(), y.data(), y.data()};
+  EXPECT_THROW(pq::QuantizedLinear::forward_many(layers, 5, x.data(), 1, ys, nullptr), perry::Error);
+  EXPECT_THROW(pq::QuantizedLinear::forward_many(layers, 0, x.data(), 1, ys, nullptr), perry::Error);
 }
 
 TEST(QuantizedLinear, KernelSelection) {

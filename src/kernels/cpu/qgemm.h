@@ -96,6 +96,11 @@ void int_forward(const PackedInt& p, const uint8_t* a, const int32_t* act_corr, 
 // Test hook: the same loops with an epilogue that stores the int32 group sums [M][N][G].
 void int_accumulators(const PackedInt& p, const uint8_t* a, const int32_t* act_corr, int64_t M, int32_t* acc,
                       Path path);
+// Several layers on the same activations (q|k|v, gate|up: same bits, G, K — checked): y[i] =
+// x·W_iᵀ (+ bias[i], may be null). With Path::Gemv all their panels are split across the threads
+// in one parallel region (one wake-up and one join instead of one per layer); Gemm runs each.
+void int_forward_many(const PackedInt* const* p, int n, const uint8_t* a, const int32_t* act_corr, int64_t M,
+                      const float* sa, float* const* y, const float* const* bias, Path path);
 void to_bf16_rows(const float* x, int64_t M, int64_t K, uint16_t* xb, int64_t ldx);
 void wo_forward(const PackedWo& p, const uint16_t* xb, int64_t M, float* y, const float* bias, Path path);
 // Reads [p, p+bytes) once with 64-byte loads on the calling thread (memory-bandwidth probe for

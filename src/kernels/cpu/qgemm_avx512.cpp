@@ -301,6 +301,41 @@ void int_forward(const PackedInt& p, const uint8_t* a, const int32_t* act_corr, 
   }
 }
 
+void int_forward_many(const PackedInt* const* p, int n, const uint8_t* a, const int32_t* act_corr, int64_t M,
+                      const float* sa, float* const* y, const float* const* bias, Path path) {
+  PERRY_CHECK(n >= 1, "int_forward_many: no layers");
+  for (int i = 1; i < n; ++i)
+    PERRY_CHECK(p[i]->bits == p[0]->bits && p[i]->G == p[0]->G && p[i]->K == p[0]->K &&
+                    p[i]->group_steps == p[0]->group_steps,
+                "int_forward_many: layer {} differs from layer 0 in bits/groups/K", i);
+  PERRY_CHECK(p[0]->bits != 4 || act_corr, "int_forward_many: int4 weights need the activation group sums");
+  if (path != Path::Gemv || M > kGemvMaxRows || n == 1) {
+    for (int i = 0; i < n; ++i) int_forward(*p[i], a, act_corr, M, sa, y[i], bias ? bias[i] : nullptr, path);
+    return;
+  }
+  constexpr int kMaxLayers = 4;
+  PERRY_CHECK(n <= kMaxLayers, "int_forward_many: at most {} layers", kMaxLayers);
+  Args args[kMaxLayers];
+  int64_t first[kMaxLayers + 1] = {0};  // panel index where layer i starts in the concatenation
+  for (int i = 0; i < n; ++i) {
+    args[i] = Args{p[i], a, act_corr, p[i]->lda(), sa, y[i], bias ? bias[i] : nullptr, nullptr};
+    first[i + 1] = first[i] + p[i]->n_panels;
+  }
+  const bool int4 = p[0]->bits == 4;
+  static constexpr auto t4 = make_tiles<1, true, false>(std::make_integer_sequence<int, kGemvMaxRows>{});
+  static constexpr auto t8 = make_tiles<1, false, false>(std::make_integer_sequence<int, kGemvMaxRows>{});
+  const TileFn tile1 = (int4 ? t4 : t8)[size_t(M - 1)];
+  // Each thread takes a contiguous range of the concatenated panels: still one sequential stream
+  // per layer it touches, in memory order.
+  thread_pool().parallel_for(size_t(first[n]), 16, [&](size_t b, size_t e) {
+    int i = 0;
+    for (size_t q = b; q < e; ++q) {
+      while (int64_t(q) >= first[i + 1]) ++i;
+      tile1(args[i], 0, int64_t(q) - first[i]);
+    }
+  });
+}
+
 uint64_t stream_read(const uint8_t* p, int64_t bytes) {
   __m512i x0 = _mm512_setzero_si512(), x1 = x0, x2 = x0, x3 = x0;
   int64_t i = 0;
