@@ -152,7 +152,7 @@ decode_ab() {
   say ""
   say "## decode A/B (llama3-8b, 128-token prompt, 64 new tokens, CUDA graphs)"
   for m in $modes; do
-    for v in fused separate nopdl; do
+    for v in ${DECODE_VARIANTS:-fused separate nopdl}; do
       case $v in
         fused) env=() ;;
         separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_FUSED_DECODE=1) ;;
@@ -163,7 +163,12 @@ decode_ab() {
       say "- $m $v (exit $?): $(grep 'decode b=' "$T/dec-$m-$v.md" 2>/dev/null | cut -d'|' -f3,5,6 | tr -s ' ' | tr '\n' ' ')"
     done
   done
-  [ "${DECODE_PROFILE:-1}" = 1 ] && PROFILE_TIMEOUT=120 bash "$ROOT/tools/gpu/profile_decode.sh" "$OUT" bf16 w4a8-g128 > /dev/null 2>&1 &&
+  for m in ${DECODE_QWEN_MODES-bf16 w8a8 w4a8-g128}; do
+    timeout 150 "$P" bench --device cuda --synthetic qwen3-8b --modes "$m" -p 128 -b 1 16 -n 64 -r 3 -o "$T/decq-$m" \
+      > "$T/decq-$m.log" 2>&1
+    say "- qwen3-8b $m fused (exit $?): $(grep 'decode b=' "$T/decq-$m.md" 2>/dev/null | cut -d'|' -f3,5,6 | tr -s ' ' | tr '\n' ' ')"
+  done
+  [ "${DECODE_PROFILE:-1}" = 1 ] && PROFILE_TIMEOUT=120 bash "$ROOT/tools/gpu/profile_decode.sh" "$OUT" ${PROFILE_MODES:-bf16 w4a8-g128} > /dev/null 2>&1 &&
     { say ""; cat "$OUT/profile.md" >> "$S"; rm -f "$OUT"/profile-*.csv; }
 }
 case "$LEVEL" in

@@ -193,13 +193,48 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   const int nchunks = int(row_bytes / 16);
   const int groups = n_groups<kOut>(p.N);
 
-  // Before the wait: this block's first rows into L2 (weights do not depend on earlier kernels).
-  if (blockIdx.x < groups) {
+  // The block's work is a flat sequence of steps (group g, chunk window it) of kU·kR 16-byte
+  // loads per lane. kPipe (bf16, per-channel int8: measured faster so on the H200) double-buffers
+  // them in registers — step s + 1 is loaded before step s is computed and reduced; the others
+  // (int4, grouped, weight-only: the extra registers cost more occupancy than they bought)
+  // prefetch step s + 1 into L2 instead.
+  constexpr bool kPipe = kW == kWBf16 || (kW == kWI8 && kXI8 && !kGrouped);
+  const int iters = (nchunks + 32 * kU - 1) / (32 * kU);
+  constexpr long long kWin = 32LL * kU * 16;  // bytes of one row in one step
+  auto load_step = [&](int gg, int ii, uint4 (&wc)[kU][kR]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const int n = row_of<kOut>(blockIdx.x, warp, r, p.N);
+      const int n = row_of<kOut>(gg, warp, r, p.N);
+      const uint8_t* wr = p.w + (long long)(n >= 0 ? n : 0) * row_bytes;  // row 0: valid memory, never stored
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int c = ii * 32 * kU + u * 32 + lane;
+        wc[u][r] = c < nchunks ? ld_stream16(wr + 16LL * c) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  auto prefetch_step = [&](int gg, int ii) {
+    for (int off = lane * 128; off < kR * kWin; off += 32 * 128) {
+      const int r = int(off / kWin);
+      const long long o = ii * kWin + off % kWin;
+      const int n = row_of<kOut>(gg, warp, r, p.N);
+      if (n >= 0 && o < row_bytes) prefetch_l2(p.w + n * row_bytes + o);
+    }
+  };
+
+  // Before the wait (weights do not depend on earlier kernels): the first step into registers,
+  // the rest of the block's first rows into L2 — their fetch overlaps the previous kernel's tail
+  // and this block's input prologue.
+  const bool active = blockIdx.x < groups;
+  int g = blockIdx.x, it = 0;
+  uint4 cur[kU][kR];
+  if (active) {
+    load_step(g, 0, cur);
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int n = row_of<kOut>(g, warp, r, p.N);
       if (n >= 0)
-        for (long long off = 128LL * lane; off < row_bytes; off += 32 * 128) prefetch_l2(p.w + n * row_bytes + off);
+        for (long long off = kWin + 128LL * lane; off < row_bytes; off += 32 * 128) prefetch_l2(p.w + n * row_bytes + off);
     }
   }
   pdl::wait();
@@ -207,136 +242,148 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
 
   int* xsum = reinterpret_cast<int*>(xs + (kXI8 ? p.K : 2 * p.K));
   const float sa = build_input<kW, kXI8, kIn>(p, xs, xsum);
+  if (!active) return;
 
-  for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-    int rows[kR];
-    const uint8_t* wrow[kR];
+  float facc[kR];
+  int iacc[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      rows[r] = row_of<kOut>(g, warp, r, p.N);
-      wrow[r] = p.w + (long long)(rows[r] >= 0 ? rows[r] : 0) * row_bytes;  // row 0: valid memory, never stored
+  for (int r = 0; r < kR; ++r) facc[r] = 0.0f, iacc[r] = 0;
+  while (true) {
+    int ng = g, nit = it + 1;
+    if (nit == iters) nit = 0, ng = g + gridDim.x;
+    const bool has_next = ng < groups;
+    uint4 nxt[kU][kR];
+    if constexpr (kPipe) {
+      if (has_next) load_step(ng, nit, nxt);
+    } else {
+      if (has_next) prefetch_step(ng, nit);
     }
-    if (rows[0] < 0) continue;  // the whole warp (no shuffles are left for it)
-    float facc[kR];
-    int iacc[kR];
+    int rows[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) facc[r] = 0.0f, iacc[r] = 0;
-
-    for (int base = 0; base < nchunks; base += 32 * kU) {
-      uint4 wc[kU][kR];
+    for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut>(g, warp, r, p.N);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = it * 32 * kU + u * 32 + lane;
+      if (c >= nchunks) break;
+      uint4 wc[kR];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) wc[r] = cur[u][r];
+      const int k0 = c * kPer;
+      float s[kR];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) s[r] = kGrouped ? __ldg(p.sw + (long long)max(rows[r], 0) * p.G + k0 / p.gs) : 0.0f;
+      if constexpr (kW == kWBf16) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + 2 * k0);
+        const float xf[8] = {bf16_lo(xv.x), bf16_hi(xv.x), bf16_lo(xv.y), bf16_hi(xv.y),
+                             bf16_lo(xv.z), bf16_hi(xv.z), bf16_lo(xv.w), bf16_hi(xv.w)};
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          float a = facc[r];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t ww = word(wc[r], i);
+            a = fmaf(xf[2 * i], bf16_lo(ww), a);
+            a = fmaf(xf[2 * i + 1], bf16_hi(ww), a);
+          }
+          facc[r] = a;
+        }
+      } else if constexpr (kXI8 && kW == kWI8) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + k0);
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          int pr = 0;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pr = __dp4a(int(word(wc[r], i)), int(word(xv, i)), pr);
+          if constexpr (kGrouped) facc[r] = fmaf(float(pr), s[r], facc[r]);
+          else iacc[r] += pr;
+        }
+      } else if constexpr (kXI8 && kW == kWI4) {
+        const uint4 x0 = *reinterpret_cast<const uint4*>(xs + k0);
+        const uint4 x1 = *reinterpret_cast<const uint4*>(xs + k0 + 16);
+        const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const int corr = xsum[c] * 8;  // Σ (n ^ 8)·x = Σ (v + 8)·x
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          int pr = -corr;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t ww = word(wc[r], i);
+            const uint32_t lo = (ww & 0x0F0F0F0Fu) ^ 0x08080808u;         // k 8i + 0, 2, 4, 6
+            const uint32_t hi = ((ww >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u;  // k 8i + 1, 3, 5, 7
+            pr = dp4a_us(lo, xw[2 * i], pr);
+            pr = dp4a_us(hi, xw[2 * i + 1], pr);
+          }
+          if constexpr (kGrouped) facc[r] = fmaf(float(pr), s[r], facc[r]);
+          else iacc[r] += pr;
+        }
+      } else {  // weight-only: bf16 x, 8 k per sub-chunk
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          float a = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kPer / 8; ++j) {
+            float wf[8];
+            if constexpr (kW == kWI8) {
+              int8x4_to_f32(word(wc[r], 2 * j), wf);
+              int8x4_to_f32(word(wc[r], 2 * j + 1), wf + 4);
+            } else {
+              int4x8_to_f32(word(wc[r], j), wf);
+            }
+            const uint4 xv = *reinterpret_cast<const uint4*>(xs + 2 * k0 + 16 * j);
+            const float xf[8] = {bf16_lo(xv.x), bf16_hi(xv.x), bf16_lo(xv.y), bf16_hi(xv.y),
+                                 bf16_lo(xv.z), bf16_hi(xv.z), bf16_lo(xv.w), bf16_hi(xv.w)};
+#pragma unroll
+            for (int e = 0; e < 8; ++e) a = fmaf(xf[e], wf[e], a);
+          }
+          facc[r] = fmaf(a, s[r], facc[r]);
+        }
+      }
+    }
+    if (it == iters - 1 && rows[0] >= 0) {
+      // Warp reduction, then lane 0 finishes the outputs.
+      float val[kR];
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const int n = max(rows[r], 0);
+        const float b = p.bias ? __ldg(p.bias + n) : 0.0f;
+        if constexpr (kIntAcc) {
+          int v = iacc[r];
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+          val[r] = fmaf(float(v) * __ldg(p.sw + n), sa, b);
+        } else {
+          float v = facc[r];
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+          val[r] = kXI8 ? fmaf(v, sa, b) : v + b;
+        }
+      }
+      if (lane == 0) {
+        if constexpr (kOut == kOutSwiglu) {
+          p.y[rows[0]] = swiglu_one(val[0], val[1]);
+        } else {
+#pragma unroll
+          for (int r = 0; r < kR; ++r) {
+            if (rows[r] < 0) continue;
+            if constexpr (kOut == kOutAcc) p.y[rows[r]] = __fadd_rn(p.y[rows[r]], val[r]);
+            else p.y[rows[r]] = val[r];
+          }
+        }
+      }
+    }
+    if (it == iters - 1) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) facc[r] = 0.0f, iacc[r] = 0;
+    }
+    if (!has_next) break;
+    g = ng, it = nit;
+    if constexpr (kPipe) {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
 #pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          const int c = base + u * 32 + lane;
-          wc[u][r] = c < nchunks ? ld_stream16(wrow[r] + 16LL * c) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int c = base + u * 32 + lane;
-        if (c >= nchunks) break;
-        const int k0 = c * kPer;
-        float s[kR];
-#pragma unroll
-        for (int r = 0; r < kR; ++r) s[r] = kGrouped ? __ldg(p.sw + (long long)max(rows[r], 0) * p.G + k0 / p.gs) : 0.0f;
-        if constexpr (kW == kWBf16) {
-          const uint4 xv = *reinterpret_cast<const uint4*>(xs + 2 * k0);
-          const float xf[8] = {bf16_lo(xv.x), bf16_hi(xv.x), bf16_lo(xv.y), bf16_hi(xv.y),
-                               bf16_lo(xv.z), bf16_hi(xv.z), bf16_lo(xv.w), bf16_hi(xv.w)};
-#pragma unroll
-          for (int r = 0; r < kR; ++r) {
-            float a = facc[r];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const uint32_t ww = word(wc[u][r], i);
-              a = fmaf(xf[2 * i], bf16_lo(ww), a);
-              a = fmaf(xf[2 * i + 1], bf16_hi(ww), a);
-            }
-            facc[r] = a;
-          }
-        } else if constexpr (kXI8 && kW == kWI8) {
-          const uint4 xv = *reinterpret_cast<const uint4*>(xs + k0);
-#pragma unroll
-          for (int r = 0; r < kR; ++r) {
-            int pr = 0;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) pr = __dp4a(int(word(wc[u][r], i)), int(word(xv, i)), pr);
-            if constexpr (kGrouped) facc[r] = fmaf(float(pr), s[r], facc[r]);
-            else iacc[r] += pr;
-          }
-        } else if constexpr (kXI8 && kW == kWI4) {
-          const uint4 x0 = *reinterpret_cast<const uint4*>(xs + k0);
-          const uint4 x1 = *reinterpret_cast<const uint4*>(xs + k0 + 16);
-          const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-          const int corr = xsum[c] * 8;  // Σ (n ^ 8)·x = Σ (v + 8)·x
-#pragma unroll
-          for (int r = 0; r < kR; ++r) {
-            int pr = -corr;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const uint32_t ww = word(wc[u][r], i);
-              const uint32_t lo = (ww & 0x0F0F0F0Fu) ^ 0x08080808u;         // k 8i + 0, 2, 4, 6
-              const uint32_t hi = ((ww >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u;  // k 8i + 1, 3, 5, 7
-              pr = dp4a_us(lo, xw[2 * i], pr);
-              pr = dp4a_us(hi, xw[2 * i + 1], pr);
-            }
-            if constexpr (kGrouped) facc[r] = fmaf(float(pr), s[r], facc[r]);
-            else iacc[r] += pr;
-          }
-        } else {  // weight-only: bf16 x, 8 k per sub-chunk
-#pragma unroll
-          for (int r = 0; r < kR; ++r) {
-            float a = 0.0f;
-#pragma unroll
-            for (int j = 0; j < kPer / 8; ++j) {
-              float wf[8];
-              if constexpr (kW == kWI8) {
-                int8x4_to_f32(word(wc[u][r], 2 * j), wf);
-                int8x4_to_f32(word(wc[u][r], 2 * j + 1), wf + 4);
-              } else {
-                int4x8_to_f32(word(wc[u][r], j), wf);
-              }
-              const uint4 xv = *reinterpret_cast<const uint4*>(xs + 2 * k0 + 16 * j);
-              const float xf[8] = {bf16_lo(xv.x), bf16_hi(xv.x), bf16_lo(xv.y), bf16_hi(xv.y),
-                                   bf16_lo(xv.z), bf16_hi(xv.z), bf16_lo(xv.w), bf16_hi(xv.w)};
-#pragma unroll
-              for (int e = 0; e < 8; ++e) a = fmaf(xf[e], wf[e], a);
-            }
-            facc[r] = fmaf(a, s[r], facc[r]);
-          }
-        }
-      }
-    }
-
-    // Warp reduction, then lane 0 finishes the outputs.
-    float val[kR];
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      const int n = max(rows[r], 0);
-      const float b = p.bias ? __ldg(p.bias + n) : 0.0f;
-      if constexpr (kIntAcc) {
-        int v = iacc[r];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-        val[r] = fmaf(float(v) * __ldg(p.sw + n), sa, b);
-      } else {
-        float v = facc[r];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-        val[r] = kXI8 ? fmaf(v, sa, b) : v + b;
-      }
-    }
-    if (lane == 0) {
-      if constexpr (kOut == kOutSwiglu) {
-        p.y[rows[0]] = swiglu_one(val[0], val[1]);
-      } else {
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          if (rows[r] < 0) continue;
-          if constexpr (kOut == kOutAcc) p.y[rows[r]] = __fadd_rn(p.y[rows[r]], val[r]);
-          else p.y[rows[r]] = val[r];
-        }
-      }
+        for (int r = 0; r < kR; ++r) cur[u][r] = nxt[u][r];
+    } else {
+      load_step(g, it, cur);
     }
   }
 }

@@ -17,8 +17,9 @@
 //
 // Weights (canonical layouts, gemv_quant.h): BF16 bf16 [N, K]; int8 [N, K]; int4 packed
 // [N, K/2]; scales fp32 [N, G]. Every weight byte is streamed once (16-byte loads, L1 bypassed);
-// each block first prefetches its first rows into L2 and only then waits for the previous kernel
-// (programmatic dependent launch, pdl.cuh), so the weight fetch overlaps the kernel before it.
+// each block loads its first weights (registers, then L2 prefetch) before it waits for the
+// previous kernel (programmatic dependent launch, pdl.cuh), so the weight fetch overlaps the
+// kernel before it and the block's own input prologue.
 // int4 weights with int8 activations: the activations are stored in shared memory permuted to the
 // nibble order and the nibbles used as unsigned (v + 8) in dp4a, with the 8·Σx correction per
 // 32 values — three integer instructions per 8 weights instead of a sign-extending unpack.
