@@ -1,5 +1,6 @@
 #include "core/thread_pool.h"
 
+#include "core/error.h"
 #include "core/op_profile.h"
 
 #include <immintrin.h>
@@ -77,6 +78,51 @@ void ThreadPool::parallel_for(size_t n, size_t grain, const std::function<void(s
     if (t >= nt) return;
     size_t begin = n * size_t(t) / size_t(nt), end = n * size_t(t + 1) / size_t(nt);
     if (begin < end) fn(begin, end);
+  });
+}
+
+void ThreadPool::parallel_for_balanced(size_t n, size_t chunk,
+                                       const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  chunk = std::max<size_t>(1, chunk);
+  const int nt = int(std::min<size_t>(size_t(size()), (n + chunk - 1) / chunk));
+  if (nt <= 1) {
+    for (size_t b = 0; b < n; b += chunk) fn(b, std::min(n, b + chunk));
+    return;
+  }
+  // Range of thread t: [front, back) packed in one 64-bit word (front low, back high) so the owner
+  // (front += chunk) and a thief (back -= chunk) claim with one compare-exchange each.
+  constexpr int kMaxThreads = 64;
+  PERRY_CHECK(nt <= kMaxThreads && n < (size_t(1) << 32), "parallel_for_balanced: {} items on {} threads", n, nt);
+  struct alignas(64) Range {
+    std::atomic<uint64_t> fb;
+  };
+  Range ranges[kMaxThreads];
+  for (int t = 0; t < nt; ++t) {
+    const uint64_t b = n * size_t(t) / size_t(nt), e = n * size_t(t + 1) / size_t(nt);
+    ranges[t].fb.store(b | (e << 32), std::memory_order_relaxed);
+  }
+  // Claims up to `chunk` items of range r from its front (owner) or back (thief); false if empty.
+  auto claim = [&](int r, bool from_front, size_t& b, size_t& e) {
+    uint64_t cur = ranges[r].fb.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t f = cur & 0xFFFFFFFFu, k = cur >> 32;
+      if (f >= k) return false;
+      const uint64_t take = std::min<uint64_t>(chunk, k - f);
+      const uint64_t next = from_front ? ((f + take) | (k << 32)) : (f | ((k - take) << 32));
+      if (ranges[r].fb.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
+        b = from_front ? f : k - take;
+        e = from_front ? f + take : k;
+        return true;
+      }
+    }
+  };
+  run_on_all([&](int t, int) {
+    if (t >= nt) return;
+    size_t b, e;
+    while (claim(t, true, b, e)) fn(b, e);
+    for (int d = 1; d < nt; ++d)
+      while (claim((t + d) % nt, false, b, e)) fn(b, e);
   });
 }
 

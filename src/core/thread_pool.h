@@ -26,6 +26,12 @@ class ThreadPool {
   // Splits [0, n) into contiguous chunks of at least `grain` items, one chunk per thread.
   void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn);
 
+  // Like parallel_for, but each thread walks its own contiguous range in chunks of `chunk` items
+  // from the front and, once done, takes chunks from the back of the ranges still unfinished. The
+  // streams stay sequential (memory order) while a thread that started late or was preempted —
+  // common on a shared VM — no longer holds up the others for its whole share.
+  void parallel_for_balanced(size_t n, size_t chunk, const std::function<void(size_t, size_t)>& fn);
+
  private:
   void worker_loop(int index);
 
