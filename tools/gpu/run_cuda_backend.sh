@@ -72,9 +72,7 @@ grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -90 | sed "s/^/   
   done
   echo "== errors: --device cuda:7"; timeout 30 "$P" run --device cuda:7 -n 4 -p x; echo "exit $?"
 } > "$OUT/perry.log" 2>&1
-say ""
-say "## perry on the GPU (perry.log)"
-grep -E "^\[perry\]|ppl|exit|runs on|CUDA:" "$OUT/perry.log" | head -20 | sed 's/^/    /' | tee -a "$S"
+[ -f "$OUT/perry.log" ] && say "" && say "## perry on the GPU (perry.log)" && grep -E "^\[perry\]|ppl|exit|runs on|CUDA:" "$OUT/perry.log" | head -20 | sed 's/^/    /' | tee -a "$S"
 fi
 
 # 3. Benchmarks.
