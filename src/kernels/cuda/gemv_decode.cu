@@ -25,6 +25,8 @@ namespace {
 
 using namespace elementwise_detail;
 using mma_sync::ld_stream16;
+using mma_sync::int4x8_to_f32;
+using mma_sync::int8x4_to_f32;
 using mma_sync::word;
 
 constexpr int kWarps = 8, kThreads = 32 * kWarps, kR = 2, kU = 4;
@@ -59,23 +61,6 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
-__device__ __forceinline__ float magic_byte(uint32_t u, int i) {
-  return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440 | i));
-}
-__device__ __forceinline__ void int8x4_to_f32(uint32_t w, float* f) {
-  const uint32_t u = w ^ 0x80808080u;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) f[i] = magic_byte(u, i) - 8388736.0f;
-}
-__device__ __forceinline__ void int4x8_to_f32(uint32_t w, float* f) {
-  const uint32_t t = w ^ 0x88888888u;
-  const uint32_t lo = t & 0x0F0F0F0Fu, hi = (t >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = magic_byte(lo, i) - 8388616.0f;
-    f[2 * i + 1] = magic_byte(hi, i) - 8388616.0f;
-  }
-}
 __device__ __forceinline__ uint32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d) {
   return uint32_t(uint8_t(a)) | uint32_t(uint8_t(b)) << 8 | uint32_t(uint8_t(c)) << 16 | uint32_t(uint8_t(d)) << 24;
 }

@@ -54,6 +54,8 @@ struct Cfg {
 
 using mma_sync::int4_to_int8x8;
 using mma_sync::ld_stream16;
+using mma_sync::int4x8_to_f32;
+using mma_sync::int8x4_to_f32;
 using mma_sync::word;
 
 // 16 bytes p[off, off+16) of a buffer of len bytes, zero past len. The vector path is taken when
@@ -72,26 +74,6 @@ __device__ __forceinline__ uint4 load16(const uint8_t* __restrict__ p, long long
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Byte i of u (an unsigned value 0..255) as the float 8388608 + u (exact).
-__device__ __forceinline__ float magic_byte(uint32_t u, int i) {
-  return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440 | i));
-}
-// 4 int8 of w (k order) → floats.
-__device__ __forceinline__ void int8x4_to_f32(uint32_t w, float* f) {
-  const uint32_t u = w ^ 0x80808080u;  // b + 128
-#pragma unroll
-  for (int i = 0; i < 4; ++i) f[i] = magic_byte(u, i) - 8388736.0f;
-}
-// 8 int4 of w (k order) → floats.
-__device__ __forceinline__ void int4x8_to_f32(uint32_t w, float* f) {
-  const uint32_t t = w ^ 0x88888888u;  // each nibble v + 8
-  const uint32_t lo = t & 0x0F0F0F0Fu, hi = (t >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = magic_byte(lo, i) - 8388616.0f;
-    f[2 * i + 1] = magic_byte(hi, i) - 8388616.0f;
-  }
-}
 
 template <int kBits, bool kA16, bool kGrouped, int M>
 __global__ void __launch_bounds__(kThreads)

@@ -1,4 +1,4 @@
-// Private to the mma.sync kernels (gemm_w8a8.cu, gemm_quant_groups.cu, gemm_small_m.cu,
+// Private to the mma.sync kernels (gemm_w8a8.cu, gemm_quant_groups.cu, gemm_small_m.cu, gemv_decode.cu,
 // gemv_quant.cu, attention.cu / attention_decode.cu via attention_device.cuh): the PTX wrappers
 // and bit tricks they share — cp.async, ldmatrix, mma.sync m16n8k32 s8, streaming 16-byte loads,
 // int4 → int8 unpacking. Everything is __forceinline__: including it changes no generated code.
@@ -57,6 +57,29 @@ __device__ __forceinline__ void int4_to_int8x8(uint32_t w, uint32_t& lo_word, ui
   const uint32_t shi = ((hi ^ 0x88888888u) - 0x08080808u) ^ 0x80808080u;
   lo_word = __byte_perm(slo, shi, 0x5140);  // k0 k1 k2 k3
   hi_word = __byte_perm(slo, shi, 0x7362);  // k4 k5 k6 k7
+}
+
+// Weights as exact floats for the bf16-activation (weight-only) paths: a byte becomes the float
+// 2^23 + byte through the exponent bits (one PRMT + one FADD per value instead of an I2F).
+// Byte i of u (an unsigned value 0..255) as the float 8388608 + u (exact).
+__device__ __forceinline__ float magic_byte(uint32_t u, int i) {
+  return __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440 | i));
+}
+// 4 int8 of w (k order) → floats.
+__device__ __forceinline__ void int8x4_to_f32(uint32_t w, float* f) {
+  const uint32_t u = w ^ 0x80808080u;  // b + 128
+#pragma unroll
+  for (int i = 0; i < 4; ++i) f[i] = magic_byte(u, i) - 8388736.0f;
+}
+// 8 int4 of w (k order) → floats.
+__device__ __forceinline__ void int4x8_to_f32(uint32_t w, float* f) {
+  const uint32_t t = w ^ 0x88888888u;  // each nibble v + 8
+  const uint32_t lo = t & 0x0F0F0F0Fu, hi = (t >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = magic_byte(lo, i) - 8388616.0f;
+    f[2 * i + 1] = magic_byte(hi, i) - 8388616.0f;
+  }
 }
 
 }  // namespace perry::cuda::mma_sync
