@@ -54,6 +54,8 @@ TEST(Attention, MatchesFloat64AllPaths) {
       {63, 130, 14, 2, 16},  // G = 7 (Qwen2.5-0.5B style: 4 + 3 head sub-groups)
       {3, 1, 5, 5, 130},     // G = 1 (plain MHA), head_dim 130
       {130, 0, 2, 1, 128},   // several 64-key tiles per query
+      {9, 70, 8, 2, 128},    // G = 4, head_dim 128 (Llama-3-8B): P·V in two register blocks
+      {21, 3, 6, 2, 100},    // G = 3: register blocks of 5 slices, the second one partial
   };
   for (IsaLevel isa : available_isas()) {
     IsaScope scope(isa);
