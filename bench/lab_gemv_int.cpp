@@ -14,6 +14,14 @@
 //   v4   dynamic split: chunks of 4 (int8) / 8 (int4) panels (128 KiB at K = 2048) claimed from
 //        an atomic counter instead of one contiguous half per thread
 //   v5   v4 with chunks of 16 / 32 panels (512 KiB)
+//   v6   int4: v2 split by ThreadPool::parallel_for_balanced, 8 panels per claim (the library's
+//        scheme since 6331487 + the two chains)
+//   v7   v6 with 64 panels per claim
+//
+// In a high-bandwidth phase of the VM (read 55-64 GB/s, 19:10 UTC) the int4 variants with two
+// chains (v2, v6) ran 1-10% above the one-chain ones (v1) in most rows: at ~45 GB/s a single
+// chain of two dependent vpdpbusd per 64 bytes becomes the limit, so the library took the two
+// chains for its small (GEMV) tiles. Rows move by +-20% between repeats in such phases.
 //
 // Measured (2 threads, loadavg ~1): int8 lib = read speed (36-37 GB/s); int4 v0 27-34 GB/s,
 // v1 34-37 GB/s (= read), v2 = v1 (the vpdpbusd chain is not the limit), v3 = lib.
@@ -95,6 +103,10 @@ ActS8 quantize_s8(const float* x, const kq::PackedInt& p) {
 // library's split); chunk > 0 dynamically, `chunk` panels at a time claimed from an atomic counter
 // (a preempted or late thread leaves its share to the others).
 void for_panels(int64_t n_panels, int64_t chunk, const std::function<void(size_t, size_t)>& fn) {
+  if (chunk < 0) {  // ThreadPool::parallel_for_balanced with -chunk panels per claim
+    thread_pool().parallel_for_balanced(size_t(n_panels), size_t(-chunk), fn);
+    return;
+  }
   if (chunk == 0) {
     thread_pool().parallel_for(size_t(n_panels), 16, fn);
     return;
@@ -255,6 +267,8 @@ void run_shape(const Shape& s, pq::QuantMode mode, int calls) {
     vs.push_back({"v1", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<false>(p, as8, out); }});
     vs.push_back({"v2", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<true>(p, as8, out); }});
     vs.push_back({"v4", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<false>(p, as8, out, 8); }});
+    vs.push_back({"v6", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<true>(p, as8, out, -8); }});
+    vs.push_back({"v7", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<true>(p, as8, out, -64); }});
     vs.push_back({"v5", [&](const kq::PackedInt& p, float* out) { gemv_int4_swapped<false>(p, as8, out, 32); }});
   } else {
     vs.push_back({"v3", [&](const kq::PackedInt& p, float* out) { gemv_int8<true>(p, au.data(), sa, out); }});

@@ -147,7 +147,13 @@ void tile(const Args& A, int64_t m0, int64_t p0) {
         }
       }
     } else {
-      // Nibbles stay w+8 (u8, vpdpbusd's first operand); the activations are s8.
+      // Nibbles stay w+8 (u8, vpdpbusd's first operand); the activations are s8. Small tiles (the
+      // GEMV) put the high nibbles in a second accumulator: two dependent vpdpbusd per 64 bytes
+      // capped one core at ~22 GB/s, which the VM's high-bandwidth phases reach.
+      constexpr bool kTwoChains = MR * NV < 4;
+      __m512i acc_hi[MR][NV];
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) acc_hi[r][v] = _mm512_setzero_si512();
       const __m512i mask = _mm512_set1_epi8(0x0F);
       for (int64_t s = s0; s < s1; s += 2) {
         __m512i b0[NV], b1[NV];
@@ -160,10 +166,14 @@ void tile(const Args& A, int64_t m0, int64_t p0) {
           const __m512i a0 = bcast32(arow[r] + 4 * s), a1 = bcast32(arow[r] + 4 * s + 4);
           for (int v = 0; v < NV; ++v) {
             acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], b0[v], a0);
-            acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], b1[v], a1);
+            if constexpr (kTwoChains) acc_hi[r][v] = _mm512_dpbusd_epi32(acc_hi[r][v], b1[v], a1);
+            else acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], b1[v], a1);
           }
         }
       }
+      if constexpr (kTwoChains)
+        for (int r = 0; r < MR; ++r)
+          for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_add_epi32(acc[r][v], acc_hi[r][v]);
     }
     for (int v = 0; v < NV; ++v) {
       const int64_t pg = ((p0 + v) * G + g) * kPanel;
