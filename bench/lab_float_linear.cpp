@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "lab_util.h"
 #include "core/cpu_features.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -167,14 +168,6 @@ std::vector<float> rand_x(int64_t n, uint32_t seed) {
   return v;
 }
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, double(std::abs(a[i] - b[i])));
-    den = std::max(den, double(std::abs(b[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
 
 // ---- 3. direct library variants (not through FloatLinear) ----
 struct DnnlDirect {  // one oneDNN matmul on the whole problem, OpenMP-threaded; optionally blocked weights
@@ -325,7 +318,7 @@ void section_gemm(bool quick) {
     std::vector<float> y(static_cast<size_t>(M * s.N)), yref(y.size());
     auto report = [&](const char* v, Times t) {
       std::printf("%-22s %-48s %8.2f %9.1f %9.1f %10.2e\n", s.name, v, t.med * 1e3, flop / t.med / 1e9,
-                  flop / t.best / 1e9, max_rel_diff(y, yref));
+                  flop / t.best / 1e9, perry::lab::max_rel_diff(y, yref));
       std::fflush(stdout);
     };
     // bf16 weights

@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "lab_util.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/qgemm.h"
 #include "quant/quant.h"
@@ -207,14 +208,6 @@ void gemv_int8(const kq::PackedInt& P, const uint8_t* a, float sa, float* y, int
   });
 }
 
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, double(std::abs(a[i] - b[i])));
-    den = std::max(den, double(std::abs(b[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
 
 struct Shape {
   const char* name;
@@ -278,7 +271,7 @@ void run_shape(const Shape& s, pq::QuantMode mode, int calls) {
   for (auto& v : vs) {
     std::fill(y.begin(), y.end(), 0.0f);
     v.fn(p0, y.data());
-    const double e = max_rel(y, y_lib);
+    const double e = perry::lab::max_rel_diff(y, y_lib);
     if (e > 1e-5) std::printf("  %s: MISMATCH vs lib, max rel %.3g\n", v.name, e);
   }
   std::vector<std::vector<double>> t(vs.size() + 1);
