@@ -97,21 +97,6 @@ struct Buf {  // 2 MiB-aligned anonymous memory, THP on or off
   ~Buf() { std::free(p); }
 };
 
-// Streaming read of [b, e) with AVX-512 loads, XOR-folded so nothing is optimised away. The lab is
-// built without ISA flags (the machine it documents has AVX-512), hence the target attribute.
-__attribute__((target("avx512f"))) uint64_t read_range(const uint8_t* p, size_t b, size_t e) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = b; i + 256 <= e; i += 256) {
-    a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
-    a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
-    a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
-    a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
-  }
-  a0 = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
-  alignas(64) uint64_t v[8];
-  _mm512_store_si512(v, a0);
-  return v[0] ^ v[1] ^ v[2] ^ v[3] ^ v[4] ^ v[5] ^ v[6] ^ v[7];
-}
 
 // Two-thread streaming read.
 double read_gbs(const uint8_t* p, size_t bytes, int reps) {
@@ -119,7 +104,7 @@ double read_gbs(const uint8_t* p, size_t bytes, int reps) {
   double t = median_time([&] {
     thread_pool().run_on_all([&](int ti, int nt) {
       size_t b = bytes / 64 * size_t(ti) / size_t(nt) * 64, e = bytes / 64 * size_t(ti + 1) / size_t(nt) * 64;
-      sink = sink + read_range(p, b, e);
+      sink = sink + perry::lab::read_range(p, b, e);
     });
   }, reps);
   return double(bytes) / t / 1e9;
@@ -254,7 +239,7 @@ void section_gemv(bool quick) {
           double t1 = now();
           thread_pool().run_on_all([&](int ti, int nt) {
             size_t lo = bytes / 64 * size_t(ti) / size_t(nt) * 64, hi = bytes / 64 * size_t(ti + 1) / size_t(nt) * 64;
-            sink = sink + read_range(base + c2 * bytes, lo, hi);
+            sink = sink + perry::lab::read_range(base + c2 * bytes, lo, hi);
           });
           double t2 = now();
           if (i >= 4) {

@@ -67,16 +67,6 @@ kq::PackedInt clone(const kq::PackedInt& p) {
   return c;
 }
 
-uint64_t read_range(const uint8_t* p, size_t b, size_t e) {
-  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = b; i + 256 <= e; i += 256) {
-    a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
-    a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
-    a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
-    a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
-  }
-  return uint64_t(_mm512_reduce_add_epi64(_mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3))));
-}
 
 inline __m512i bcast32(const void* p) {
   int32_t v;
@@ -287,7 +277,7 @@ void run_shape(const Shape& s, pq::QuantMode mode, int calls) {
     const double t0 = now();
     thread_pool().run_on_all([&](int ti, int nt) {
       const size_t b = bytes / 256 * size_t(ti) / size_t(nt) * 256, e = bytes / 256 * size_t(ti + 1) / size_t(nt) * 256;
-      sink = sink + read_range(rb + off, b, e);
+      sink = sink + perry::lab::read_range(rb + off, b, e);
     });
     if (i >= 2) t[vs.size()].push_back(now() - t0);
   }
