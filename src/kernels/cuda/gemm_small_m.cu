@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/device_query.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/mma_sync_common.cuh"
@@ -295,17 +296,6 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 using quant_args::aligned;
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, c = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || c <= 0)
-      c = 132;
-    return c;
-  }();
-  return n;
-}
 
 struct Args {
   const uint8_t* x;

@@ -13,11 +13,13 @@
 #include <string>
 
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/device_query.h"
 #include "kernels/cuda/elementwise_device.cuh"
 #include "kernels/cuda/gemv_decode.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "kernels/cuda/mma_sync_common.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/quant_rule.cuh"
 
 namespace perry::cuda {
@@ -164,7 +166,7 @@ __device__ __forceinline__ int row_of(int g, int warp, int r, int N) {
   }
 }
 template <int kOut>
-__device__ __forceinline__ int n_groups(int N) {
+__host__ __device__ __forceinline__ int n_groups(int N) {
   return kOut == kOutSwiglu ? (N / 2 + kWarps - 1) / kWarps : (N + kWarps * kR - 1) / (kWarps * kR);
 }
 
@@ -373,16 +375,6 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return std::max(v, 1);
-  }();
-  return n;
-}
-
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut>
 void launch(const Params& p, const char* name, cudaStream_t stream) {
   auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut>;
@@ -397,7 +389,7 @@ void launch(const Params& p, const char* name, cudaStream_t stream) {
   int per_sm = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv_decode)");
-  const int groups = kOut == kOutSwiglu ? (p.N / 2 + kWarps - 1) / kWarps : (p.N + kWarps * kR - 1) / (kWarps * kR);
+  const int groups = n_groups<kOut>(p.N);
   const int grid = std::max(1, std::min(groups, std::max(per_sm, 1) * sm_count()));
   pdl::launch(name, kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
 }
@@ -409,8 +401,6 @@ void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, const char* name, 
   if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
   throw Error(std::string(name) + ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, Plain+Accumulate)");
 }
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
 
@@ -427,7 +417,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   if (!gemv_decode_supports(w.mode, w.K)) throw Error(where + ": unsupported mode or K (need K % 32 == 0, K <= 32768)");
   if (w.N < 1 || (a.out == DecodeOut::SwiGLU && w.N % 2 != 0)) throw Error(where + ": bad N (SwiGLU needs an even N)");
   if (!w.w || !a.x || !a.y || (a.in == DecodeIn::RmsNorm && !a.norm_w)) throw Error(where + ": null pointer");
-  if (!aligned16(w.w) || !aligned16(a.x) || (a.norm_w && !aligned16(a.norm_w)))
+  if (!quant_args::aligned(w.w, 16) || !quant_args::aligned(a.x, 16) || (a.norm_w && !quant_args::aligned(a.norm_w, 16)))
     throw Error(where + ": weights, x and norm weights must be 16-byte aligned");
   Params p{};
   p.w = static_cast<const uint8_t*>(w.w);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/device_query.h"
 
 // PERRY_WGMMA: defined while compiling device code for sm_90a (the only target with wgmma).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -246,13 +247,6 @@ inline CUtensorMap make_map(const void* p, int rows, int row_bytes, int box_byte
     throw Error(std::string(who) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(r)) + ", rows=" +
                 std::to_string(rows) + ", row bytes=" + std::to_string(row_bytes) + ")");
   return m;
-}
-
-inline int sm_count() {
-  int dev = 0, n = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
-  return n;
 }
 
 // True on an sm_90 device (sm_90a code runs there only).
