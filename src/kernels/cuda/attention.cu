@@ -46,8 +46,8 @@ __global__ void kv_append_kernel(const float* __restrict__ k, const float* __res
   for (int e = threadIdx.x; e < width; e += blockDim.x) {
     const int h = e / hd, d = e - h * hd;
     const size_t dst = base + (size_t)h * capacity * hd + d;
-    kc[dst] = f32_to_bf16_bits(kr[e]);
-    vc[dst] = f32_to_bf16_bits(vr[e]);
+    kc[dst] = bf16_bits(kr[e]);
+    vc[dst] = bf16_bits(vr[e]);
   }
 }
 

@@ -12,6 +12,8 @@
 namespace perry::cuda {
 namespace {
 using namespace attn_detail;
+using elementwise_detail::norm_one;
+using elementwise_detail::rope_rotate;
 
 // ---------------------------------------------------------------- decode (flash-decoding)
 // Partial kernel: block (chunk c, kv head, sequence), 128 threads, the G = nh/nkv q heads of the
@@ -276,25 +278,23 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   const size_t cache_off = (((size_t)slot * nkv + (h - nh)) * capacity + (size_t)max(pos, 0)) * hd;
   for (int i = lane; i < half; i += 32) {
     float a = x[i], b = x[i + half];
-    if (nw) a = __fmul_rn(__fmul_rn(a, inv), nw[i]), b = __fmul_rn(__fmul_rn(b, inv), nw[i + half]);
+    if (nw) a = norm_one(a, inv, nw[i]), b = norm_one(b, inv, nw[i + half]);
     float ra, rb;
     if (rope_ok) {
-      const float c = rope.cos[(long long)pos * half + i], s = rope.sin[(long long)pos * half + i];
-      ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-      rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+      rope_rotate(a, b, rope.cos[(long long)pos * half + i], rope.sin[(long long)pos * half + i], ra, rb);
     } else {
       ra = rb = __int_as_float(0x7fc00000);
     }
     if (is_q) {
       x[i] = ra, x[i + half] = rb;
     } else if (store) {
-      kc[cache_off + i] = f32_to_bf16_bits(ra);
-      kc[cache_off + i + half] = f32_to_bf16_bits(rb);
+      kc[cache_off + i] = bf16_bits(ra);
+      kc[cache_off + i + half] = bf16_bits(rb);
     }
   }
   if (store) {
     const float* v = x + (long long)nkv * hd;  // v head h - nh
-    for (int d = lane; d < hd; d += 32) vc[cache_off + d] = f32_to_bf16_bits(v[d]);
+    for (int d = lane; d < hd; d += 32) vc[cache_off + d] = bf16_bits(v[d]);
   }
 }
 

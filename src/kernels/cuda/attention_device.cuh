@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/elementwise_device.cuh"
 #include "kernels/cuda/mma_sync_common.cuh"
 
 namespace perry::cuda::attn_detail {
@@ -39,16 +40,11 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
-__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+using elementwise_detail::bf16_hi;
+using elementwise_detail::bf16_lo;
 __device__ __forceinline__ float bf16_to_float(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 // Bit-identical to perry::f32_to_bf16 (core/dtype.h): RNE, NaN → quiet NaN with the sign kept.
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
+using elementwise_detail::bf16_bits;
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

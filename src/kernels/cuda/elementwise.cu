@@ -200,10 +200,7 @@ __global__ void rope_kernel(float* q, int64_t q_stride, int nq, float* k, int64_
       v[i] = v[i + half] = __int_as_float(0x7fc00000);
       continue;
     }
-    const float a = v[i], b = v[i + half], c = cs[i], s = sn[i];
-    // Separate roundings, no FMA: the same operations as the scalar CPU reference.
-    v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    v[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    rope_rotate(v[i], v[i + half], cs[i], sn[i], v[i], v[i + half]);
   }
 }
 

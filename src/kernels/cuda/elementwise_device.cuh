@@ -19,6 +19,10 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
   return uint16_t(u >> 16);
 }
 
+// bf16 halves of a packed pair (low half = the lower index) as exact floats.
+__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
+
 struct SumOp {
   __device__ double operator()(double a, double b) const { return a + b; }
 };
@@ -52,6 +56,13 @@ __device__ __forceinline__ float norm_one(float x, float inv, float w) { return 
 // guide), glibc's within 1: the product differs from the CPU by a few ulp at most.
 __device__ __forceinline__ float swiglu_one(float g, float u) {
   return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// RoPE of the pair (a, b) = (x[i], x[i + hd/2]) with cos c and sin s (HF rotate_half), in
+// separate roundings, no FMA: the same operations as the scalar CPU reference.
+__device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float& ra, float& rb) {
+  ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
 }
 
 }  // namespace perry::cuda::elementwise_detail

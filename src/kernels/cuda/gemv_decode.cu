@@ -61,8 +61,11 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
   return d;
 }
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
+// 8 packed bf16 (k order) as floats.
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
+  f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
+  f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
+}
 __device__ __forceinline__ uint32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d) {
   return uint32_t(uint8_t(a)) | uint32_t(uint8_t(b)) << 8 | uint32_t(uint8_t(c)) << 16 | uint32_t(uint8_t(d)) << 24;
 }
@@ -260,9 +263,8 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
 #pragma unroll
       for (int r = 0; r < kR; ++r) s[r] = kGrouped ? __ldg(p.sw + (long long)max(rows[r], 0) * p.G + k0 / p.gs) : 0.0f;
       if constexpr (kW == kWBf16) {
-        const uint4 xv = *reinterpret_cast<const uint4*>(xs + 2 * k0);
-        const float xf[8] = {bf16_lo(xv.x), bf16_hi(xv.x), bf16_lo(xv.y), bf16_hi(xv.y),
-                             bf16_lo(xv.z), bf16_hi(xv.z), bf16_lo(xv.w), bf16_hi(xv.w)};
+        float xf[8];
+        bf16x8_to_f32(*reinterpret_cast<const uint4*>(xs + 2 * k0), xf);
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
           float a = facc[r];
@@ -316,9 +318,8 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
             } else {
               int4x8_to_f32(word(wc[r], j), wf);
             }
-            const uint4 xv = *reinterpret_cast<const uint4*>(xs + 2 * k0 + 16 * j);
-            const float xf[8] = {bf16_lo(xv.x), bf16_hi(xv.x), bf16_lo(xv.y), bf16_hi(xv.y),
-                                 bf16_lo(xv.z), bf16_hi(xv.z), bf16_lo(xv.w), bf16_hi(xv.w)};
+            float xf[8];
+            bf16x8_to_f32(*reinterpret_cast<const uint4*>(xs + 2 * k0 + 16 * j), xf);
 #pragma unroll
             for (int e = 0; e < 8; ++e) a = fmaf(xf[e], wf[e], a);
           }
