@@ -1,9 +1,10 @@
 #include "core/op_profile.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
+
+#include "core/env.h"
 
 namespace perry::prof {
 
@@ -20,10 +21,7 @@ std::atomic<int> g_phase{int(Phase::Prefill)};
 }  // namespace
 
 bool enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("PERRY_PROFILE");
-    return e && *e && std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = env_flag("PERRY_PROFILE");
   return on;
 }
 

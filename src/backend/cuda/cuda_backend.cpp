@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -15,6 +14,7 @@
 #include "backend/cuda/backend_kernels.h"
 #include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/device_memory.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_error.h"
@@ -171,10 +171,10 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
         scratch = std::max(scratch, l->dequant_scratch_bytes());
     if (scratch) lctx_.dequant_scratch.ensure(pool_, scratch, "dequantized weight scratch");
   }
-  fused_decode_ = lm_head_.decode_fusable() && cfg_.hidden_size % 8 == 0 && cfg_.head_dim % 2 == 0;
+  fused_decode_ = lm_head_.decode_fusable() && cfg_.head_dim % 2 == 0;
   for (const Layer& d : layers_)
     for (const CudaLinear* l : {&d.qkv, &d.o, &d.gate_up, &d.down}) fused_decode_ &= l->decode_fusable();
-  if (const char* e = std::getenv("PERRY_NO_FUSED_DECODE"); e && *e && *e != '0') fused_decode_ = false;
+  if (env_flag("PERRY_NO_FUSED_DECODE")) fused_decode_ = false;
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
 }

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/backend_kernels.h"
 #include "core/dtype.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w8a8.h"
@@ -122,7 +123,7 @@ void gemm_bf16_cublas(const uint16_t* x, const uint16_t* w, float* y, int M, int
 // 128-row tiles run mostly empty and the mma.sync kernel is as fast (H200 lab: M=128 546/310 vs
 // ~500 TOPS; M=1024 1175-1375 vs ~500).
 bool use_wgmma(int M) {
-  static const bool ok = gemm_w8a8_wgmma_supported() && std::getenv("PERRY_NO_WGMMA") == nullptr;
+  static const bool ok = gemm_w8a8_wgmma_supported() && !env_flag("PERRY_NO_WGMMA");
   return ok && M > 128;
 }
 
@@ -185,7 +186,7 @@ DecodeWeights CudaLinear::decode_weights() const {
 }
 
 bool CudaLinear::decode_fusable() const {
-  return gemv_decode_supports(pq::is_quantized(mode_) ? mode_ : pq::QuantMode::BF16, k_);
+  return gemv_decode_supports(decode_weights().mode, k_);
 }
 
 // Which kernel runs M rows. Crossovers from the H200 measurements in docs/perf/cuda/ (kernel

@@ -16,9 +16,9 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <utility>
 
+#include "core/env.h"
 #include "kernels/cuda/cuda_error.h"
 
 namespace perry::cuda::pdl {
@@ -38,8 +38,7 @@ __device__ __forceinline__ void launch_dependents() {
 // Whether launches on the current device use the programmatic-serialization attribute.
 inline bool enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("PERRY_NO_PDL");
-    if (e && *e && *e != '0') return false;
+    if (env_flag("PERRY_NO_PDL")) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
