@@ -314,6 +314,20 @@ TEST(CudaAttention, DecodeMixedContexts) {
       run_decode_case({1, 7, 1000, 5000}, hc, hd, 5003, gen);
 }
 
+// Short contexts, the decode step's case: a few 64-key chunks — including one chunk and chunks
+// wholly past a short sequence's context (max_ctx is the batch's longest) — in every head layout.
+TEST(CudaAttention, DecodeShortContexts) {
+  REQUIRE_GPU();
+  std::mt19937 gen(2468);
+  ASSERT_EQ(pc::attention_decode_chunk(6, 512), 64);  // 8 chunks of 64 at 512 keys
+  for (int hd : {20, 64, 128})
+    for (Heads hc : {Heads{4, 4}, Heads{8, 2}, Heads{32, 8}, Heads{32, 1}}) {
+      run_decode_case({1, 7, 64, 65, 300, 512}, hc, hd, 600, gen);
+      run_decode_case({5}, hc, hd, 600, gen);      // one chunk
+      run_decode_case({1, 190}, hc, hd, 600, gen);  // 3 chunks, 2 empty for the first sequence
+    }
+}
+
 TEST(CudaAttention, DecodeManySequences) {
   REQUIRE_GPU();
   std::mt19937 gen(77);

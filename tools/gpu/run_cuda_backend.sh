@@ -149,17 +149,22 @@ decode_ab() {
   local modes=${DECODE_MODES:-"bf16 w8a8 w4a8-g128 w8a16 w4a16 w8a8-g128"}
   say ""
   say "## decode A/B (llama3-8b, 128-token prompt, 64 new tokens, CUDA graphs)"
-  for m in $modes; do
-    for v in ${DECODE_VARIANTS:-fused separate nopdl}; do
-      case $v in
-        fused) env=() ;;
-        separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_FUSED_DECODE=1) ;;
-        nopdl) [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_PDL=1) ;;
-      esac
-      timeout 150 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b 1 16 -n 64 -r 3 \
-        -o "$T/dec-$m-$v" > "$T/dec-$m-$v.log" 2>&1
-      say "- $m $v (exit $?): $(grep 'decode b=' "$T/dec-$m-$v.md" 2>/dev/null | cut -d'|' -f3,5,6 | tr -s ' ' | tr '\n' ' ')"
-    done
+  # DECODE_PAIRS="mode:variant ..." replaces the modes x variants product.
+  local pairs=${DECODE_PAIRS:-}
+  if [ -z "$pairs" ]; then
+    for m in $modes; do for v in ${DECODE_VARIANTS:-fused separate nopdl}; do pairs="$pairs $m:$v"; done; done
+  fi
+  for mv in $pairs; do
+    m=${mv%%:*} v=${mv#*:}
+    case $v in
+      fused) env=() ;;
+      separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_FUSED_DECODE=1) ;;
+      nopdl) [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_PDL=1) ;;
+      *) say "- unknown decode variant $v"; continue ;;
+    esac
+    timeout 150 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b 1 16 -n 64 -r 3 \
+      -o "$T/dec-$m-$v" > "$T/dec-$m-$v.log" 2>&1
+    say "- $m $v (exit $?): $(grep 'decode b=' "$T/dec-$m-$v.md" 2>/dev/null | cut -d'|' -f3,5,6 | tr -s ' ' | tr '\n' ' ')"
   done
   for m in ${DECODE_QWEN_MODES-bf16 w8a8 w4a8-g128}; do
     timeout 150 "$P" bench --device cuda --synthetic qwen3-8b --modes "$m" -p 128 -b 1 16 -n 64 -r 3 -o "$T/decq-$m" \

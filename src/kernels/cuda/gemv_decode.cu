@@ -70,81 +70,73 @@ __device__ __forceinline__ uint32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d
   return uint32_t(uint8_t(a)) | uint32_t(uint8_t(b)) << 8 | uint32_t(uint8_t(c)) << 16 | uint32_t(uint8_t(d)) << 24;
 }
 
-// The 8 input values k = 8o .. 8o+7 (normalized when kIn == kInNorm).
-template <int kIn>
-__device__ __forceinline__ void input_octet(const Params& p, int o, float inv, float (&v)[8]) {
-  const float4 a = *reinterpret_cast<const float4*>(p.x + 8 * o);
-  const float4 b = *reinterpret_cast<const float4*>(p.x + 8 * o + 4);
+// Shared memory of a block (bytes from the start): xs — the linear's input, int8 [K] or bf16 [K];
+// xsum — int4 with int8 input: int [K / 32]; xf — fp32 [K] staging of the input row (when it is
+// quantized or normalized); nw — fp32 [K] the RMSNorm weights (RmsNorm input with K <=
+// kMaxStagedNormK; larger hidden sizes read them from global memory). At most 6·K bytes:
+// 192 KiB at K = kMaxK, inside the 227 KiB a Hopper block may opt into.
+constexpr int kMaxStagedNormK = 8192;
+struct SmemLayout {
+  int xsum, xf, nw, total;
+  bool nw_staged;
+};
+__host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, int in_kind) {
+  SmemLayout l;
+  l.xsum = xi8 ? K : 2 * K;
+  l.xf = l.xsum + (w_kind == kWI4 && xi8 ? K / 32 * 4 : 0);
+  l.xf = (l.xf + 15) / 16 * 16;
+  const bool stage = xi8 || in_kind == kInNorm;
+  l.nw = l.xf + (stage ? 4 * K : 0);
+  l.nw_staged = in_kind == kInNorm && K <= kMaxStagedNormK;
+  l.total = l.nw + (l.nw_staged ? 4 * K : 0);
+  return l;
+}
+
+__device__ __forceinline__ void load_octet(const float* p, float (&v)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  if constexpr (kIn == kInNorm) {
-    const float4 c = *reinterpret_cast<const float4*>(p.norm_w + 8 * o);
-    const float4 d = *reinterpret_cast<const float4*>(p.norm_w + 8 * o + 4);
-    const float w[8] = {c.x, c.y, c.z, c.w, d.x, d.y, d.z, d.w};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = norm_one(v[j], inv, w[j]);
+}
+__device__ __forceinline__ void store_octet(float* p, const float (&v)[8]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// Before the wait: the RMSNorm weights (never written by the decode step's kernels) into shared
+// memory, so the prologue after the wait reads global memory once, for x.
+template <int kW, bool kXI8, int kIn>
+__device__ void stage_norm_weights(const Params& p, uint8_t* smem) {
+  const SmemLayout lay = smem_layout(p.K, kW, kXI8, kIn);
+  if (lay.nw_staged) {
+    float* nw = reinterpret_cast<float*>(smem + lay.nw);
+    for (int o = threadIdx.x; o < p.K / 8; o += kThreads) {
+      float v[8];
+      load_octet(p.norm_w + 8 * o, v);
+      store_octet(nw + 8 * o, v);
+    }
   }
 }
 
-// Prologue: the token's linear input into shared memory. int8 activations: xs int8 [K] (for int4
-// weights permuted per 8 values to (k0 k2 k4 k6 | k1 k3 k5 k7), the nibble order of a weight
-// word) and, for int4, xsum[c] = Σ of the 32 int8 values of chunk c; bf16: xs uint16 [K].
-// Returns the per-token activation scale (int8) — the same value in every thread.
+// Prologue: the token's linear input into shared memory, reading x from global memory once (one
+// pass into the fp32 staging, then passes over shared memory; each wait on a block reduction is
+// one barrier). int8 activations: xs int8 [K] (for int4 weights permuted per 8 values to
+// (k0 k2 k4 k6 | k1 k3 k5 k7), the nibble order of a weight word) and, for int4, xsum[c] = Σ of
+// the 32 int8 values of chunk c; bf16: xs uint16 [K]. The values are those of the separate
+// kernels bit for bit: the same per-thread order of the float64 sum of squares, the same fp32
+// normalization, amax and rounding. Returns the per-token activation scale (int8) — the same
+// value in every thread.
 template <int kW, bool kXI8, int kIn>
-__device__ float build_input(const Params& p, uint8_t* xs, int* xsum) {
+__device__ float build_input(const Params& p, uint8_t* smem) {
   const int K = p.K, octets = K / 8;
-  float inv = 1.0f;
-  if constexpr (kIn == kInNorm) {
-    double ss = 0.0;  // x*x exact in double, as rms_norm
-    for (int o = threadIdx.x; o < octets; o += kThreads) {
-      const float4 a = *reinterpret_cast<const float4*>(p.x + 8 * o);
-      const float4 b = *reinterpret_cast<const float4*>(p.x + 8 * o + 4);
-      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss += double(v[j]) * double(v[j]);
-    }
-    ss = block_all_reduce(ss, SumOp{});
-    inv = float(1.0 / sqrt(ss / double(K) + double(p.eps)));
-  }
-  float scale = 0.0f;
-  if constexpr (kXI8) {
-    float amax = 0.0f;
+  const SmemLayout lay = smem_layout(K, kW, kXI8, kIn);
+  uint8_t* xs = smem;
+  int* xsum = reinterpret_cast<int*>(smem + lay.xsum);
+  float* xf = reinterpret_cast<float*>(smem + lay.xf);
+  const float* nw = lay.nw_staged ? reinterpret_cast<const float*>(smem + lay.nw) : p.norm_w;
+  if constexpr (!kXI8 && kIn == kInPlain) {  // bf16 of x as it is: one pass, no staging
     for (int o = threadIdx.x; o < octets; o += kThreads) {
       float v[8];
-      input_octet<kIn>(p, o, inv, v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-    }
-    amax = block_all_reduce(amax, MaxOp{});
-    float qinv;
-    per_token_params(amax, scale, qinv);
-    for (int o = threadIdx.x; o < octets; o += kThreads) {
-      float v[8];
-      input_octet<kIn>(p, o, inv, v);
-      int8_t q[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) q[j] = quant_one(v[j], qinv);
-      const uint2 out = kW == kWI4 ? make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]))
-                                   : make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
-      *reinterpret_cast<uint2*>(xs + 8 * o) = out;
-    }
-    if constexpr (kW == kWI4) {
-      __syncthreads();
-      for (int c = threadIdx.x; c < K / 32; c += kThreads) {
-        const uint4 a = *reinterpret_cast<const uint4*>(xs + 32 * c);
-        const uint4 b = *reinterpret_cast<const uint4*>(xs + 32 * c + 16);
-        int s = 0;
-        const uint32_t ones = 0x01010101u;
-        s = __dp4a(int(a.x), int(ones), s), s = __dp4a(int(a.y), int(ones), s);
-        s = __dp4a(int(a.z), int(ones), s), s = __dp4a(int(a.w), int(ones), s);
-        s = __dp4a(int(b.x), int(ones), s), s = __dp4a(int(b.y), int(ones), s);
-        s = __dp4a(int(b.z), int(ones), s), s = __dp4a(int(b.w), int(ones), s);
-        xsum[c] = s;
-      }
-    }
-  } else {
-    for (int o = threadIdx.x; o < octets; o += kThreads) {
-      float v[8];
-      input_octet<kIn>(p, o, inv, v);
+      load_octet(p.x + 8 * o, v);
       uint4 out;
       out.x = uint32_t(bf16_bits(v[0])) | uint32_t(bf16_bits(v[1])) << 16;
       out.y = uint32_t(bf16_bits(v[2])) | uint32_t(bf16_bits(v[3])) << 16;
@@ -152,9 +144,84 @@ __device__ float build_input(const Params& p, uint8_t* xs, int* xsum) {
       out.w = uint32_t(bf16_bits(v[6])) | uint32_t(bf16_bits(v[7])) << 16;
       *reinterpret_cast<uint4*>(xs + 16 * o) = out;
     }
+    __syncthreads();
+    return 0.0f;
+  } else {
+    // Pass 1 (global → staging): the sum of squares (RmsNorm) or amax (plain int8 input).
+    double ss = 0.0;  // x*x exact in double, as rms_norm
+    float amax = 0.0f;
+    for (int o = threadIdx.x; o < octets; o += kThreads) {
+      float v[8];
+      load_octet(p.x + 8 * o, v);
+      store_octet(xf + 8 * o, v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if constexpr (kIn == kInNorm) ss += double(v[j]) * double(v[j]);
+        else amax = fmaxf(amax, fabsf(v[j]));
+      }
+    }
+    float inv = 1.0f;
+    if constexpr (kIn == kInNorm) {
+      ss = block_all_reduce(ss, SumOp{});  // its barriers also publish the staging
+      inv = float(1.0 / sqrt(ss / double(K) + double(p.eps)));
+      // Pass 2 (staging): normalized in place; amax for int8.
+      for (int o = threadIdx.x; o < octets; o += kThreads) {
+        float v[8], w[8];
+        load_octet(xf + 8 * o, v);
+        load_octet(nw + 8 * o, w);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          v[j] = norm_one(v[j], inv, w[j]);
+          amax = fmaxf(amax, fabsf(v[j]));
+        }
+        store_octet(xf + 8 * o, v);  // each thread reads back only its own octets below
+      }
+    }
+    if constexpr (!kXI8) {  // bf16 of the normalized row
+      for (int o = threadIdx.x; o < octets; o += kThreads) {
+        float v[8];
+        load_octet(xf + 8 * o, v);
+        uint4 out;
+        out.x = uint32_t(bf16_bits(v[0])) | uint32_t(bf16_bits(v[1])) << 16;
+        out.y = uint32_t(bf16_bits(v[2])) | uint32_t(bf16_bits(v[3])) << 16;
+        out.z = uint32_t(bf16_bits(v[4])) | uint32_t(bf16_bits(v[5])) << 16;
+        out.w = uint32_t(bf16_bits(v[6])) | uint32_t(bf16_bits(v[7])) << 16;
+        *reinterpret_cast<uint4*>(xs + 16 * o) = out;
+      }
+      __syncthreads();
+      return 0.0f;
+    } else {
+      amax = block_all_reduce(amax, MaxOp{});
+      float scale, qinv;
+      per_token_params(amax, scale, qinv);
+      // Pass 3 (staging → xs): quantize. A warp's lanes take consecutive octets, so the 4 octets of
+      // a 32-value chunk sit in 4 neighbouring lanes and xsum is two shuffles (octets % 4 == 0:
+      // the 4 lanes of a chunk are all in range or all out).
+      const int lane = threadIdx.x & 31;
+      for (int o0 = threadIdx.x - lane; o0 < octets; o0 += kThreads) {
+        const int o = o0 + lane;
+        int s8 = 0;
+        if (o < octets) {
+          float v[8];
+          load_octet(xf + 8 * o, v);
+          int8_t q[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) q[j] = quant_one(v[j], qinv);
+          const uint2 out = kW == kWI4 ? make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]))
+                                       : make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+          *reinterpret_cast<uint2*>(xs + 8 * o) = out;
+          s8 = __dp4a(int(out.x), int(0x01010101u), __dp4a(int(out.y), int(0x01010101u), 0));
+        }
+        if constexpr (kW == kWI4) {
+          s8 += __shfl_xor_sync(kFull, s8, 1);
+          s8 += __shfl_xor_sync(kFull, s8, 2);
+          if (o < octets && (lane & 3) == 0) xsum[o / 4] = s8;
+        }
+      }
+      __syncthreads();
+      return scale;
+    }
   }
-  __syncthreads();
-  return scale;
 }
 
 // Physical weight row r (0..kR-1) of the warp's slot in group g; -1 when past the end.
@@ -227,11 +294,12 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
         for (long long off = kWin + 128LL * lane; off < row_bytes; off += 32 * 128) prefetch_l2(p.w + n * row_bytes + off);
     }
   }
+  stage_norm_weights<kW, kXI8, kIn>(p, xs);
   pdl::wait();
   pdl::launch_dependents();
 
-  int* xsum = reinterpret_cast<int*>(xs + (kXI8 ? p.K : 2 * p.K));
-  const float sa = build_input<kW, kXI8, kIn>(p, xs, xsum);
+  const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
+  const float sa = build_input<kW, kXI8, kIn>(p, xs);
   if (!active) return;
 
   float facc[kR];
@@ -379,7 +447,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut>
 void launch(const Params& p, const char* name, cudaStream_t stream) {
   auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut>;
-  const size_t smem = size_t(kXI8 ? p.K : 2 * p.K) + (kW == kWI4 && kXI8 ? size_t(p.K / 32) * 4 : 0);
+  const size_t smem = size_t(smem_layout(p.K, kW, kXI8, kIn).total);
   // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed).
   static std::atomic<int> opted{48 * 1024};
   if (int(smem) > opted.load()) {
