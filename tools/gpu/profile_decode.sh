@@ -22,7 +22,11 @@ export LD_LIBRARY_PATH="$T/lib:$CUDA_LIB:/usr/local/cuda/lib64:${LD_LIBRARY_PATH
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu"; exit 2; }
 for m in $MODES; do
-  timeout ${PROFILE_TIMEOUT:-200} "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+  # NCU_METRICS: more metrics (comma-separated; each extra pass replays the kernel); NCU_ARGS:
+  # e.g. --kernel-name regex:gemv_decode --launch-count 226 to profile only part of the run.
+  # shellcheck disable=SC2086
+  timeout ${PROFILE_TIMEOUT:-200} "$NCU" --clock-control none --cache-control none \
+    --metrics "${NCU_METRICS:-gpu__time_duration.sum}" ${NCU_ARGS:-} \
     --csv --page raw --log-file "$OUT/profile-$m.csv" \
     "$T/bin/perry" run --device cuda --synthetic llama3-8b --quant "$m" --prompt-tokens 16 -n 3 --no-cuda-graphs \
     ${PROFILE_ARGS:-} > "$T/perry-$m.out" 2> "$T/perry-$m.err"
