@@ -102,6 +102,16 @@ __device__ __forceinline__ void store_octet(float* p, const float (&v)[8]) {
   *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
 
+// 8 floats as 8 packed bf16 (round to nearest even), one 16-byte store.
+__device__ __forceinline__ void store_bf16_octet(uint8_t* p, const float (&v)[8]) {
+  uint4 out;
+  out.x = uint32_t(bf16_bits(v[0])) | uint32_t(bf16_bits(v[1])) << 16;
+  out.y = uint32_t(bf16_bits(v[2])) | uint32_t(bf16_bits(v[3])) << 16;
+  out.z = uint32_t(bf16_bits(v[4])) | uint32_t(bf16_bits(v[5])) << 16;
+  out.w = uint32_t(bf16_bits(v[6])) | uint32_t(bf16_bits(v[7])) << 16;
+  *reinterpret_cast<uint4*>(p) = out;
+}
+
 // Before the wait: the RMSNorm weights (never written by the decode step's kernels) into shared
 // memory, so the prologue after the wait reads global memory once, for x.
 template <int kW, bool kXI8, int kIn>
@@ -137,12 +147,7 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
     for (int o = threadIdx.x; o < octets; o += kThreads) {
       float v[8];
       load_octet(p.x + 8 * o, v);
-      uint4 out;
-      out.x = uint32_t(bf16_bits(v[0])) | uint32_t(bf16_bits(v[1])) << 16;
-      out.y = uint32_t(bf16_bits(v[2])) | uint32_t(bf16_bits(v[3])) << 16;
-      out.z = uint32_t(bf16_bits(v[4])) | uint32_t(bf16_bits(v[5])) << 16;
-      out.w = uint32_t(bf16_bits(v[6])) | uint32_t(bf16_bits(v[7])) << 16;
-      *reinterpret_cast<uint4*>(xs + 16 * o) = out;
+      store_bf16_octet(xs + 16 * o, v);
     }
     __syncthreads();
     return 0.0f;
@@ -181,12 +186,7 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
       for (int o = threadIdx.x; o < octets; o += kThreads) {
         float v[8];
         load_octet(xf + 8 * o, v);
-        uint4 out;
-        out.x = uint32_t(bf16_bits(v[0])) | uint32_t(bf16_bits(v[1])) << 16;
-        out.y = uint32_t(bf16_bits(v[2])) | uint32_t(bf16_bits(v[3])) << 16;
-        out.z = uint32_t(bf16_bits(v[4])) | uint32_t(bf16_bits(v[5])) << 16;
-        out.w = uint32_t(bf16_bits(v[6])) | uint32_t(bf16_bits(v[7])) << 16;
-        *reinterpret_cast<uint4*>(xs + 16 * o) = out;
+        store_bf16_octet(xs + 16 * o, v);
       }
       __syncthreads();
       return 0.0f;
