@@ -49,11 +49,11 @@ Act host_input(const std::vector<float>& x, const std::vector<float>& nw, bool n
 
 double silu(double g) { return g / (1.0 + std::exp(-g)); }
 
-void run_case(QuantMode mode, Case c, pc::DecodeIn in, pc::DecodeOut out, std::mt19937& gen) {
+void run_case(QuantMode mode, Case c, pc::DecodeIn in, pc::DecodeOut out, int rows_per_warp, std::mt19937& gen) {
   const int N = c.N, K = c.K;
   const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                            " K=" + std::to_string(K) + " in=" + std::to_string(int(in)) +
-                           " out=" + std::to_string(int(out));
+                           " out=" + std::to_string(int(out)) + " rows/warp=" + std::to_string(rows_per_warp);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> x(static_cast<size_t>(K)), nw(static_cast<size_t>(K)), bias(static_cast<size_t>(N));
   for (auto& e : x) e = nd(gen) * 3.f;
@@ -111,6 +111,7 @@ void run_case(QuantMode mode, Case c, pc::DecodeIn in, pc::DecodeOut out, std::m
   args.eps = eps;
   args.y = dy.p;
   args.out = out;
+  args.rows_per_warp = rows_per_warp;
   ASSERT_NO_THROW(pc::gemv_decode(w, args, nullptr)) << what;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
   std::vector<float> y = dy.get();
@@ -147,12 +148,15 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
   const struct {
     pc::DecodeIn in;
     pc::DecodeOut out;
-  } forms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store},
-               {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU},
-               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate}};
+    int rows_per_warp;
+  } forms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store, 0},
+               {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU, 0},
+               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 0},
+               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 1}};  // one row per warp, 8 chunks a lane
   for (QuantMode m : modes)
     for (const auto& f : forms)
-      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}}) run_case(m, c, f.in, f.out, gen);
+      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}})
+        run_case(m, c, f.in, f.out, f.rows_per_warp, gen);
 }
 
 TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
@@ -184,6 +188,13 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   a.in = pc::DecodeIn::Plain;
   a.out = pc::DecodeOut::Store;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);  // a form that is not built
+  a.in = pc::DecodeIn::RmsNorm;
+  a.rows_per_warp = 1;  // one row per warp is built for Accumulate only
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.in = pc::DecodeIn::Plain;
+  a.out = pc::DecodeOut::Accumulate;
+  a.rows_per_warp = 3;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 
 // decode_rope_append == head_rms_norm + rope_apply + kv_cache_append, bit for bit: two decode

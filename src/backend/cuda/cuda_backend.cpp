@@ -7,6 +7,7 @@
 #include <cmath>
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -74,7 +75,7 @@ class CudaBackend final : public model::ForwardBackend {
   void enqueue(const Step& st);
   void enqueue_decode_one(const Step& st);
   void decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm, DecodeOut out,
-                     float* y);
+                     float* y, int rows_per_warp = 0);
   void run_graph(const Step& st);
   void clear_graphs();
   DeviceKv& device_kv(model::KvCache& cache);
@@ -100,6 +101,9 @@ class CudaBackend final : public model::ForwardBackend {
   // One-token steps run the fused decode path (gemv_decode + decode_rope_append: 7 kernels a
   // layer) when every linear fits it; PERRY_NO_FUSED_DECODE=1 keeps the separate kernels (A/B).
   bool fused_decode_ = false;
+  // Rows per warp of the residual-accumulating decode linears (o_proj, down_proj): 0 = the
+  // kernel's choice; PERRY_GEMV_DECODE_ROWS=1 or 2 forces it for A/B runs (gemv_decode.h).
+  int acc_rows_per_warp_ = 0;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
   RopeTableView rope_view_;
@@ -175,6 +179,11 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   for (const Layer& d : layers_)
     for (const CudaLinear* l : {&d.qkv, &d.o, &d.gate_up, &d.down}) fused_decode_ &= l->decode_fusable();
   if (env_flag("PERRY_NO_FUSED_DECODE")) fused_decode_ = false;
+  if (const char* e = std::getenv("PERRY_GEMV_DECODE_ROWS"); e && *e) {
+    if (std::strcmp(e, "1") && std::strcmp(e, "2"))
+      throw Error(std::string("PERRY_GEMV_DECODE_ROWS='") + e + "': expected 1 or 2 (rows per warp)");
+    acc_rows_per_warp_ = *e - '0';
+  }
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -376,7 +385,7 @@ void CudaBackend::clear_graphs() {
 }
 
 void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm,
-                                DecodeOut out, float* y) {
+                                DecodeOut out, float* y, int rows_per_warp) {
   DecodeLinearArgs a;
   a.x = x;
   a.in = in;
@@ -384,6 +393,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.eps = float(cfg_.rms_norm_eps);
   a.y = y;
   a.out = out;
+  a.rows_per_warp = rows_per_warp;
   gemv_decode(l.decode_weights(), a, stream_);
 }
 
@@ -414,9 +424,9 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
                        kc, vc, stream_);
     attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
                      attn_ws_.bytes(), stream_);
-    decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x);
+    decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x, acc_rows_per_warp_);
     decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
-    decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x);
+    decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x, acc_rows_per_warp_);
   }
   float* dl = logits_.get<float>();
   decode_linear(lm_head_, DecodeIn::RmsNorm, x, &final_norm_, DecodeOut::Store, dl);

@@ -5,7 +5,8 @@
 // prologue is paid a few hundred times, not once per 8 rows). Each warp owns kR = 2 rows of a
 // group (SwiGLU: the gate row j and the up row j + N/2) and streams them in 16-byte chunks,
 // kU = 4 chunks per row in flight per lane (128 bytes): lane l takes chunks l, l + 32, ... so a
-// warp reads 512 contiguous bytes per row per step.
+// warp reads 512 contiguous bytes per row per step. Accumulate also has kR = 1, kU = 8 (on
+// request, DecodeLinearArgs::rows_per_warp), twice the warps for the same N.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -31,7 +32,7 @@ using mma_sync::int4x8_to_f32;
 using mma_sync::int8x4_to_f32;
 using mma_sync::word;
 
-constexpr int kWarps = 8, kThreads = 32 * kWarps, kR = 2, kU = 4;
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kMaxK = 32768;
 
 enum WKind : int { kWBf16 = 0, kWI8 = 1, kWI4 = 2 };
@@ -225,7 +226,7 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
 }
 
 // Physical weight row r (0..kR-1) of the warp's slot in group g; -1 when past the end.
-template <int kOut>
+template <int kOut, int kR>
 __device__ __forceinline__ int row_of(int g, int warp, int r, int N) {
   if constexpr (kOut == kOutSwiglu) {
     const int half = N / 2, j = g * kWarps + warp;
@@ -235,20 +236,23 @@ __device__ __forceinline__ int row_of(int g, int warp, int r, int N) {
     return n < N ? n : -1;
   }
 }
-template <int kOut>
+template <int kOut, int kR>
 __host__ __device__ __forceinline__ int n_groups(int N) {
   return kOut == kOutSwiglu ? (N / 2 + kWarps - 1) / kWarps : (N + kWarps * kR - 1) / (kWarps * kR);
 }
 
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut>
+// kR rows per warp, kU 16-byte chunks per row per lane in flight (module comment). SwiGLU needs
+// kR = 2 (the gate and the up row of one output).
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU>
 __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
+  static_assert(kOut != kOutSwiglu || kR == 2, "SwiGLU pairs the gate and up rows in one warp");
   extern __shared__ __align__(16) uint8_t xs[];
   constexpr int kPer = per_chunk<kW>();
   constexpr bool kIntAcc = kXI8 && !kGrouped;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long row_bytes = kW == kWBf16 ? 2LL * p.K : (kW == kWI8 ? (long long)p.K : p.K / 2);
   const int nchunks = int(row_bytes / 16);
-  const int groups = n_groups<kOut>(p.N);
+  const int groups = n_groups<kOut, kR>(p.N);
 
   // The block's work is a flat sequence of steps (group g, chunk window it) of kU·kR 16-byte
   // loads per lane. kPipe (bf16, per-channel int8: measured faster so on the H200) double-buffers
@@ -261,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   auto load_step = [&](int gg, int ii, uint4 (&wc)[kU][kR]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const int n = row_of<kOut>(gg, warp, r, p.N);
+      const int n = row_of<kOut, kR>(gg, warp, r, p.N);
       const uint8_t* wr = p.w + (long long)(n >= 0 ? n : 0) * row_bytes;  // row 0: valid memory, never stored
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
@@ -274,7 +278,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
     for (int off = lane * 128; off < kR * kWin; off += 32 * 128) {
       const int r = int(off / kWin);
       const long long o = ii * kWin + off % kWin;
-      const int n = row_of<kOut>(gg, warp, r, p.N);
+      const int n = row_of<kOut, kR>(gg, warp, r, p.N);
       if (n >= 0 && o < row_bytes) prefetch_l2(p.w + n * row_bytes + o);
     }
   };
@@ -289,7 +293,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
     load_step(g, 0, cur);
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const int n = row_of<kOut>(g, warp, r, p.N);
+      const int n = row_of<kOut, kR>(g, warp, r, p.N);
       if (n >= 0)
         for (long long off = kWin + 128LL * lane; off < row_bytes; off += 32 * 128) prefetch_l2(p.w + n * row_bytes + off);
     }
@@ -318,7 +322,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
     }
     int rows[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut>(g, warp, r, p.N);
+    for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut, kR>(g, warp, r, p.N);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = it * 32 * kU + u * 32 + lane;
@@ -444,9 +448,9 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   }
 }
 
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut>
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int kU = 4>
 void launch(const Params& p, const char* name, cudaStream_t stream) {
-  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut>;
+  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU>;
   const size_t smem = size_t(smem_layout(p.K, kW, kXI8, kIn).total);
   // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed).
   static std::atomic<int> opted{48 * 1024};
@@ -458,16 +462,22 @@ void launch(const Params& p, const char* name, cudaStream_t stream) {
   int per_sm = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv_decode)");
-  const int groups = n_groups<kOut>(p.N);
+  const int groups = n_groups<kOut, kR>(p.N);
   const int grid = std::max(1, std::min(groups, std::max(per_sm, 1) * sm_count()));
   pdl::launch(name, kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
 }
 
 template <int kW, bool kXI8, bool kGrouped>
-void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, const char* name, cudaStream_t s) {
+void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp, const char* name, cudaStream_t s) {
   if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, name, s);
   if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, name, s);
-  if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
+  if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) {
+    // One row per warp, twice the chunks per lane: the same bytes in flight per warp, twice the
+    // warps for a given N (o_proj / down_proj have N = hidden = few row groups; see
+    // DecodeLinearArgs::rows_per_warp).
+    if (rows_per_warp == 1) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc, 1, 8>(p, name, s);
+    return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
+  }
   throw Error(std::string(name) + ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, Plain+Accumulate)");
 }
 
@@ -486,6 +496,8 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   if (!gemv_decode_supports(w.mode, w.K)) throw Error(where + ": unsupported mode or K (need K % 32 == 0, K <= 32768)");
   if (w.N < 1 || (a.out == DecodeOut::SwiGLU && w.N % 2 != 0)) throw Error(where + ": bad N (SwiGLU needs an even N)");
   if (!w.w || !a.x || !a.y || (a.in == DecodeIn::RmsNorm && !a.norm_w)) throw Error(where + ": null pointer");
+  if (a.rows_per_warp != 0 && a.rows_per_warp != 2 && !(a.rows_per_warp == 1 && a.out == DecodeOut::Accumulate))
+    throw Error(where + ": rows_per_warp must be 0 or 2 (or 1 with Accumulate), got " + std::to_string(a.rows_per_warp));
   if (!quant_args::aligned(w.w, 16) || !quant_args::aligned(a.x, 16) || (a.norm_w && !quant_args::aligned(a.norm_w, 16)))
     throw Error(where + ": weights, x and norm weights must be 16-byte aligned");
   Params p{};
@@ -498,19 +510,19 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.norm_w = a.norm_w;
   p.eps = a.eps;
   p.y = a.y;
-  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
+  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");
   p.gs = mb.group_size;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
   switch (w.mode) {
-    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, "gemv_decode<w8a8>", stream);
+    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a8>", stream);
     case QuantMode::W8A8_G128:
-    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, "gemv_decode<w8a8-g>", stream);
-    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, "gemv_decode<w4a8>", stream);
-    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, "gemv_decode<w4a8-g128>", stream);
-    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, "gemv_decode<w8a16>", stream);
-    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, "gemv_decode<w4a16>", stream);
+    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a8-g>", stream);
+    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a8>", stream);
+    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a8-g128>", stream);
+    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a16>", stream);
+    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a16>", stream);
     default: throw Error(where + ": not a quantized or bf16 mode");
   }
 }

@@ -50,6 +50,12 @@ struct DecodeLinearArgs {
   float eps = 0.0f;
   float* y = nullptr;
   DecodeOut out = DecodeOut::Store;
+  // Rows each warp streams: 0 = the kernel's choice (2); 1 (Accumulate only) doubles the warps a
+  // small-N linear keeps busy at the same bytes in flight per warp — o_proj and down_proj run
+  // 256 row groups of 16 on 132 SMs, half the blocks that would fit (docs/perf/cuda/
+  // decode-run7-profile.md). Not yet measured, so not the default: PERRY_GEMV_DECODE_ROWS=1 sets
+  // it in the CUDA backend for A/B runs.
+  int rows_per_warp = 0;
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
