@@ -254,4 +254,102 @@ TEST(CudaDecodeRopeAppend, EqualsTheSeparateKernels) {
   }
 }
 
+// DecodeOut::RopeKv == Store then decode_rope_append, bit for bit: q (rotated) in y, k (rotated)
+// and v in the cache, for positions inside the RoPE table, past it (NaN q / k) and past the cache
+// capacity (nothing stored), in a float, an int8 and two int4 modes, with a q|k|v bias.
+TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
+  REQUIRE_GPU();
+  std::mt19937 gen(31);
+  const int nh = 8, nkv = 2, hd = 128, K = 512, N = (nh + 2 * nkv) * hd, cap = 64, max_pos = 48, slots = 2;
+  std::vector<float> cosv(size_t(max_pos) * hd / 2), sinv(cosv.size());
+  for (size_t i = 0; i < cosv.size(); ++i) cosv[i] = std::cos(0.013f * float(i)), sinv[i] = std::sin(0.013f * float(i));
+  pc::DeviceRopeTable rope(cosv.data(), sinv.data(), hd, max_pos);
+  std::vector<uint16_t> cache0(size_t(slots) * nkv * cap * hd);
+  for (auto& e : cache0) e = uint16_t(gen());
+  for (QuantMode mode : {QuantMode::BF16, QuantMode::W8A8, QuantMode::W4A8_G128, QuantMode::W4A16}) {
+    std::vector<uint16_t> wb;
+    perry::quant::QuantizedWeight qw;
+    if (mode == QuantMode::BF16) {
+      wb.resize(size_t(N) * K);
+      for (auto& e : wb) e = perry::f32_to_bf16(std::uniform_real_distribution<float>(-0.1f, 0.1f)(gen));
+    } else {
+      qw = make_weight(mode, N, K, gen);
+    }
+    Dev<uint16_t> dwb(wb.empty() ? std::vector<uint16_t>(1) : wb);
+    Dev<int8_t> dq8(mode == QuantMode::BF16 ? std::vector<int8_t>(1) : qw.qweight);
+    Dev<float> dsc(mode == QuantMode::BF16 ? std::vector<float>(1) : qw.scales);
+    Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
+    Dev<float> dbias(rand_f(size_t(N), gen, -0.5f, 0.5f));
+    pc::DecodeWeights w;
+    w.mode = mode;
+    w.w = mode == QuantMode::BF16 ? static_cast<const void*>(dwb.p) : static_cast<const void*>(dq8.p);
+    w.scales = mode == QuantMode::BF16 ? nullptr : dsc.p;
+    w.bias = dbias.p;
+    w.N = N;
+    w.K = K;
+    for (int pos : {20, 50, 70}) {
+      const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " pos " + std::to_string(pos);
+      Dev<pc::AttnSeq> dseq(std::vector<pc::AttnSeq>{{0, 1, pos, 1}});
+      pc::DecodeLinearArgs a;
+      a.x = dx.p;
+      a.in = pc::DecodeIn::RmsNorm;
+      a.norm_w = dnw.p;
+      a.eps = 1e-5f;
+      // Separate: Store, then decode_rope_append on the stored row.
+      Dev<float> ys(std::vector<float>(size_t(N), 0.f));
+      Dev<uint16_t> ks(cache0), vs(cache0);
+      a.y = ys.p;
+      a.out = pc::DecodeOut::Store;
+      ASSERT_NO_THROW(pc::gemv_decode(w, a, nullptr)) << what;
+      pc::decode_rope_append(ys.p, N, dseq.p, 1, 1, nh, nkv, hd, nullptr, nullptr, 1e-6f, rope.view(), cap, ks.p,
+                             vs.p, nullptr);
+      // Fused.
+      Dev<float> yf(std::vector<float>(size_t(N), 0.f));
+      Dev<uint16_t> kf(cache0), vf(cache0);
+      a.y = yf.p;
+      a.out = pc::DecodeOut::RopeKv;
+      a.rope_kv = pc::DecodeRopeKv{dseq.p, rope.view(), nh, nkv, hd, cap, kf.p, vf.p};
+      ASSERT_NO_THROW(pc::gemv_decode(w, a, nullptr)) << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      const std::vector<float> qs = ys.get(), qf = yf.get();
+      for (int i = 0; i < nh * hd; ++i)
+        ASSERT_TRUE((std::isnan(qs[size_t(i)]) && std::isnan(qf[size_t(i)])) || qs[size_t(i)] == qf[size_t(i)])
+            << what << " q " << i << ": " << qs[size_t(i)] << " vs " << qf[size_t(i)];
+      EXPECT_EQ(kf.get(), ks.get()) << what;
+      EXPECT_EQ(vf.get(), vs.get()) << what;
+      if (pos < cap) {
+        EXPECT_NE(kf.get(), cache0) << what << ": nothing stored";
+      }
+    }
+  }
+  // Arguments: N must match the head layout; the cache and the table must be given.
+  Dev<float> x(512), y(1536), nw(512), sc(1536);
+  Dev<int8_t> w8(size_t(1536) * 512);
+  Dev<pc::AttnSeq> seq(std::vector<pc::AttnSeq>{{0, 1, 3, 0}});
+  Dev<uint16_t> kc(size_t(nkv) * cap * hd), vc(size_t(nkv) * cap * hd);
+  pc::DecodeWeights dw;
+  dw.mode = QuantMode::W8A8;
+  dw.w = w8.p;
+  dw.scales = sc.p;
+  dw.N = 1536;
+  dw.K = 512;
+  pc::DecodeLinearArgs a;
+  a.x = x.p;
+  a.y = y.p;
+  a.norm_w = nw.p;
+  a.in = pc::DecodeIn::RmsNorm;
+  a.out = pc::DecodeOut::RopeKv;
+  a.rope_kv = pc::DecodeRopeKv{seq.p, rope.view(), nh, nkv, hd, cap, kc.p, vc.p};
+  EXPECT_NO_THROW(pc::gemv_decode(dw, a, nullptr));
+  a.rope_kv.nkv = 4;  // N != (nh + 2 nkv) hd
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.rope_kv.nkv = nkv;
+  a.rope_kv.k_cache = nullptr;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.rope_kv.k_cache = kc.p;
+  a.in = pc::DecodeIn::Plain;  // not built
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 }  // namespace

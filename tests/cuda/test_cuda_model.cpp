@@ -227,3 +227,30 @@ TEST(CudaErrors, ContextOverflowAndOutOfMemoryAreErrors) {
   m->forward({{0, t.data(), 8, false}}, ok, logits);
   EXPECT_TRUE(std::isfinite(logits[0]));
 }
+
+// The one-token decode path's A/B toggle PERRY_GEMV_DECODE_ROWS=1 (o_proj and down_proj with one
+// row per warp) reads the same chunks in the same order per lane, so a whole decode gives the
+// same logits bit for bit as the default.
+TEST(CudaDecodeToggles, OneRowPerWarpGivesTheSameLogits) {
+  REQUIRE_DEVICE();
+  const std::string dir = source_dir() + "/models/perry-qwen3-20m";
+  for (const char* mode : {"bf16", "w8a8", "w4a8-g128"}) {
+    std::vector<std::vector<float>> runs;
+    for (bool rows1 : {false, true}) {
+      if (rows1) setenv("PERRY_GEMV_DECODE_ROWS", "1", 1);
+      auto m = load(dir, quant::parse_quant_mode(mode), true);
+      unsetenv("PERRY_GEMV_DECODE_ROWS");
+      auto cache = m->make_cache(64, 1);
+      std::vector<int32_t> prompt = {1, 17, 42, 99, 7, 300, 12, 5};
+      std::vector<float> logits, all;
+      m->forward({{0, prompt.data(), int64_t(prompt.size()), false}}, cache, logits);
+      for (int step = 0; step < 8; ++step) {
+        const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        m->forward({{0, &next, 1, false}}, cache, logits);
+        all.insert(all.end(), logits.begin(), logits.end());
+      }
+      runs.push_back(all);
+    }
+    EXPECT_EQ(runs[0], runs[1]) << mode;
+  }
+}

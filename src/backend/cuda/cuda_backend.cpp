@@ -75,7 +75,7 @@ class CudaBackend final : public model::ForwardBackend {
   void enqueue(const Step& st);
   void enqueue_decode_one(const Step& st);
   void decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm, DecodeOut out,
-                     float* y, int rows_per_warp = 0);
+                     float* y, int rows_per_warp = 0, const DecodeRopeKv* rope_kv = nullptr);
   void run_graph(const Step& st);
   void clear_graphs();
   DeviceKv& device_kv(model::KvCache& cache);
@@ -104,6 +104,9 @@ class CudaBackend final : public model::ForwardBackend {
   // Rows per warp of the residual-accumulating decode linears (o_proj, down_proj): 0 = the
   // kernel's choice; PERRY_GEMV_DECODE_ROWS=1 or 2 forces it for A/B runs (gemv_decode.h).
   int acc_rows_per_warp_ = 0;
+  // RoPE + KV append in the q|k|v GEMV's epilogue (models without q/k norm), one kernel less a
+  // layer; PERRY_DECODE_ROPE_IN_QKV=1 until measured (gemv_decode.h, DecodeOut::RopeKv).
+  bool rope_in_qkv_ = false;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
   RopeTableView rope_view_;
@@ -184,6 +187,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
       throw Error(std::string("PERRY_GEMV_DECODE_ROWS='") + e + "': expected 1 or 2 (rows per warp)");
     acc_rows_per_warp_ = *e - '0';
   }
+  rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV");
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -385,7 +389,7 @@ void CudaBackend::clear_graphs() {
 }
 
 void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm,
-                                DecodeOut out, float* y, int rows_per_warp) {
+                                DecodeOut out, float* y, int rows_per_warp, const DecodeRopeKv* rope_kv) {
   DecodeLinearArgs a;
   a.x = x;
   a.in = in;
@@ -394,6 +398,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.y = y;
   a.out = out;
   a.rows_per_warp = rows_per_warp;
+  if (rope_kv) a.rope_kv = *rope_kv;
   gemv_decode(l.decode_weights(), a, stream_);
 }
 
@@ -416,12 +421,17 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
   embedding_lookup(embed_.get(), embed_dtype_, H, d_tok, 1, x, stream_, V);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
-    decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::Store, qkv);
     uint16_t* kc = kv.k.get<uint16_t>() + l * kv.layer_elems;
     uint16_t* vc = kv.v.get<uint16_t>() + l * kv.layer_elems;
-    decode_rope_append(qkv, Q + 2 * KV, d_seq, 1, 1, nh, nkv, hd, cfg_.qk_norm ? L.q_norm.get<float>() : nullptr,
-                       cfg_.qk_norm ? L.k_norm.get<float>() : nullptr, float(cfg_.rms_norm_eps), rope_view_, st.cap,
-                       kc, vc, stream_);
+    if (rope_in_qkv_) {
+      const DecodeRopeKv rk{d_seq, rope_view_, nh, nkv, hd, st.cap, kc, vc};
+      decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::RopeKv, qkv, 0, &rk);
+    } else {
+      decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::Store, qkv);
+      decode_rope_append(qkv, Q + 2 * KV, d_seq, 1, 1, nh, nkv, hd, cfg_.qk_norm ? L.q_norm.get<float>() : nullptr,
+                         cfg_.qk_norm ? L.k_norm.get<float>() : nullptr, float(cfg_.rms_norm_eps), rope_view_, st.cap,
+                         kc, vc, stream_);
+    }
     attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
                      attn_ws_.bytes(), stream_);
     decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x, acc_rows_per_warp_);

@@ -37,7 +37,7 @@ constexpr int kMaxK = 32768;
 
 enum WKind : int { kWBf16 = 0, kWI8 = 1, kWI4 = 2 };
 enum InKind : int { kInNorm = 0, kInPlain = 1 };
-enum OutKind : int { kOutStore = 0, kOutAcc = 1, kOutSwiglu = 2 };
+enum OutKind : int { kOutStore = 0, kOutAcc = 1, kOutSwiglu = 2, kOutRopeKv = 3 };
 
 struct Params {
   const uint8_t* w;
@@ -48,6 +48,7 @@ struct Params {
   const float* norm_w;
   float eps;
   float* y;
+  DecodeRopeKv rk;  // kOutRopeKv only
 };
 
 template <int kW>
@@ -226,11 +227,22 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
 }
 
 // Physical weight row r (0..kR-1) of the warp's slot in group g; -1 when past the end.
+// SwiGLU: slot j holds gate row j and up row j + N/2. RopeKv: slots [0, (nh + nkv)·hd/2) hold the
+// RoPE pairs (i, i + hd/2) of the q and k heads, the rest two consecutive v rows each.
 template <int kOut, int kR>
-__device__ __forceinline__ int row_of(int g, int warp, int r, int N) {
+__device__ __forceinline__ int row_of(int g, int warp, int r, const Params& p) {
+  const int N = p.N;
   if constexpr (kOut == kOutSwiglu) {
     const int half = N / 2, j = g * kWarps + warp;
     return j < half ? j + r * half : -1;
+  } else if constexpr (kOut == kOutRopeKv) {
+    const int hd = p.rk.hd, half = hd / 2, j = g * kWarps + warp, qk_pairs = (p.rk.nh + p.rk.nkv) * half;
+    if (j < qk_pairs) {
+      const int head = j / half;
+      return head * hd + (j - head * half) + r * half;
+    }
+    const int n = qk_pairs * 2 + 2 * (j - qk_pairs) + r;
+    return n < N ? n : -1;
   } else {
     const int n = (g * kWarps + warp) * kR + r;
     return n < N ? n : -1;
@@ -238,14 +250,50 @@ __device__ __forceinline__ int row_of(int g, int warp, int r, int N) {
 }
 template <int kOut, int kR>
 __host__ __device__ __forceinline__ int n_groups(int N) {
-  return kOut == kOutSwiglu ? (N / 2 + kWarps - 1) / kWarps : (N + kWarps * kR - 1) / (kWarps * kR);
+  return kOut == kOutSwiglu || kOut == kOutRopeKv ? (N / 2 + kWarps - 1) / kWarps
+                                                   : (N + kWarps * kR - 1) / (kWarps * kR);
+}
+
+// The RopeKv epilogue of warp slot j (lane 0): the q pair rotated into y, the k pair rotated and
+// the v pair stored into the layer's cache at the token's position — decode_rope_append's
+// operations on the same fp32 values, so the same bits.
+__device__ void rope_kv_store(const Params& p, int j, const int (&rows)[2], const float (&val)[2]) {
+  const DecodeRopeKv& rk = p.rk;
+  const AttnSeq sq = rk.seq[0];
+  const int pos = sq.pos0, hd = rk.hd, half = hd / 2, qk_pairs = (rk.nh + rk.nkv) * half;
+  const bool store = pos >= 0 && pos < rk.capacity;
+  if (j < qk_pairs) {
+    const int head = j / half, i = j - head * half;
+    float ra, rb;
+    if (pos >= 0 && pos < rk.rope.max_pos) {
+      rope_rotate(val[0], val[1], rk.rope.cos[(long long)pos * half + i], rk.rope.sin[(long long)pos * half + i], ra,
+                  rb);
+    } else {
+      ra = rb = __int_as_float(0x7fc00000);
+    }
+    if (head < rk.nh) {
+      p.y[rows[0]] = ra, p.y[rows[1]] = rb;
+    } else if (store) {
+      const size_t off = (((size_t)sq.slot * rk.nkv + (head - rk.nh)) * rk.capacity + (size_t)pos) * hd;
+      rk.k_cache[off + i] = bf16_bits(ra);
+      rk.k_cache[off + i + half] = bf16_bits(rb);
+    }
+  } else if (store) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (rows[r] < 0) continue;
+      const int dv = rows[r] - 2 * qk_pairs, vh = dv / hd;
+      rk.v_cache[(((size_t)sq.slot * rk.nkv + vh) * rk.capacity + (size_t)pos) * hd + (dv - vh * hd)] =
+          bf16_bits(val[r]);
+    }
+  }
 }
 
 // kR rows per warp, kU 16-byte chunks per row per lane in flight (module comment). SwiGLU needs
 // kR = 2 (the gate and the up row of one output).
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU>
 __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
-  static_assert(kOut != kOutSwiglu || kR == 2, "SwiGLU pairs the gate and up rows in one warp");
+  static_assert((kOut != kOutSwiglu && kOut != kOutRopeKv) || kR == 2, "SwiGLU / RopeKv pair two rows in one warp");
   extern __shared__ __align__(16) uint8_t xs[];
   constexpr int kPer = per_chunk<kW>();
   constexpr bool kIntAcc = kXI8 && !kGrouped;
@@ -265,7 +313,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   auto load_step = [&](int gg, int ii, uint4 (&wc)[kU][kR]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const int n = row_of<kOut, kR>(gg, warp, r, p.N);
+      const int n = row_of<kOut, kR>(gg, warp, r, p);
       const uint8_t* wr = p.w + (long long)(n >= 0 ? n : 0) * row_bytes;  // row 0: valid memory, never stored
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
@@ -278,7 +326,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
     for (int off = lane * 128; off < kR * kWin; off += 32 * 128) {
       const int r = int(off / kWin);
       const long long o = ii * kWin + off % kWin;
-      const int n = row_of<kOut, kR>(gg, warp, r, p.N);
+      const int n = row_of<kOut, kR>(gg, warp, r, p);
       if (n >= 0 && o < row_bytes) prefetch_l2(p.w + n * row_bytes + o);
     }
   };
@@ -293,7 +341,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
     load_step(g, 0, cur);
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const int n = row_of<kOut, kR>(g, warp, r, p.N);
+      const int n = row_of<kOut, kR>(g, warp, r, p);
       if (n >= 0)
         for (long long off = kWin + 128LL * lane; off < row_bytes; off += 32 * 128) prefetch_l2(p.w + n * row_bytes + off);
     }
@@ -322,7 +370,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
     }
     int rows[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut, kR>(g, warp, r, p.N);
+    for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut, kR>(g, warp, r, p);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = it * 32 * kU + u * 32 + lane;
@@ -421,6 +469,8 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
       if (lane == 0) {
         if constexpr (kOut == kOutSwiglu) {
           p.y[rows[0]] = swiglu_one(val[0], val[1]);
+        } else if constexpr (kOut == kOutRopeKv) {
+          rope_kv_store(p, g * kWarps + warp, rows, val);
         } else {
 #pragma unroll
           for (int r = 0; r < kR; ++r) {
@@ -471,6 +521,7 @@ template <int kW, bool kXI8, bool kGrouped>
 void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp, const char* name, cudaStream_t s) {
   if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, name, s);
   if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, name, s);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, name, s);
   if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) {
     // One row per warp, twice the chunks per lane: the same bytes in flight per warp, twice the
     // warps for a given N (o_proj / down_proj have N = hidden = few row groups; see
@@ -478,7 +529,8 @@ void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp,
     if (rows_per_warp == 1) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc, 1, 8>(p, name, s);
     return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
   }
-  throw Error(std::string(name) + ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, Plain+Accumulate)");
+  throw Error(std::string(name) +
+              ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, RmsNorm+RopeKv, Plain+Accumulate)");
 }
 
 }  // namespace
@@ -496,6 +548,14 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   if (!gemv_decode_supports(w.mode, w.K)) throw Error(where + ": unsupported mode or K (need K % 32 == 0, K <= 32768)");
   if (w.N < 1 || (a.out == DecodeOut::SwiGLU && w.N % 2 != 0)) throw Error(where + ": bad N (SwiGLU needs an even N)");
   if (!w.w || !a.x || !a.y || (a.in == DecodeIn::RmsNorm && !a.norm_w)) throw Error(where + ": null pointer");
+  if (a.out == DecodeOut::RopeKv) {
+    const DecodeRopeKv& rk = a.rope_kv;
+    if (!rk.seq || !rk.rope.cos || !rk.rope.sin || !rk.k_cache || !rk.v_cache)
+      throw Error(where + ": RopeKv needs the sequence, the RoPE table and the layer's k / v cache");
+    if (rk.nh < 1 || rk.nkv < 1 || rk.hd < 2 || rk.hd % 2 != 0 || rk.capacity < 1 || rk.rope.head_dim != rk.hd ||
+        int64_t(w.N) != int64_t(rk.nh + 2 * rk.nkv) * rk.hd)
+      throw Error(where + ": RopeKv needs N = (nh + 2·nkv)·hd, an even hd equal to the RoPE table's, capacity >= 1");
+  }
   if (a.rows_per_warp != 0 && a.rows_per_warp != 2 && !(a.rows_per_warp == 1 && a.out == DecodeOut::Accumulate))
     throw Error(where + ": rows_per_warp must be 0 or 2 (or 1 with Accumulate), got " + std::to_string(a.rows_per_warp));
   if (!quant_args::aligned(w.w, 16) || !quant_args::aligned(a.x, 16) || (a.norm_w && !quant_args::aligned(a.norm_w, 16)))
@@ -510,6 +570,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.norm_w = a.norm_w;
   p.eps = a.eps;
   p.y = a.y;
+  p.rk = a.rope_kv;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");

@@ -9,6 +9,10 @@
 //           Accumulate  y[n] += x·w[n] (+ bias[n])  (the residual add)          y fp32 [N]
 //           SwiGLU      rows [0, N/2) are the gate, [N/2, N) the up projection:
 //                       y[j] = silu(gate_j)·up_j                                y fp32 [N/2]
+//           RopeKv      the q|k|v projection of a model without q/k norm (DecodeRopeKv): q
+//                       RoPE'd into y [nh·hd], k RoPE'd and v stored as bf16 into the cache at
+//                       the token's position — decode_rope_append's work, same bits; the k and
+//                       v rows of y are not written
 //
 // The results are those of the separate kernels: rms_norm / swiglu / quantize_per_token, then
 // gemv_quant (quantized modes, same math and scale placement) or a bf16 GEMV with fp32
@@ -28,6 +32,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention.h"
 #include "quant/quant.h"
 
 namespace perry::cuda {
@@ -41,7 +46,19 @@ struct DecodeWeights {
 };
 
 enum class DecodeIn : uint8_t { RmsNorm, Plain };
-enum class DecodeOut : uint8_t { Store, Accumulate, SwiGLU };
+enum class DecodeOut : uint8_t { Store, Accumulate, SwiGLU, RopeKv };
+
+// What DecodeOut::RopeKv needs besides y: the one sequence (device; pos0 = the token's position,
+// slot = its cache slot), the RoPE table, the head layout and this layer's bf16 caches
+// [n_slots][nkv][capacity][hd] (attention.h). A position past the table gives NaN q / k (as
+// decode_rope_append); one past the capacity is not stored.
+struct DecodeRopeKv {
+  const AttnSeq* seq = nullptr;
+  RopeTableView rope;
+  int nh = 0, nkv = 0, hd = 0, capacity = 0;
+  uint16_t* k_cache = nullptr;
+  uint16_t* v_cache = nullptr;
+};
 
 struct DecodeLinearArgs {
   const float* x = nullptr;       // fp32 [K], must not alias y
@@ -56,6 +73,7 @@ struct DecodeLinearArgs {
   // decode-run7-profile.md). Not yet measured, so not the default: PERRY_GEMV_DECODE_ROWS=1 sets
   // it in the CUDA backend for A/B runs.
   int rows_per_warp = 0;
+  DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
