@@ -28,6 +28,27 @@ struct Case {
   int N, K;
 };
 
+// A linear's weights on the device as gemv_decode reads them: bf16 bits (BF16) or the quantized
+// bytes and their scales.
+struct DeviceWeights {
+  Dev<uint16_t> wb;
+  Dev<int8_t> q;
+  Dev<float> sc;
+  pc::DecodeWeights w;
+  DeviceWeights(QuantMode mode, const std::vector<uint16_t>& bf16, const perry::quant::QuantizedWeight& qw, int N,
+                int K, const float* bias)
+      : wb(bf16.empty() ? std::vector<uint16_t>(1) : bf16),
+        q(mode == QuantMode::BF16 ? std::vector<int8_t>(1) : qw.qweight),
+        sc(mode == QuantMode::BF16 ? std::vector<float>(1) : qw.scales) {
+    w.mode = mode;
+    w.w = mode == QuantMode::BF16 ? static_cast<const void*>(wb.p) : static_cast<const void*>(q.p);
+    w.scales = mode == QuantMode::BF16 ? nullptr : sc.p;
+    w.bias = bias;
+    w.N = N;
+    w.K = K;
+  }
+};
+
 // The linear's input as the CPU computes it: RMSNorm (or the row as it is), then int8 per token
 // or bf16. Returned as an Act for the float64 reference.
 Act host_input(const std::vector<float>& x, const std::vector<float>& nw, bool norm, float eps) {
@@ -94,16 +115,8 @@ void run_case(QuantMode mode, Case c, pc::DecodeIn in, pc::DecodeOut out, int ro
   std::vector<float> y0(static_cast<size_t>(N));
   for (auto& e : y0) e = nd(gen);
   Dev<float> dy(y0);
-  Dev<uint16_t> dwb(wb.empty() ? std::vector<uint16_t>(1) : wb);
-  Dev<int8_t> dq8(mode == QuantMode::BF16 ? std::vector<int8_t>(1) : qw.qweight);
-  Dev<float> dsc(mode == QuantMode::BF16 ? std::vector<float>(1) : qw.scales);
-  pc::DecodeWeights w;
-  w.mode = mode;
-  w.w = mode == QuantMode::BF16 ? static_cast<const void*>(dwb.p) : static_cast<const void*>(dq8.p);
-  w.scales = mode == QuantMode::BF16 ? nullptr : dsc.p;
-  w.bias = dbias.p;
-  w.N = N;
-  w.K = K;
+  const DeviceWeights dw(mode, wb, qw, N, K, dbias.p);
+  const pc::DecodeWeights& w = dw.w;
   pc::DecodeLinearArgs args;
   args.x = dx.p;
   args.in = in;
@@ -159,32 +172,44 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
         run_case(m, c, f.in, f.out, f.rows_per_warp, gen);
 }
 
+// A W8A8 N×K linear (random weights, scales, input) with RMSNorm input, for argument checks.
+struct SmallLinear {
+  Dev<float> x, y, nw, sc;
+  Dev<int8_t> w;
+  pc::DecodeWeights dw;
+  pc::DecodeLinearArgs a;
+  SmallLinear(int N, int K, std::mt19937& g)
+      : x(rand_f(size_t(K), g, -1.f, 1.f)), y(size_t(N)), nw(rand_f(size_t(K), g, 0.5f, 1.5f)),
+        sc(rand_f(size_t(N), g, 0.01f, 0.02f)), w(rand_i8(size_t(N) * K, g)) {
+    dw.mode = QuantMode::W8A8;
+    dw.w = w.p;
+    dw.scales = sc.p;
+    dw.N = N;
+    dw.K = K;
+    a.x = x.p;
+    a.y = y.p;
+    a.norm_w = nw.p;
+    a.in = pc::DecodeIn::RmsNorm;
+  }
+};
+
 TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   REQUIRE_GPU();
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 1000));  // K % 32
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 65536));
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::F32, 4096));
   EXPECT_TRUE(pc::gemv_decode_supports(QuantMode::W4A8_G128, 4096));
-  Dev<float> x(64), y(64), nw(64);
-  Dev<int8_t> w(64 * 64);
-  Dev<float> sc(64);
-  pc::DecodeWeights dw;
-  dw.mode = QuantMode::W8A8;
-  dw.w = w.p;
-  dw.scales = sc.p;
+  std::mt19937 gen(5);
+  SmallLinear L(64, 64, gen);
+  pc::DecodeWeights& dw = L.dw;
+  pc::DecodeLinearArgs& a = L.a;
   dw.N = 63;
-  dw.K = 64;
-  pc::DecodeLinearArgs a;
-  a.x = x.p;
-  a.y = y.p;
-  a.norm_w = nw.p;
-  a.in = pc::DecodeIn::RmsNorm;
   a.out = pc::DecodeOut::SwiGLU;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);  // odd N with SwiGLU
   dw.N = 64;
   a.x = nullptr;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
-  a.x = x.p;
+  a.x = L.x.p;
   a.in = pc::DecodeIn::Plain;
   a.out = pc::DecodeOut::Store;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);  // a form that is not built
@@ -275,18 +300,10 @@ TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
     } else {
       qw = make_weight(mode, N, K, gen);
     }
-    Dev<uint16_t> dwb(wb.empty() ? std::vector<uint16_t>(1) : wb);
-    Dev<int8_t> dq8(mode == QuantMode::BF16 ? std::vector<int8_t>(1) : qw.qweight);
-    Dev<float> dsc(mode == QuantMode::BF16 ? std::vector<float>(1) : qw.scales);
     Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
     Dev<float> dbias(rand_f(size_t(N), gen, -0.5f, 0.5f));
-    pc::DecodeWeights w;
-    w.mode = mode;
-    w.w = mode == QuantMode::BF16 ? static_cast<const void*>(dwb.p) : static_cast<const void*>(dq8.p);
-    w.scales = mode == QuantMode::BF16 ? nullptr : dsc.p;
-    w.bias = dbias.p;
-    w.N = N;
-    w.K = K;
+    const DeviceWeights dw(mode, wb, qw, N, K, dbias.p);
+    const pc::DecodeWeights& w = dw.w;
     for (int pos : {20, 50, 70}) {
       const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " pos " + std::to_string(pos);
       Dev<pc::AttnSeq> dseq(std::vector<pc::AttnSeq>{{0, 1, pos, 1}});
@@ -323,21 +340,11 @@ TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
     }
   }
   // Arguments: N must match the head layout; the cache and the table must be given.
-  Dev<float> x(512), y(1536), nw(512), sc(1536);
-  Dev<int8_t> w8(size_t(1536) * 512);
+  SmallLinear L(N, K, gen);
+  pc::DecodeWeights& dw = L.dw;
+  pc::DecodeLinearArgs& a = L.a;
   Dev<pc::AttnSeq> seq(std::vector<pc::AttnSeq>{{0, 1, 3, 0}});
-  Dev<uint16_t> kc(size_t(nkv) * cap * hd), vc(size_t(nkv) * cap * hd);
-  pc::DecodeWeights dw;
-  dw.mode = QuantMode::W8A8;
-  dw.w = w8.p;
-  dw.scales = sc.p;
-  dw.N = 1536;
-  dw.K = 512;
-  pc::DecodeLinearArgs a;
-  a.x = x.p;
-  a.y = y.p;
-  a.norm_w = nw.p;
-  a.in = pc::DecodeIn::RmsNorm;
+  Dev<uint16_t> kc(cache0), vc(cache0);
   a.out = pc::DecodeOut::RopeKv;
   a.rope_kv = pc::DecodeRopeKv{seq.p, rope.view(), nh, nkv, hd, cap, kc.p, vc.p};
   EXPECT_NO_THROW(pc::gemv_decode(dw, a, nullptr));
