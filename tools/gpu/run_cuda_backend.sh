@@ -161,6 +161,8 @@ decode_ab() {
       separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_FUSED_DECODE=1) ;;
       nopdl) [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_PDL=1) ;;
       rows1) env=(PERRY_GEMV_DECODE_ROWS=1) ;;  # o / down: one row per warp, 8 chunks a lane
+      ropeqkv) env=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama)
+      both) env=(PERRY_GEMV_DECODE_ROWS=1 PERRY_DECODE_ROPE_IN_QKV=1) ;;
       *) say "- unknown decode variant $v"; continue ;;
     esac
     timeout 150 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b 1 16 -n 64 -r 3 \
