@@ -49,6 +49,19 @@ struct DeviceWeights {
   }
 };
 
+// Random weights of `mode` (bf16 values in [-0.1, 0.1], or make_weight's rows) on the device.
+DeviceWeights random_weights(QuantMode mode, int N, int K, std::mt19937& gen, const float* bias) {
+  std::vector<uint16_t> wb;
+  perry::quant::QuantizedWeight qw;
+  if (mode == QuantMode::BF16) {
+    wb.resize(size_t(N) * K);
+    for (auto& e : wb) e = perry::f32_to_bf16(std::uniform_real_distribution<float>(-0.1f, 0.1f)(gen));
+  } else {
+    qw = make_weight(mode, N, K, gen);
+  }
+  return DeviceWeights(mode, wb, qw, N, K, bias);
+}
+
 // The linear's input as the CPU computes it: RMSNorm (or the row as it is), then int8 per token
 // or bf16. Returned as an Act for the float64 reference.
 Act host_input(const std::vector<float>& x, const std::vector<float>& nw, bool norm, float eps) {
@@ -193,6 +206,37 @@ struct SmallLinear {
   }
 };
 
+// One row per warp (8 chunks a lane) gives the same bits as two (4 chunks a lane): every lane
+// accumulates the same chunks in the same order — checked exactly where rows take several steps.
+TEST(CudaGemvDecode, OneRowPerWarpIsBitIdentical) {
+  REQUIRE_GPU();
+  std::mt19937 gen(8);
+  std::vector<QuantMode> modes(std::begin(kAllModes), std::end(kAllModes));
+  modes.push_back(QuantMode::BF16);
+  for (QuantMode mode : modes)
+    for (int K : {4096, 8192, 14336}) {
+      const int N = 200;
+      Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f));
+      const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
+      const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
+      std::vector<float> out[2];
+      for (int rows : {0, 1}) {
+        Dev<float> dy(y0);
+        pc::DecodeLinearArgs a;
+        a.x = dx.p;
+        a.in = pc::DecodeIn::Plain;
+        a.y = dy.p;
+        a.out = pc::DecodeOut::Accumulate;
+        a.rows_per_warp = rows;
+        ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        out[rows] = dy.get();
+      }
+      EXPECT_EQ(out[0], out[1]) << perry::quant::quant_mode_name(mode) << " K=" << K;
+      EXPECT_NE(out[0], y0) << "nothing accumulated";
+    }
+}
+
 TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   REQUIRE_GPU();
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 1000));  // K % 32
@@ -292,17 +336,9 @@ TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
   std::vector<uint16_t> cache0(size_t(slots) * nkv * cap * hd);
   for (auto& e : cache0) e = uint16_t(gen());
   for (QuantMode mode : {QuantMode::BF16, QuantMode::W8A8, QuantMode::W4A8_G128, QuantMode::W4A16}) {
-    std::vector<uint16_t> wb;
-    perry::quant::QuantizedWeight qw;
-    if (mode == QuantMode::BF16) {
-      wb.resize(size_t(N) * K);
-      for (auto& e : wb) e = perry::f32_to_bf16(std::uniform_real_distribution<float>(-0.1f, 0.1f)(gen));
-    } else {
-      qw = make_weight(mode, N, K, gen);
-    }
     Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
     Dev<float> dbias(rand_f(size_t(N), gen, -0.5f, 0.5f));
-    const DeviceWeights dw(mode, wb, qw, N, K, dbias.p);
+    const DeviceWeights dw = random_weights(mode, N, K, gen, dbias.p);
     const pc::DecodeWeights& w = dw.w;
     for (int pos : {20, 50, 70}) {
       const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " pos " + std::to_string(pos);

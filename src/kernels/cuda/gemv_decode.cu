@@ -261,7 +261,7 @@ __device__ void rope_kv_store(const Params& p, int j, const int (&rows)[2], cons
   const DecodeRopeKv& rk = p.rk;
   const AttnSeq sq = rk.seq[0];
   const int pos = sq.pos0, hd = rk.hd, half = hd / 2, qk_pairs = (rk.nh + rk.nkv) * half;
-  const bool store = pos >= 0 && pos < rk.capacity;
+  const bool store = sq.slot >= 0 && pos >= 0 && pos < rk.capacity;
   if (j < qk_pairs) {
     const int head = j / half, i = j - head * half;
     float ra, rb;
