@@ -171,7 +171,7 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
     if constexpr (kIn == kInNorm) {
       ss = block_all_reduce(ss, SumOp{});  // its barriers also publish the staging
       inv = float(1.0 / sqrt(ss / double(K) + double(p.eps)));
-      // Pass 2 (staging): normalized in place; amax for int8.
+      // Pass 2 (staging): normalized — straight to bf16, or in place with its amax for int8.
       for (int o = threadIdx.x; o < octets; o += kThreads) {
         float v[8], w[8];
         load_octet(xf + 8 * o, v);
@@ -179,17 +179,13 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           v[j] = norm_one(v[j], inv, w[j]);
-          amax = fmaxf(amax, fabsf(v[j]));
+          if constexpr (kXI8) amax = fmaxf(amax, fabsf(v[j]));
         }
-        store_octet(xf + 8 * o, v);  // each thread reads back only its own octets below
+        if constexpr (kXI8) store_octet(xf + 8 * o, v);  // each thread reads back only its own octets below
+        else store_bf16_octet(xs + 16 * o, v);
       }
     }
-    if constexpr (!kXI8) {  // bf16 of the normalized row
-      for (int o = threadIdx.x; o < octets; o += kThreads) {
-        float v[8];
-        load_octet(xf + 8 * o, v);
-        store_bf16_octet(xs + 16 * o, v);
-      }
+    if constexpr (!kXI8) {
       __syncthreads();
       return 0.0f;
     } else {

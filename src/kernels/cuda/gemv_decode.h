@@ -49,9 +49,10 @@ enum class DecodeIn : uint8_t { RmsNorm, Plain };
 enum class DecodeOut : uint8_t { Store, Accumulate, SwiGLU, RopeKv };
 
 // What DecodeOut::RopeKv needs besides y: the one sequence (device; seq[0] is the token's row:
-// pos0 = its position, slot = its cache slot, nothing stored for a negative slot), the RoPE table, the head layout and this layer's bf16 caches
-// [n_slots][nkv][capacity][hd] (attention.h). A position past the table gives NaN q / k (as
-// decode_rope_append); one past the capacity is not stored.
+// pos0 = its position, slot = its cache slot, nothing stored for a negative slot), the RoPE
+// table, the head layout and this layer's bf16 caches [n_slots][nkv][capacity][hd]
+// (attention.h). A position past the table gives NaN q / k (as decode_rope_append); one past the
+// capacity is not stored.
 struct DecodeRopeKv {
   const AttnSeq* seq = nullptr;
   RopeTableView rope;
