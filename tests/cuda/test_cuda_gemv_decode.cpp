@@ -237,6 +237,58 @@ TEST(CudaGemvDecode, OneRowPerWarpIsBitIdentical) {
     }
 }
 
+// Bulk-copied weights (a ring of shared-memory stages per warp) give the same bits as register
+// loads: the lanes see the same chunks in the same order. Every mode and fused form, blocks that
+// loop over several row groups (N = 6000) and rows of many steps (K = 14336: the ring wraps, its
+// barriers change phase many times), tail groups (N = 200), and more stages than fit (16: fewer
+// are used).
+TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
+  REQUIRE_GPU();
+  std::mt19937 gen(90);
+  std::vector<QuantMode> modes(std::begin(kAllModes), std::end(kAllModes));
+  modes.push_back(QuantMode::BF16);
+  const struct {
+    pc::DecodeIn in;
+    pc::DecodeOut out;
+    int rows_per_warp;
+  } forms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store, 0},
+               {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU, 0},
+               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 0},
+               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 1}};
+  for (QuantMode mode : modes)
+    for (Case c : {Case{6000, 4096}, Case{200, 14336}, Case{34, 1056}})
+      for (const auto& f : forms) {
+        const int N = c.N, K = c.K;
+        Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
+        const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
+        const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
+        std::vector<float> base;
+        for (int stages : {0, 2, 4, 16}) {
+          Dev<float> dy(y0);
+          pc::DecodeLinearArgs a;
+          a.x = dx.p;
+          a.in = f.in;
+          a.norm_w = dnw.p;
+          a.eps = 1e-5f;
+          a.y = dy.p;
+          a.out = f.out;
+          a.rows_per_warp = f.rows_per_warp;
+          a.bulk_stages = stages;
+          const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
+                                   " K=" + std::to_string(K) + " out=" + std::to_string(int(f.out)) +
+                                   " rows/warp=" + std::to_string(f.rows_per_warp) + " stages=" + std::to_string(stages);
+          ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+          if (stages == 0) {
+            base = dy.get();
+            EXPECT_NE(base, y0) << what << ": nothing written";
+          } else {
+            EXPECT_EQ(dy.get(), base) << what;
+          }
+        }
+      }
+}
+
 TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   REQUIRE_GPU();
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 1000));  // K % 32
@@ -263,6 +315,11 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   a.in = pc::DecodeIn::Plain;
   a.out = pc::DecodeOut::Accumulate;
   a.rows_per_warp = 3;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.rows_per_warp = 0;
+  a.bulk_stages = -1;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.bulk_stages = 17;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 
@@ -362,6 +419,7 @@ TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
       a.y = yf.p;
       a.out = pc::DecodeOut::RopeKv;
       a.rope_kv = pc::DecodeRopeKv{dseq.p, rope.view(), nh, nkv, hd, cap, kf.p, vf.p};
+      a.bulk_stages = pos == 50 ? 4 : 0;  // the fused form with bulk-copied weights too
       ASSERT_NO_THROW(pc::gemv_decode(w, a, nullptr)) << what;
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
       const std::vector<float> qs = ys.get(), qf = yf.get();

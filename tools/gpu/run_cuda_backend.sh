@@ -156,15 +156,20 @@ decode_ab() {
   fi
   for mv in $pairs; do
     m=${mv%%:*} v=${mv#*:}
-    case $v in
-      fused) env=() ;;
-      separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_FUSED_DECODE=1) ;;
-      nopdl) [ "$m" = w4a8-g128 ] || continue; env=(PERRY_NO_PDL=1) ;;
-      rows1) env=(PERRY_GEMV_DECODE_ROWS=1) ;;  # o / down: one row per warp, 8 chunks a lane
-      ropeqkv) env=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama)
-      both) env=(PERRY_GEMV_DECODE_ROWS=1 PERRY_DECODE_ROPE_IN_QKV=1) ;;
-      *) say "- unknown decode variant $v"; continue ;;
-    esac
+    # A variant is fused (as it is) or '+'-joined switches, e.g. stages4+rows1.
+    env=()
+    for sw in ${v//+/ }; do
+      case $sw in
+        fused) ;;
+        separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue 2; env+=(PERRY_NO_FUSED_DECODE=1) ;;
+        nopdl) env+=(PERRY_NO_PDL=1) ;;
+        rows1) env+=(PERRY_GEMV_DECODE_ROWS=1) ;;  # o / down: one row per warp, 8 chunks a lane
+        ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama)
+        both) env+=(PERRY_GEMV_DECODE_ROWS=1 PERRY_DECODE_ROPE_IN_QKV=1) ;;
+        stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
+        *) say "- unknown decode variant $v"; continue 2 ;;
+      esac
+    done
     timeout 150 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b 1 16 -n 64 -r 3 \
       -o "$T/dec-$m-$v" > "$T/dec-$m-$v.log" 2>&1
     say "- $m $v (exit $?): $(grep 'decode b=' "$T/dec-$m-$v.md" 2>/dev/null | cut -d'|' -f3,5,6 | tr -s ' ' | tr '\n' ' ')"

@@ -107,6 +107,9 @@ class CudaBackend final : public model::ForwardBackend {
   // RoPE + KV append in the q|k|v GEMV's epilogue (models without q/k norm), one kernel less a
   // layer; PERRY_DECODE_ROPE_IN_QKV=1 until measured (gemv_decode.h, DecodeOut::RopeKv).
   bool rope_in_qkv_ = false;
+  // Bulk-copy ring stages per warp of every decode linear (0 = register loads);
+  // PERRY_GEMV_DECODE_STAGES=n until measured (gemv_decode.h, DecodeLinearArgs::bulk_stages).
+  int decode_bulk_stages_ = 0;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
   RopeTableView rope_view_;
@@ -188,6 +191,13 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
     acc_rows_per_warp_ = *e - '0';
   }
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV");
+  if (const char* e = std::getenv("PERRY_GEMV_DECODE_STAGES"); e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (*end || v < 0 || v > 16 || v == 1)
+      throw Error(std::string("PERRY_GEMV_DECODE_STAGES='") + e + "': expected 0 (register loads) or 2..16 (bulk-copy stages)");
+    decode_bulk_stages_ = int(v);
+  }
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -398,6 +408,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.y = y;
   a.out = out;
   a.rows_per_warp = rows_per_warp;
+  a.bulk_stages = decode_bulk_stages_;
   if (rope_kv) a.rope_kv = *rope_kv;
   gemv_decode(l.decode_weights(), a, stream_);
 }

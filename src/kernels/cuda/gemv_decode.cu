@@ -13,6 +13,7 @@
 #include <atomic>
 #include <string>
 
+#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/device_query.h"
 #include "kernels/cuda/elementwise_device.cuh"
@@ -49,6 +50,7 @@ struct Params {
   float eps;
   float* y;
   DecodeRopeKv rk;  // kOutRopeKv only
+  int stages;       // bulk-copy kernels: ring stages per warp
 };
 
 template <int kW>
@@ -92,6 +94,20 @@ __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, i
   l.nw_staged = in_kind == kInNorm && K <= kMaxStagedNormK;
   l.total = l.nw + (l.nw_staged ? 4 * K : 0);
   return l;
+}
+
+// Bulk-copy kernels: after the prologue's bytes, each warp's ring of `stages` stages of one step
+// (kR rows × kU·512 bytes), then its `stages` mbarriers.
+constexpr int kStageBytes = 4096;  // kR·kU·512 for both (kR, kU) = (2, 4) and (1, 8)
+struct RingLayout {
+  int ring, bars, total;
+};
+__host__ __device__ inline RingLayout ring_layout(int prologue_bytes, int stages) {
+  RingLayout r;
+  r.ring = (prologue_bytes + 127) / 128 * 128;
+  r.bars = r.ring + kWarps * stages * kStageBytes;
+  r.total = r.bars + kWarps * stages * 8;
+  return r;
 }
 
 __device__ __forceinline__ void load_octet(const float* p, float (&v)[8]) {
@@ -286,10 +302,21 @@ __device__ void rope_kv_store(const Params& p, int j, const int (&rows)[2], cons
 }
 
 // kR rows per warp, kU 16-byte chunks per row per lane in flight (module comment). SwiGLU needs
-// kR = 2 (the gate and the up row of one output).
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU>
+// kR = 2 (the gate and the up row of one output). kBulk: the weights arrive by bulk copies into
+// the warp's ring of p.stages shared-memory stages (lane 0 keeps the ring full, the warp reads a
+// stage into registers and hands it back), so a warp has p.stages steps in flight instead of one
+// or two — sm_90+ only.
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk>
 __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   static_assert((kOut != kOutSwiglu && kOut != kOutRopeKv) || kR == 2, "SwiGLU / RopeKv pair two rows in one warp");
+  static_assert(kR * kU * 512 == kStageBytes, "one step is one ring stage");
+#ifndef PERRY_BULK_COPY
+  if constexpr (kBulk) {  // never launched below sm_90 (the host checks the device)
+    __trap();
+    return;
+  } else
+#endif
+  {
   extern __shared__ __align__(16) uint8_t xs[];
   constexpr int kPer = per_chunk<kW>();
   constexpr bool kIntAcc = kXI8 && !kGrouped;
@@ -303,7 +330,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   // them in registers — step s + 1 is loaded before step s is computed and reduced; the others
   // (int4, grouped, weight-only: the extra registers cost more occupancy than they bought)
   // prefetch step s + 1 into L2 instead.
-  constexpr bool kPipe = kW == kWBf16 || (kW == kWI8 && kXI8 && !kGrouped);
+  constexpr bool kPipe = !kBulk && (kW == kWBf16 || (kW == kWI8 && kXI8 && !kGrouped));
   const int iters = (nchunks + 32 * kU - 1) / (32 * kU);
   constexpr long long kWin = 32LL * kU * 16;  // bytes of one row in one step
   auto load_step = [&](int gg, int ii, uint4 (&wc)[kU][kR]) {
@@ -329,11 +356,42 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
 
   // Before the wait (weights do not depend on earlier kernels): the first step into registers,
   // the rest of the block's first rows into L2 — their fetch overlaps the previous kernel's tail
-  // and this block's input prologue.
+  // and this block's input prologue. Bulk: the first p.stages steps into the ring instead.
   const bool active = blockIdx.x < groups;
   int g = blockIdx.x, it = 0;
   uint4 cur[kU][kR];
-  if (active) {
+#ifdef PERRY_BULK_COPY
+  // Bulk-copy ring: step s (the flat (group, chunk window) sequence) goes to stage s % stages.
+  const int nsteps = active ? ((groups - 1 - int(blockIdx.x)) / int(gridDim.x) + 1) * iters : 0;
+  const RingLayout rl = ring_layout(smem_layout(p.K, kW, kXI8, kIn).total, p.stages);
+  const uint32_t ring0 = bulk::smem_addr(xs + rl.ring) + uint32_t(warp * p.stages * kStageBytes);
+  const uint32_t bar0 = bulk::smem_addr(xs + rl.bars) + uint32_t(warp * p.stages * 8);
+  auto issue_step = [&](int s) {  // lane 0 only
+    const int gg = int(blockIdx.x) + (s / iters) * int(gridDim.x), ii = s % iters, st = s % p.stages;
+    const long long off = ii * kWin;
+    const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
+    int n[kR];
+    uint32_t total = 0;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) n[r] = row_of<kOut, kR>(gg, warp, r, p), total += n[r] >= 0 ? bytes : 0;
+    const uint32_t bar = bar0 + 8u * uint32_t(st);
+    bulk::mbar_arrive_expect_tx(bar, total);
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+      if (n[r] >= 0)
+        bulk::copy_global_to_smem(ring0 + uint32_t(st * kStageBytes + r * kWin), p.w + n[r] * row_bytes + off, bytes,
+                                  bar);
+  };
+  if constexpr (kBulk) {
+    if (lane == 0) {
+      for (int i = 0; i < p.stages; ++i) bulk::mbar_init(bar0 + 8u * uint32_t(i), 1);
+      bulk::mbar_init_fence();
+      for (int s = 0; s < min(p.stages, nsteps); ++s) issue_step(s);
+    }
+    __syncwarp();
+  }
+#endif
+  if (!kBulk && active) {
     load_step(g, 0, cur);
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
@@ -354,12 +412,32 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   int iacc[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) facc[r] = 0.0f, iacc[r] = 0;
-  while (true) {
+  for (int step = 0;; ++step) {
     int ng = g, nit = it + 1;
     if (nit == iters) nit = 0, ng = g + gridDim.x;
     const bool has_next = ng < groups;
     uint4 nxt[kU][kR];
-    if constexpr (kPipe) {
+    if constexpr (kBulk) {
+#ifdef PERRY_BULK_COPY
+      // This step's stage into registers, then the stage goes back to lane 0 for step + stages.
+      const int st = step % p.stages;
+      bulk::mbar_wait(bar0 + 8u * uint32_t(st), uint32_t(step / p.stages) & 1u);
+      const uint8_t* stage = xs + rl.ring + (warp * p.stages + st) * kStageBytes;
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          const int c = it * 32 * kU + u * 32 + lane;
+          cur[u][r] = c < nchunks ? *reinterpret_cast<const uint4*>(stage + r * kWin + (u * 32 + lane) * 16)
+                                  : make_uint4(0, 0, 0, 0);
+        }
+      __syncwarp();
+      if (lane == 0 && step + p.stages < nsteps) {
+        bulk::fence_proxy_async_smem();  // the warp's reads of the stage before the copy that overwrites it
+        issue_step(step + p.stages);
+      }
+#endif
+    } else if constexpr (kPipe) {
       if (has_next) load_step(ng, nit, nxt);
     } else {
       if (has_next) prefetch_step(ng, nit);
@@ -488,16 +566,31 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
       for (int u = 0; u < kU; ++u)
 #pragma unroll
         for (int r = 0; r < kR; ++r) cur[u][r] = nxt[u][r];
-    } else {
+    } else if constexpr (!kBulk) {
       load_step(g, it, cur);
     }
   }
+  }
 }
 
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int kU = 4>
-void launch(const Params& p, const char* name, cudaStream_t stream) {
-  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU>;
-  const size_t smem = size_t(smem_layout(p.K, kW, kXI8, kIn).total);
+// The opt-in limit of shared memory per block on this device.
+int max_smem_per_block() {
+  int dev = 0, v = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+             "cudaDeviceGetAttribute(shared memory per block)");
+  return v;
+}
+bool device_has_bulk_copy() {
+  int dev = 0, major = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(major)");
+  return major >= 9;
+}
+
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk>
+void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t stream) {
+  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk>;
   // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed).
   static std::atomic<int> opted{48 * 1024};
   if (int(smem) > opted.load()) {
@@ -513,17 +606,37 @@ void launch(const Params& p, const char* name, cudaStream_t stream) {
   pdl::launch(name, kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
 }
 
+// Bulk copies when asked for (bulk_stages > 0) on sm_90+, with as many of the asked stages as fit
+// in shared memory (at least 2); registers otherwise.
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int kU = 4>
+void launch(Params p, int bulk_stages, const char* name, cudaStream_t stream) {
+  const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
+  if (bulk_stages > 0 && device_has_bulk_copy()) {
+    static const int limit = max_smem_per_block();
+    int st = bulk_stages;
+    while (st > 2 && ring_layout(prologue, st).total > limit) --st;
+    if (st >= 2 && ring_layout(prologue, st).total <= limit) {
+      p.stages = st;
+      return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>(p, size_t(ring_layout(prologue, st).total),
+                                                                          name, stream);
+    }
+  }
+  p.stages = 0;
+  launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false>(p, size_t(prologue), name, stream);
+}
+
 template <int kW, bool kXI8, bool kGrouped>
-void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp, const char* name, cudaStream_t s) {
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, name, s);
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, name, s);
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, name, s);
+void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp, int bs, const char* name,
+                 cudaStream_t s) {
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, bs, name, s);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, bs, name, s);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, bs, name, s);
   if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) {
     // One row per warp, twice the chunks per lane: the same bytes in flight per warp, twice the
     // warps for a given N (o_proj / down_proj have N = hidden = few row groups; see
     // DecodeLinearArgs::rows_per_warp).
-    if (rows_per_warp == 1) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc, 1, 8>(p, name, s);
-    return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
+    if (rows_per_warp == 1) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc, 1, 8>(p, bs, name, s);
+    return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, bs, name, s);
   }
   throw Error(std::string(name) +
               ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, RmsNorm+RopeKv, Plain+Accumulate)");
@@ -554,6 +667,8 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.rows_per_warp != 0 && a.rows_per_warp != 2 && !(a.rows_per_warp == 1 && a.out == DecodeOut::Accumulate))
     throw Error(where + ": rows_per_warp must be 0 or 2 (or 1 with Accumulate), got " + std::to_string(a.rows_per_warp));
+  if (a.bulk_stages < 0 || a.bulk_stages > 16)
+    throw Error(where + ": bulk_stages must be 0 (registers) to 16, got " + std::to_string(a.bulk_stages));
   if (!quant_args::aligned(w.w, 16) || !quant_args::aligned(a.x, 16) || (a.norm_w && !quant_args::aligned(a.norm_w, 16)))
     throw Error(where + ": weights, x and norm weights must be 16-byte aligned");
   Params p{};
@@ -567,19 +682,19 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.eps = a.eps;
   p.y = a.y;
   p.rk = a.rope_kv;
-  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<bf16>", stream);
+  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");
   p.gs = mb.group_size;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
   switch (w.mode) {
-    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a8>", stream);
+    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w8a8>", stream);
     case QuantMode::W8A8_G128:
-    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a8-g>", stream);
-    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a8>", stream);
-    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a8-g128>", stream);
-    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a16>", stream);
-    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a16>", stream);
+    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w8a8-g>", stream);
+    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w4a8>", stream);
+    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w4a8-g128>", stream);
+    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w8a16>", stream);
+    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w4a16>", stream);
     default: throw Error(where + ": not a quantized or bf16 mode");
   }
 }

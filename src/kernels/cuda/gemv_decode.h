@@ -74,6 +74,12 @@ struct DecodeLinearArgs {
   // decode-run7-profile.md). Not yet measured, so not the default: PERRY_GEMV_DECODE_ROWS=1 sets
   // it in the CUDA backend for A/B runs.
   int rows_per_warp = 0;
+  // How the weights are streamed: 0 = 16-byte loads into registers (a step or two in flight per
+  // warp, the rest prefetched into L2); n >= 2 = bulk copies (cp.async.bulk, sm_90+) into a ring
+  // of n 4 KiB shared-memory stages per warp — n steps in flight; fewer stages where shared
+  // memory is short, registers below sm_90. Same arithmetic either way, so the same bits. Not yet
+  // measured, so not the default: PERRY_GEMV_DECODE_STAGES=n sets it in the CUDA backend.
+  int bulk_stages = 0;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
 };
 

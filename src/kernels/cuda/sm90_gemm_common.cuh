@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/device_query.h"
 
@@ -24,51 +25,15 @@
 namespace perry::cuda::sm90 {
 
 #ifdef PERRY_WGMMA
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// The mbarrier helpers live in bulk_copy.cuh (shared with gemv_decode's bulk weight copies).
+using bulk::fence_proxy_async_smem;
+using bulk::mbar_arrive;
+using bulk::mbar_arrive_expect_tx;
+using bulk::mbar_init;
+using bulk::mbar_init_fence;
+using bulk::mbar_wait;
+using bulk::smem_addr;
 
-// ---- mbarriers (shared::cta) ----
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// One arrive that also raises the phase's expected transaction bytes (the TMA loads' total).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Blocks until the phase of parity `parity` has completed. A fresh barrier is in phase 0, and
-// waiting on parity 1 (the phase "before" it) returns at once: producers start at parity 1.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// After mbarrier.init by one thread (before the CTA barrier): makes the initialized barriers
-// visible to the async proxy (TMA complete_tx) too.
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Orders this thread's generic-proxy shared-memory accesses before later async-proxy ones
-// (wgmma operand reads, TMA writes) that are synchronized with it through an mbarrier.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Pulls two tensor maps (kernel parameters) into the descriptor cache ahead of the first loads.
 __device__ __forceinline__ void prefetch_tensormaps(const CUtensorMap* a, const CUtensorMap* b) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(a)) : "memory");
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(b)) : "memory");
