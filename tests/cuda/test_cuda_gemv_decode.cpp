@@ -181,8 +181,10 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
                {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 1}};  // one row per warp, 8 chunks a lane
   for (QuantMode m : modes)
     for (const auto& f : forms)
-      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}})
+      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}}) {
+        if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
         run_case(m, c, f.in, f.out, f.rows_per_warp, gen);
+      }
 }
 
 // A W8A8 N×K linear (random weights, scales, input) with RMSNorm input, for argument checks.
@@ -317,7 +319,9 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   a.rows_per_warp = 3;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.rows_per_warp = 0;
-  a.bulk_stages = -1;
+  a.bulk_stages = -2;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.bulk_stages = 1;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.bulk_stages = 17;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);

@@ -164,7 +164,8 @@ decode_ab() {
         separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue 2; env+=(PERRY_NO_FUSED_DECODE=1) ;;
         nopdl) env+=(PERRY_NO_PDL=1) ;;
         rows1) env+=(PERRY_GEMV_DECODE_ROWS=1) ;;  # o / down: one row per warp, 8 chunks a lane
-        ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama)
+        ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama; the default)
+        noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # decode_rope_append as its own kernel
         both) env+=(PERRY_GEMV_DECODE_ROWS=1 PERRY_DECODE_ROPE_IN_QKV=1) ;;
         stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
         *) say "- unknown decode variant $v"; continue 2 ;;

@@ -105,11 +105,13 @@ class CudaBackend final : public model::ForwardBackend {
   // kernel's choice; PERRY_GEMV_DECODE_ROWS=1 or 2 forces it for A/B runs (gemv_decode.h).
   int acc_rows_per_warp_ = 0;
   // RoPE + KV append in the q|k|v GEMV's epilogue (models without q/k norm), one kernel less a
-  // layer; PERRY_DECODE_ROPE_IN_QKV=1 until measured (gemv_decode.h, DecodeOut::RopeKv).
+  // layer (w4a8-g128 decode +4% on the H200, docs/perf/cuda/decode-run8-summary.md);
+  // PERRY_DECODE_ROPE_IN_QKV=0 keeps decode_rope_append for A/B runs (gemv_decode.h, RopeKv).
   bool rope_in_qkv_ = false;
-  // Bulk-copy ring stages per warp of every decode linear (0 = register loads);
-  // PERRY_GEMV_DECODE_STAGES=n until measured (gemv_decode.h, DecodeLinearArgs::bulk_stages).
-  int decode_bulk_stages_ = 0;
+  // Bulk-copy ring stages per warp of every decode linear: -1 = the kernel's choice per weight
+  // type; PERRY_GEMV_DECODE_STAGES=n (0 = register loads) forces it for A/B runs (gemv_decode.h,
+  // DecodeLinearArgs::bulk_stages).
+  int decode_bulk_stages_ = -1;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
   RopeTableView rope_view_;
@@ -190,7 +192,8 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
       throw Error(std::string("PERRY_GEMV_DECODE_ROWS='") + e + "': expected 1 or 2 (rows per warp)");
     acc_rows_per_warp_ = *e - '0';
   }
-  rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV");
+  const char* rope_env = std::getenv("PERRY_DECODE_ROPE_IN_QKV");
+  rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && (!rope_env || !*rope_env || env_flag("PERRY_DECODE_ROPE_IN_QKV"));
   if (const char* e = std::getenv("PERRY_GEMV_DECODE_STAGES"); e && *e) {
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);

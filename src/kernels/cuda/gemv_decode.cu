@@ -667,10 +667,13 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.rows_per_warp != 0 && a.rows_per_warp != 2 && !(a.rows_per_warp == 1 && a.out == DecodeOut::Accumulate))
     throw Error(where + ": rows_per_warp must be 0 or 2 (or 1 with Accumulate), got " + std::to_string(a.rows_per_warp));
-  if (a.bulk_stages < 0 || a.bulk_stages > 16)
-    throw Error(where + ": bulk_stages must be 0 (registers) to 16, got " + std::to_string(a.bulk_stages));
+  if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
+    throw Error(where + ": bulk_stages must be -1 (the kernel's choice), 0 (registers) or 2..16, got " +
+                std::to_string(a.bulk_stages));
   if (!quant_args::aligned(w.w, 16) || !quant_args::aligned(a.x, 16) || (a.norm_w && !quant_args::aligned(a.norm_w, 16)))
     throw Error(where + ": weights, x and norm weights must be 16-byte aligned");
+  // The kernel's choice (gemv_decode.h): bulk copies for bf16 weights only.
+  const int bulk_stages = a.bulk_stages >= 0 ? a.bulk_stages : (w.mode == QuantMode::BF16 ? 2 : 0);
   Params p{};
   p.w = static_cast<const uint8_t*>(w.w);
   p.sw = w.scales;
@@ -682,19 +685,19 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.eps = a.eps;
   p.y = a.y;
   p.rk = a.rope_kv;
-  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<bf16>", stream);
+  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");
   p.gs = mb.group_size;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
   switch (w.mode) {
-    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w8a8>", stream);
+    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w8a8>", stream);
     case QuantMode::W8A8_G128:
-    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w8a8-g>", stream);
-    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w4a8>", stream);
-    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w4a8-g128>", stream);
-    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w8a16>", stream);
-    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, a.bulk_stages, "gemv_decode<w4a16>", stream);
+    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w8a8-g>", stream);
+    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w4a8>", stream);
+    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w4a8-g128>", stream);
+    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w8a16>", stream);
+    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w4a16>", stream);
     default: throw Error(where + ": not a quantized or bf16 mode");
   }
 }

@@ -70,16 +70,20 @@ struct DecodeLinearArgs {
   DecodeOut out = DecodeOut::Store;
   // Rows each warp streams: 0 = the kernel's choice (2); 1 (Accumulate only) doubles the warps a
   // small-N linear keeps busy at the same bytes in flight per warp — o_proj and down_proj run
-  // 256 row groups of 16 on 132 SMs, half the blocks that would fit (docs/perf/cuda/
-  // decode-run7-profile.md). Not yet measured, so not the default: PERRY_GEMV_DECODE_ROWS=1 sets
-  // it in the CUDA backend for A/B runs.
+  // 256 row groups of 16 on 132 SMs. Measured on the H200 without a gain (w4a8-g128 decode 356
+  // vs 361 tok/s, docs/perf/cuda/decode-run8-summary.md), so not the default;
+  // PERRY_GEMV_DECODE_ROWS=1 sets it in the CUDA backend for A/B runs.
   int rows_per_warp = 0;
   // How the weights are streamed: 0 = 16-byte loads into registers (a step or two in flight per
   // warp, the rest prefetched into L2); n >= 2 = bulk copies (cp.async.bulk, sm_90+) into a ring
-  // of n 4 KiB shared-memory stages per warp — n steps in flight; fewer stages where shared
-  // memory is short, registers below sm_90. Same arithmetic either way, so the same bits. Not yet
-  // measured, so not the default: PERRY_GEMV_DECODE_STAGES=n sets it in the CUDA backend.
-  int bulk_stages = 0;
+  // of n 4 KiB shared-memory stages per warp — n steps in flight, fewer stages where shared
+  // memory is short, registers below sm_90; -1 = the kernel's choice, from the H200 measurements
+  // (docs/perf/cuda/decode-run8-summary.md): bulk with 2 stages for bf16 weights (decode +13%),
+  // registers for int8 / int4 weights (their larger shared-memory footprint keeps the next
+  // kernel's blocks off the SM, so programmatic dependent launch overlaps less: w4a8-g128 −7%).
+  // Same arithmetic either way, so the same bits. PERRY_GEMV_DECODE_STAGES=n forces it in the
+  // CUDA backend for A/B runs.
+  int bulk_stages = -1;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
 };
 
