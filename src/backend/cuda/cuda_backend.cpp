@@ -112,6 +112,9 @@ class CudaBackend final : public model::ForwardBackend {
   // type; PERRY_GEMV_DECODE_STAGES=n (0 = register loads) forces it for A/B runs (gemv_decode.h,
   // DecodeLinearArgs::bulk_stages).
   int decode_bulk_stages_ = -1;
+  // Register cap of the int4 decode GEMVs (gemv_decode.h, DecodeLinearArgs::int4_min_blocks);
+  // PERRY_GEMV_DECODE_INT4_MIN_BLOCKS=3|4 for A/B runs.
+  int decode_int4_min_blocks_ = 0;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
   RopeTableView rope_view_;
@@ -200,6 +203,11 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
     if (*end || v < 0 || v > 16 || v == 1)
       throw Error(std::string("PERRY_GEMV_DECODE_STAGES='") + e + "': expected 0 (register loads) or 2..16 (bulk-copy stages)");
     decode_bulk_stages_ = int(v);
+  }
+  if (const char* e = std::getenv("PERRY_GEMV_DECODE_INT4_MIN_BLOCKS"); e && *e) {
+    if (std::strcmp(e, "0") && std::strcmp(e, "3") && std::strcmp(e, "4"))
+      throw Error(std::string("PERRY_GEMV_DECODE_INT4_MIN_BLOCKS='") + e + "': expected 0, 3 or 4");
+    decode_int4_min_blocks_ = *e - '0';
   }
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -412,6 +420,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.rows_per_warp = rows_per_warp;
   a.bulk_stages = decode_bulk_stages_;
+  a.int4_min_blocks = decode_int4_min_blocks_;
   if (rope_kv) a.rope_kv = *rope_kv;
   gemv_decode(l.decode_weights(), a, stream_);
 }

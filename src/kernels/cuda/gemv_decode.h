@@ -77,13 +77,19 @@ struct DecodeLinearArgs {
   // How the weights are streamed: 0 = 16-byte loads into registers (a step or two in flight per
   // warp, the rest prefetched into L2); n >= 2 = bulk copies (cp.async.bulk, sm_90+) into a ring
   // of n 4 KiB shared-memory stages per warp — n steps in flight, fewer stages where shared
-  // memory is short, registers below sm_90; -1 = the kernel's choice, from the H200 measurements
-  // (docs/perf/cuda/decode-run8-summary.md): bulk with 2 stages for bf16 weights (decode +13%),
-  // registers for int8 / int4 weights (their larger shared-memory footprint keeps the next
-  // kernel's blocks off the SM, so programmatic dependent launch overlaps less: w4a8-g128 −7%).
+  // memory is short, registers below sm_90; -1 = the kernel's choice, from the H200 A/B runs
+  // (docs/perf/cuda/decode-run8-summary.md, decode-run9-summary.md): bulk with 2 stages for bf16
+  // (decode +12%), w8a16 (+3%) and grouped w8a8 (+1.4%); registers for per-channel w8a8 (−1%)
+  // and the int4 kinds (w4a8-g128 −7%, w4a16 −8%: the ring's shared memory leaves fewer warps an
+  // SM and keeps the next kernel's blocks off it, so programmatic dependent launch overlaps less).
   // Same arithmetic either way, so the same bits. PERRY_GEMV_DECODE_STAGES=n forces it in the
   // CUDA backend for A/B runs.
   int bulk_stages = -1;
+  // int4 weights with register loads: 0 = the compiler's register count (w4a8: 80 → 3 blocks an
+  // SM; w4a16: 112 → 2), 3 or 4 = capped for that many resident blocks (a few bytes of spills at
+  // 4). Same arithmetic, same bits. An A/B experiment: PERRY_GEMV_DECODE_INT4_MIN_BLOCKS=3|4 sets
+  // it in the CUDA backend.
+  int int4_min_blocks = 0;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
 };
 
