@@ -98,7 +98,7 @@ class CudaBackend final : public model::ForwardBackend {
   std::string name_;
   ActFormat act_fmt_;
   std::vector<Layer> layers_;
-  // One-token steps run the fused decode path (gemv_decode + decode_rope_append: 7 kernels a
+  // One-token steps run the fused decode path (gemv_decode [+ decode_rope_append]: 6-7 kernels a
   // layer) when every linear fits it; PERRY_NO_FUSED_DECODE=1 keeps the separate kernels (A/B).
   bool fused_decode_ = false;
   // Rows per warp of the residual-accumulating decode linears (o_proj, down_proj): 0 = the
@@ -425,8 +425,9 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   gemv_decode(l.decode_weights(), a, stream_);
 }
 
-// One token of one sequence: 7 kernels a layer, each linear carrying the elementwise work around
-// it — qkv (RMSNorm in), RoPE + q/k norm + KV append, attention partial + combine, o (residual
+// One token of one sequence: 6 kernels a layer (7 with q/k norm), each linear carrying the
+// elementwise work around it — qkv (RMSNorm in; RoPE + KV append out, or a separate RoPE + q/k
+// norm + KV append kernel), attention partial + combine, o (residual
 // add out), gate|up (RMSNorm in, SwiGLU out), down (residual add out) — launched with
 // programmatic dependent launch so each one's weight prefetch overlaps the kernel before it.
 void CudaBackend::enqueue_decode_one(const Step& st) {

@@ -6,7 +6,9 @@
 // group (SwiGLU: the gate row j and the up row j + N/2) and streams them in 16-byte chunks,
 // kU = 4 chunks per row in flight per lane (128 bytes): lane l takes chunks l, l + 32, ... so a
 // warp reads 512 contiguous bytes per row per step. Accumulate also has kR = 1, kU = 8 (on
-// request, DecodeLinearArgs::rows_per_warp), twice the warps for the same N.
+// request, DecodeLinearArgs::rows_per_warp), twice the warps for the same N. The chunks come
+// either straight from global memory into registers or, bulk kernels, from the warp's ring of
+// shared-memory stages that lane 0 refills with cp.async.bulk (one stage = one step).
 #include <cuda_bf16.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // The linear layer of a one-token decode step with its neighbouring elementwise work fused in, so
-// that a decoder layer is 7 kernels instead of 12 (docs/cuda.md, "decode step"):
+// that a decoder layer is 6 kernels (7 with q/k norm) instead of 12 (docs/cuda.md, "decode step"):
 //
 //   input:  RmsNorm  the token's fp32 residual row x [K] normalized with norm_w (RMSNorm, eps),
 //           Plain    x [K] as it is (the attention output, the SwiGLU output);
@@ -20,10 +20,10 @@
 // the RMSNorm sum of squares (accumulated in float64 here as there).
 //
 // Weights (canonical layouts, gemv_quant.h): BF16 bf16 [N, K]; int8 [N, K]; int4 packed
-// [N, K/2]; scales fp32 [N, G]. Every weight byte is streamed once (16-byte loads, L1 bypassed);
-// each block loads its first weights (registers, then L2 prefetch) before it waits for the
-// previous kernel (programmatic dependent launch, pdl.cuh), so the weight fetch overlaps the
-// kernel before it and the block's own input prologue.
+// [N, K/2]; scales fp32 [N, G]. Every weight byte is streamed once (16-byte loads, L1 bypassed,
+// or bulk copies into shared memory: DecodeLinearArgs::bulk_stages); each block loads its first
+// weights before it waits for the previous kernel (programmatic dependent launch, pdl.cuh), so
+// the weight fetch overlaps the kernel before it and the block's own input prologue.
 // int4 weights with int8 activations: the activations are stored in shared memory permuted to the
 // nibble order and the nibbles used as unsigned (v + 8) in dp4a, with the 8·Σx correction per
 // 32 values — three integer instructions per 8 weights instead of a sign-extending unpack.
