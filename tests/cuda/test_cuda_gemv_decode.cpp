@@ -239,8 +239,8 @@ TEST(CudaGemvDecode, OneRowPerWarpIsBitIdentical) {
     }
 }
 
-// Bulk-copied weights (a ring of shared-memory stages per warp) and register-capped int4 kernels
-// give the same bits as the plain register loads: the lanes see the same chunks in the same order. Every mode and fused form, blocks that
+// Bulk-copied weights (a ring of shared-memory stages per warp) give the same bits as register
+// loads: the lanes see the same chunks in the same order. Every mode and fused form, blocks that
 // loop over several row groups (N = 6000) and rows of many steps (K = 14336: the ring wraps, its
 // barriers change phase many times), tail groups (N = 200), and more stages than fit (16: fewer
 // are used).
@@ -265,8 +265,7 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
         const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
         std::vector<float> base;
-        // Register-capped int4 kernels (3 or 4 blocks an SM) too: bulk_stages 0 with min blocks.
-        for (int stages : {0, 2, 4, 16, 103, 104}) {
+        for (int stages : {0, 2, 4, 16}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a;
           a.x = dx.p;
@@ -276,8 +275,7 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
           a.y = dy.p;
           a.out = f.out;
           a.rows_per_warp = f.rows_per_warp;
-          a.bulk_stages = stages > 100 ? 0 : stages;
-          a.int4_min_blocks = stages > 100 ? stages - 100 : 0;
+          a.bulk_stages = stages;
           const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                                    " K=" + std::to_string(K) + " out=" + std::to_string(int(f.out)) +
                                    " rows/warp=" + std::to_string(f.rows_per_warp) + " stages=" + std::to_string(stages);
@@ -326,9 +324,6 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   a.bulk_stages = 1;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.bulk_stages = 17;
-  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
-  a.bulk_stages = -1;
-  a.int4_min_blocks = 2;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 

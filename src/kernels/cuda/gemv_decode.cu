@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/bulk_copy.cuh"
@@ -309,10 +308,8 @@ __device__ void rope_kv_store(const Params& p, int j, const int (&rows)[2], cons
 // the warp's ring of p.stages shared-memory stages (lane 0 keeps the ring full, the warp reads a
 // stage into registers and hands it back), so a warp has p.stages steps in flight instead of one
 // or two — sm_90+ only.
-// kMinBlocks > 0 asks the compiler for that many resident blocks an SM (a register cap); 0 leaves
-// the register count to it (an explicit 1 lets it take up to 255 and lose occupancy).
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) gemv_decode_kernel(Params p) {
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk>
+__global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   static_assert((kOut != kOutSwiglu && kOut != kOutRopeKv) || kR == 2, "SwiGLU / RopeKv pair two rows in one warp");
   static_assert(kR * kU * 512 == kStageBytes, "one step is one ring stage");
 #ifndef PERRY_BULK_COPY
@@ -593,9 +590,9 @@ bool device_has_bulk_copy() {
   return major >= 9;
 }
 
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, int kMinBlocks = 0>
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk>
 void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t stream) {
-  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk, kMinBlocks>;
+  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk>;
   // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed).
   static std::atomic<int> opted{48 * 1024};
   if (int(smem) > opted.load()) {
@@ -614,7 +611,7 @@ void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t 
 // Bulk copies when asked for (bulk_stages > 0) on sm_90+, with as many of the asked stages as fit
 // in shared memory (at least 2); registers otherwise.
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int kU = 4>
-void launch(Params p, int bulk_stages, int int4_min_blocks, const char* name, cudaStream_t stream) {
+void launch(Params p, int bulk_stages, const char* name, cudaStream_t stream) {
   const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
   if (bulk_stages > 0 && device_has_bulk_copy()) {
     static const int limit = max_smem_per_block();
@@ -627,28 +624,21 @@ void launch(Params p, int bulk_stages, int int4_min_blocks, const char* name, cu
     }
   }
   p.stages = 0;
-  // int4 weights: a register cap for 3 or 4 resident blocks an SM (DecodeLinearArgs::int4_min_blocks).
-  if constexpr (kW == kWI4 && kR == 2) {
-    if (int4_min_blocks == 3)
-      return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false, 3>(p, size_t(prologue), name, stream);
-    if (int4_min_blocks == 4)
-      return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false, 4>(p, size_t(prologue), name, stream);
-  }
   launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false>(p, size_t(prologue), name, stream);
 }
 
 template <int kW, bool kXI8, bool kGrouped>
-void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp, int bs, int mb, const char* name,
+void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp, int bs, const char* name,
                  cudaStream_t s) {
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, bs, mb, name, s);
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, bs, mb, name, s);
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, bs, mb, name, s);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, bs, name, s);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, bs, name, s);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, bs, name, s);
   if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) {
     // One row per warp, twice the chunks per lane: the same bytes in flight per warp, twice the
     // warps for a given N (o_proj / down_proj have N = hidden = few row groups; see
     // DecodeLinearArgs::rows_per_warp).
-    if (rows_per_warp == 1) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc, 1, 8>(p, bs, mb, name, s);
-    return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, bs, mb, name, s);
+    if (rows_per_warp == 1) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc, 1, 8>(p, bs, name, s);
+    return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, bs, name, s);
   }
   throw Error(std::string(name) +
               ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, RmsNorm+RopeKv, Plain+Accumulate)");
@@ -684,8 +674,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
                 std::to_string(a.bulk_stages));
   if (!quant_args::aligned(w.w, 16) || !quant_args::aligned(a.x, 16) || (a.norm_w && !quant_args::aligned(a.norm_w, 16)))
     throw Error(where + ": weights, x and norm weights must be 16-byte aligned");
-  if (a.int4_min_blocks != 0 && a.int4_min_blocks != 3 && a.int4_min_blocks != 4)
-    throw Error(where + ": int4_min_blocks must be 0, 3 or 4, got " + std::to_string(a.int4_min_blocks));
   // The kernel's choice (gemv_decode.h): bulk copies for the kinds that measured faster so —
   // bf16, int8 weight-only and grouped int8 (the ones that streamed through the L2 prefetch, or
   // bf16's register double buffer); per-channel w8a8 and every int4 kind keep register loads.
@@ -703,19 +691,19 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.eps = a.eps;
   p.y = a.y;
   p.rk = a.rope_kv;
-  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, a.int4_min_blocks, "gemv_decode<bf16>", stream);
+  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");
   p.gs = mb.group_size;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
   switch (w.mode) {
-    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, a.int4_min_blocks, "gemv_decode<w8a8>", stream);
+    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w8a8>", stream);
     case QuantMode::W8A8_G128:
-    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, a.int4_min_blocks, "gemv_decode<w8a8-g>", stream);
-    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, a.int4_min_blocks, "gemv_decode<w4a8>", stream);
-    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, a.int4_min_blocks, "gemv_decode<w4a8-g128>", stream);
-    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, a.int4_min_blocks, "gemv_decode<w8a16>", stream);
-    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, a.int4_min_blocks, "gemv_decode<w4a16>", stream);
+    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w8a8-g>", stream);
+    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w4a8>", stream);
+    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w4a8-g128>", stream);
+    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w8a16>", stream);
+    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w4a16>", stream);
     default: throw Error(where + ": not a quantized or bf16 mode");
   }
 }

@@ -85,11 +85,6 @@ struct DecodeLinearArgs {
   // Same arithmetic either way, so the same bits. PERRY_GEMV_DECODE_STAGES=n forces it in the
   // CUDA backend for A/B runs.
   int bulk_stages = -1;
-  // int4 weights with register loads: 0 = the compiler's register count (w4a8: 80 → 3 blocks an
-  // SM; w4a16: 112 → 2), 3 or 4 = capped for that many resident blocks (a few bytes of spills at
-  // 4). Same arithmetic, same bits. An A/B experiment: PERRY_GEMV_DECODE_INT4_MIN_BLOCKS=3|4 sets
-  // it in the CUDA backend.
-  int int4_min_blocks = 0;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
 };
 
