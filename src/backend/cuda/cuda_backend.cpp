@@ -22,7 +22,6 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_decode.h"
-#include "kernels/cuda/gemv_quant.h"
 
 namespace perry::cuda {
 
@@ -113,10 +112,6 @@ class CudaBackend final : public model::ForwardBackend {
   // type; PERRY_GEMV_DECODE_STAGES=n (0 = register loads) forces it for A/B runs (gemv_decode.h,
   // DecodeLinearArgs::bulk_stages).
   int decode_bulk_stages_ = -1;
-  // A/B experiment: bulk copies (2 stages) for the decode linears of at least this many weight
-  // bytes whatever their type — the big ones (gate|up) may gain from the deeper pipeline while
-  // the small ones keep their overlap; PERRY_GEMV_DECODE_BULK_MIN_MB=n, 0 = off.
-  int64_t decode_bulk_min_bytes_ = 0;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
   RopeTableView rope_view_;
@@ -199,13 +194,6 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   }
   const char* rope_env = std::getenv("PERRY_DECODE_ROPE_IN_QKV");
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && (!rope_env || !*rope_env || env_flag("PERRY_DECODE_ROPE_IN_QKV"));
-  if (const char* e = std::getenv("PERRY_GEMV_DECODE_BULK_MIN_MB"); e && *e) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (*end || v < 0 || v > 1000000)
-      throw Error(std::string("PERRY_GEMV_DECODE_BULK_MIN_MB='") + e + "': expected a size in MB (0 = off)");
-    decode_bulk_min_bytes_ = int64_t(v) << 20;
-  }
   if (const char* e = std::getenv("PERRY_GEMV_DECODE_STAGES"); e && *e) {
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
@@ -424,11 +412,6 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.rows_per_warp = rows_per_warp;
   a.bulk_stages = decode_bulk_stages_;
-  if (a.bulk_stages < 0 && decode_bulk_min_bytes_ > 0) {
-    const DecodeWeights dw = l.decode_weights();
-    const int bits = dw.mode == quant::QuantMode::BF16 ? 16 : quant_mode_bits(dw.mode).bits;
-    if (int64_t(dw.N) * dw.K * bits / 8 >= decode_bulk_min_bytes_) a.bulk_stages = 2;
-  }
   if (rope_kv) a.rope_kv = *rope_kv;
   gemv_decode(l.decode_weights(), a, stream_);
 }
