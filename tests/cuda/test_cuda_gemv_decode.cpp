@@ -166,21 +166,28 @@ void run_case(QuantMode mode, Case c, pc::DecodeIn in, pc::DecodeOut out, int ro
   }
 }
 
+// Every quantized mode, then bf16.
+std::vector<QuantMode> modes_and_bf16() {
+  std::vector<QuantMode> modes(std::begin(kAllModes), std::end(kAllModes));
+  modes.push_back(QuantMode::BF16);
+  return modes;
+}
+// The fused forms the decode step uses (input, output, rows per warp).
+struct DecodeForm {
+  pc::DecodeIn in;
+  pc::DecodeOut out;
+  int rows_per_warp;
+};
+const DecodeForm kDecodeForms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store, 0},
+                                   {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU, 0},
+                                   {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 0},
+                                   {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 1}};  // one row a warp, 8 chunks a lane
+
 TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
   REQUIRE_GPU();
   std::mt19937 gen(20261129);
-  std::vector<QuantMode> modes(std::begin(kAllModes), std::end(kAllModes));
-  modes.push_back(QuantMode::BF16);
-  const struct {
-    pc::DecodeIn in;
-    pc::DecodeOut out;
-    int rows_per_warp;
-  } forms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store, 0},
-               {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU, 0},
-               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 0},
-               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 1}};  // one row per warp, 8 chunks a lane
-  for (QuantMode m : modes)
-    for (const auto& f : forms)
+  for (QuantMode m : modes_and_bf16())
+    for (const DecodeForm& f : kDecodeForms)
       for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}}) {
         if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
         run_case(m, c, f.in, f.out, f.rows_per_warp, gen);
@@ -213,9 +220,7 @@ struct SmallLinear {
 TEST(CudaGemvDecode, OneRowPerWarpIsBitIdentical) {
   REQUIRE_GPU();
   std::mt19937 gen(8);
-  std::vector<QuantMode> modes(std::begin(kAllModes), std::end(kAllModes));
-  modes.push_back(QuantMode::BF16);
-  for (QuantMode mode : modes)
+  for (QuantMode mode : modes_and_bf16())
     for (int K : {4096, 8192, 14336}) {
       const int N = 200;
       Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f));
@@ -247,19 +252,9 @@ TEST(CudaGemvDecode, OneRowPerWarpIsBitIdentical) {
 TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
   REQUIRE_GPU();
   std::mt19937 gen(90);
-  std::vector<QuantMode> modes(std::begin(kAllModes), std::end(kAllModes));
-  modes.push_back(QuantMode::BF16);
-  const struct {
-    pc::DecodeIn in;
-    pc::DecodeOut out;
-    int rows_per_warp;
-  } forms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store, 0},
-               {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU, 0},
-               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 0},
-               {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 1}};
-  for (QuantMode mode : modes)
+  for (QuantMode mode : modes_and_bf16())
     for (Case c : {Case{6000, 4096}, Case{200, 14336}, Case{34, 1056}})
-      for (const auto& f : forms) {
+      for (const DecodeForm& f : kDecodeForms) {
         const int N = c.N, K = c.K;
         Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
         const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
