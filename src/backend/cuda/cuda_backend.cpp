@@ -112,6 +112,10 @@ class CudaBackend final : public model::ForwardBackend {
   // type; PERRY_GEMV_DECODE_STAGES=n (0 = register loads) forces it for A/B runs (gemv_decode.h,
   // DecodeLinearArgs::bulk_stages).
   int decode_bulk_stages_ = -1;
+  // One-token decode attention as one kernel (the last partial block merges; attention.h):
+  // PERRY_DECODE_ATTN_ONE_KERNEL=1 until measured. The counters (nkv ints, zero between calls).
+  bool attn_one_kernel_ = false;
+  DeviceBuffer attn_counters_;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
   RopeTableView rope_view_;
@@ -200,6 +204,11 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
     if (*end || v < 0 || v > 16 || v == 1)
       throw Error(std::string("PERRY_GEMV_DECODE_STAGES='") + e + "': expected 0 (register loads) or 2..16 (bulk-copy stages)");
     decode_bulk_stages_ = int(v);
+  }
+  attn_one_kernel_ = fused_decode_ && env_flag("PERRY_DECODE_ATTN_ONE_KERNEL");
+  if (attn_one_kernel_) {
+    attn_counters_.ensure(pool_, size_t(cfg_.num_kv_heads) * sizeof(int), "decode attention counters");
+    PERRY_CUDA_CHECK(cudaMemset(attn_counters_.get(), 0, attn_counters_.bytes()));
   }
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -448,7 +457,7 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
                          kc, vc, stream_);
     }
     attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
-                     attn_ws_.bytes(), stream_);
+                     attn_ws_.bytes(), stream_, attn_one_kernel_ ? attn_counters_.get<int>() : nullptr);
     decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x, acc_rows_per_warp_);
     decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
     decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x, acc_rows_per_warp_);
