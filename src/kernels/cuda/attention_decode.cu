@@ -69,7 +69,7 @@ __device__ void combine_head(const AttnSeq& sq, int seq, int h, int nh, int hd, 
   for (int c = threadIdx.x; c < nc; c += blockDim.x) {
     const float wc = exp2f(__ldcg(ml + 2 * c) - base);
     w[c] = wc;
-    lsum += __ldcg(ml + 2 * c + 1) * wc;
+    lsum = fmaf(__ldcg(ml + 2 * c + 1), wc, lsum);  // explicit: the same rounding wherever it is inlined
   }
   lsum = block_reduce(lsum, false, red);  // its barriers also publish w[]
   const float inv = 1.f / lsum;

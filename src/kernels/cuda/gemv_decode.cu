@@ -12,7 +12,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
+#include <mutex>
 #include <string>
 
 #include "kernels/cuda/bulk_copy.cuh"
@@ -307,18 +307,19 @@ __device__ void rope_kv_store(const Params& p, int j, const int (&rows)[2], cons
 // kR = 2 (the gate and the up row of one output). kBulk: the weights arrive by bulk copies into
 // the warp's ring of p.stages shared-memory stages (lane 0 keeps the ring full, the warp reads a
 // stage into registers and hands it back), so a warp has p.stages steps in flight instead of one
-// or two — sm_90+ only.
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk>
+// or two — sm_90+ code only: where the driver runs code built for an older target (say the
+// compute_80 PTX on a GPU newer than sm_90a's), a bulk kernel streams through registers instead
+// (same results; its larger shared-memory request is merely unused).
+#ifdef PERRY_BULK_COPY
+constexpr bool kHaveBulkCopy = true;
+#else
+constexpr bool kHaveBulkCopy = false;
+#endif
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulkAsked>
 __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   static_assert((kOut != kOutSwiglu && kOut != kOutRopeKv) || kR == 2, "SwiGLU / RopeKv pair two rows in one warp");
   static_assert(kR * kU * 512 == kStageBytes, "one step is one ring stage");
-#ifndef PERRY_BULK_COPY
-  if constexpr (kBulk) {  // never launched below sm_90 (the host checks the device)
-    __trap();
-    return;
-  } else
-#endif
-  {
+  constexpr bool kBulk = kBulkAsked && kHaveBulkCopy;
   extern __shared__ __align__(16) uint8_t xs[];
   constexpr int kPer = per_chunk<kW>();
   constexpr bool kIntAcc = kXI8 && !kGrouped;
@@ -572,7 +573,6 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
       load_step(g, it, cur);
     }
   }
-  }
 }
 
 // The opt-in limit of shared memory per block on this device.
@@ -593,12 +593,17 @@ bool device_has_bulk_copy() {
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk>
 void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t stream) {
   auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk>;
-  // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed).
-  static std::atomic<int> opted{48 * 1024};
-  if (int(smem) > opted.load()) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-               "cudaFuncSetAttribute (gemv_decode shared memory)");
-    opted.store(int(smem));
+  // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed;
+  // under a lock so that two host threads cannot leave it at the smaller of two requests).
+  static std::mutex mu;
+  static int opted = 48 * 1024;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (int(smem) > opted) {
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                 "cudaFuncSetAttribute (gemv_decode shared memory)");
+      opted = int(smem);
+    }
   }
   int per_sm = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem),
@@ -614,7 +619,13 @@ template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int k
 void launch(Params p, int bulk_stages, const char* name, cudaStream_t stream) {
   const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
   if (bulk_stages > 0 && device_has_bulk_copy()) {
-    static const int limit = max_smem_per_block();
+    // The opt-in limit covers dynamic + static shared memory (the block reductions' scratch).
+    static const int limit = [] {
+      cudaFuncAttributes fa{};
+      check_cuda(cudaFuncGetAttributes(&fa, gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>),
+                 "cudaFuncGetAttributes (gemv_decode)");
+      return max_smem_per_block() - int(fa.sharedSizeBytes);
+    }();
     int st = bulk_stages;
     while (st > 2 && ring_layout(prologue, st).total > limit) --st;
     if (st >= 2 && ring_layout(prologue, st).total <= limit) {
