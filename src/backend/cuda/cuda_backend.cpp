@@ -7,7 +7,6 @@
 #include <cmath>
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -191,20 +190,10 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   for (const Layer& d : layers_)
     for (const CudaLinear* l : {&d.qkv, &d.o, &d.gate_up, &d.down}) fused_decode_ &= l->decode_fusable();
   if (env_flag("PERRY_NO_FUSED_DECODE")) fused_decode_ = false;
-  if (const char* e = std::getenv("PERRY_GEMV_DECODE_ROWS"); e && *e) {
-    if (std::strcmp(e, "1") && std::strcmp(e, "2"))
-      throw Error(std::string("PERRY_GEMV_DECODE_ROWS='") + e + "': expected 1 or 2 (rows per warp)");
-    acc_rows_per_warp_ = *e - '0';
-  }
-  const char* rope_env = std::getenv("PERRY_DECODE_ROPE_IN_QKV");
-  rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && (!rope_env || !*rope_env || env_flag("PERRY_DECODE_ROPE_IN_QKV"));
-  if (const char* e = std::getenv("PERRY_GEMV_DECODE_STAGES"); e && *e) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (*end || v < 0 || v > 16 || v == 1)
-      throw Error(std::string("PERRY_GEMV_DECODE_STAGES='") + e + "': expected 0 (register loads) or 2..16 (bulk-copy stages)");
-    decode_bulk_stages_ = int(v);
-  }
+  acc_rows_per_warp_ = env_int("PERRY_GEMV_DECODE_ROWS", 0, 1, 2);
+  rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
+  decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
+  if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   attn_one_kernel_ = fused_decode_ && env_flag("PERRY_DECODE_ATTN_ONE_KERNEL");
   if (attn_one_kernel_) {
     attn_counters_.ensure(pool_, size_t(cfg_.num_kv_heads) * sizeof(int), "decode attention counters");

@@ -35,6 +35,12 @@ size_t dec_smem_bytes(int G, int hd) {
          (size_t(2) * G * hd + size_t(G) * kDecTile + size_t(3) * G) * sizeof(float);
 }
 
+// Chunks the partial kernel writes for a sequence (blocks past its context exit at once).
+__device__ __forceinline__ int chunks_written(const AttnSeq& sq, int capacity, int chunk, int nchunks) {
+  const int kv_len = min(sq.pos0 + 1, capacity);
+  return min((kv_len + chunk - 1) / chunk, nchunks);
+}
+
 __device__ float block_reduce(float v, bool is_max, float* red) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   v = is_max ? warp_max(v) : warp_sum(v);
@@ -57,8 +63,7 @@ __device__ float block_reduce(float v, bool is_max, float* red) {
 __device__ void combine_head(const AttnSeq& sq, int seq, int h, int nh, int hd, int capacity, int chunk, int nchunks,
                              const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
                              float* __restrict__ out, float* w, float* red) {
-  const int kv_len = min(sq.pos0 + 1, capacity);
-  const int nc = min((kv_len + chunk - 1) / chunk, nchunks);  // chunks the partial kernel wrote
+  const int nc = chunks_written(sq, capacity, chunk, nchunks);
   const size_t part0 = ((size_t)seq * nh + h) * nchunks;
   const float* ml = ws_ml + part0 * 2;
   float mx = -INFINITY;
@@ -108,8 +113,7 @@ __device__ void combine_if_last(const AttnSeq& sq, int kvh, int G, int nh, int n
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const int kv_len = min(sq.pos0 + 1, capacity);
-    const int nc = min((kv_len + chunk - 1) / chunk, nchunks);
+    const int nc = chunks_written(sq, capacity, chunk, nchunks);
     int* ctr = counters + (size_t)blockIdx.z * nkv + kvh;
     last = atomicAdd(ctr, 1) == nc - 1;
     if (last) *ctr = 0;  // every block of the group has counted

@@ -575,21 +575,6 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   }
 }
 
-// The opt-in limit of shared memory per block on this device.
-int max_smem_per_block() {
-  int dev = 0, v = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-             "cudaDeviceGetAttribute(shared memory per block)");
-  return v;
-}
-bool device_has_bulk_copy() {
-  int dev = 0, major = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute(major)");
-  return major >= 9;
-}
-
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk>
 void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t stream) {
   auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk>;
@@ -613,20 +598,21 @@ void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t 
   pdl::launch(name, kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
 }
 
-// Bulk copies when asked for (bulk_stages > 0) on sm_90+, with as many of the asked stages as fit
-// in shared memory (at least 2); registers otherwise.
+// p.stages on entry: the bulk-copy stages asked for (0 = registers). Bulk copies on sm_90+ with as
+// many of them as fit in shared memory (at least 2); registers otherwise.
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int kU = 4>
-void launch(Params p, int bulk_stages, const char* name, cudaStream_t stream) {
+void launch(Params p, const char* name, cudaStream_t stream) {
   const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
-  if (bulk_stages > 0 && device_has_bulk_copy()) {
+  static const bool has_bulk_copy = compute_capability_major() >= 9;
+  if (p.stages > 0 && has_bulk_copy) {
     // The opt-in limit covers dynamic + static shared memory (the block reductions' scratch).
     static const int limit = [] {
       cudaFuncAttributes fa{};
       check_cuda(cudaFuncGetAttributes(&fa, gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>),
                  "cudaFuncGetAttributes (gemv_decode)");
-      return max_smem_per_block() - int(fa.sharedSizeBytes);
+      return max_smem_per_block_optin() - int(fa.sharedSizeBytes);
     }();
-    int st = bulk_stages;
+    int st = p.stages;
     while (st > 2 && ring_layout(prologue, st).total > limit) --st;
     if (st >= 2 && ring_layout(prologue, st).total <= limit) {
       p.stages = st;
@@ -639,17 +625,16 @@ void launch(Params p, int bulk_stages, const char* name, cudaStream_t stream) {
 }
 
 template <int kW, bool kXI8, bool kGrouped>
-void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp, int bs, const char* name,
-                 cudaStream_t s) {
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, bs, name, s);
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, bs, name, s);
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, bs, name, s);
+void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp, const char* name, cudaStream_t s) {
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, name, s);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, name, s);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, name, s);
   if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) {
     // One row per warp, twice the chunks per lane: the same bytes in flight per warp, twice the
     // warps for a given N (o_proj / down_proj have N = hidden = few row groups; see
     // DecodeLinearArgs::rows_per_warp).
-    if (rows_per_warp == 1) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc, 1, 8>(p, bs, name, s);
-    return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, bs, name, s);
+    if (rows_per_warp == 1) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc, 1, 8>(p, name, s);
+    return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
   }
   throw Error(std::string(name) +
               ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, RmsNorm+RopeKv, Plain+Accumulate)");
@@ -685,12 +670,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
                 std::to_string(a.bulk_stages));
   if (!quant_args::aligned(w.w, 16) || !quant_args::aligned(a.x, 16) || (a.norm_w && !quant_args::aligned(a.norm_w, 16)))
     throw Error(where + ": weights, x and norm weights must be 16-byte aligned");
-  // The kernel's choice (gemv_decode.h): bulk copies for the kinds that measured faster so —
-  // bf16, int8 weight-only and grouped int8 (the ones that streamed through the L2 prefetch, or
-  // bf16's register double buffer); per-channel w8a8 and every int4 kind keep register loads.
-  const bool bulk_pays = w.mode == QuantMode::BF16 || w.mode == QuantMode::W8A16 || w.mode == QuantMode::W8A8_G128 ||
-                         w.mode == QuantMode::W8A8_G64;
-  const int bulk_stages = a.bulk_stages >= 0 ? a.bulk_stages : (bulk_pays ? 2 : 0);
   Params p{};
   p.w = static_cast<const uint8_t*>(w.w);
   p.sw = w.scales;
@@ -702,19 +681,24 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.eps = a.eps;
   p.y = a.y;
   p.rk = a.rope_kv;
-  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<bf16>", stream);
+  // The kernel's choice (gemv_decode.h): bulk copies for bf16 and for int8 weights other than
+  // per-channel w8a8 (which double-buffers in registers) — measured faster so; int4 keeps
+  // register loads.
+  const bool bulk_pays = w.mode == QuantMode::BF16 || (quant_mode_bits(w.mode).bits == 8 && w.mode != QuantMode::W8A8);
+  p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (bulk_pays ? 2 : 0);
+  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");
   p.gs = mb.group_size;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
   switch (w.mode) {
-    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w8a8>", stream);
+    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a8>", stream);
     case QuantMode::W8A8_G128:
-    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w8a8-g>", stream);
-    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w4a8>", stream);
-    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w4a8-g128>", stream);
-    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w8a16>", stream);
-    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, bulk_stages, "gemv_decode<w4a16>", stream);
+    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a8-g>", stream);
+    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a8>", stream);
+    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a8-g128>", stream);
+    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a16>", stream);
+    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a16>", stream);
     default: throw Error(where + ": not a quantized or bf16 mode");
   }
 }
