@@ -5,7 +5,8 @@
 # Needs the bundle of tools/gpu/make_bundle.sh. For each mode: `perry run --synthetic llama3-8b`
 # with a 16-token prompt and 3 new tokens, eager launches (--no-cuda-graphs), every kernel timed;
 # OUT/profile-MODE.csv is the raw ncu table, OUT/profile.md the per-kernel sums of the last
-# decode step (tools/gpu/profile_report.py).
+# decode step (tools/gpu/profile_report.py; PROFILE_FIRST=1: the first forward, e.g. a prefill
+# with PROFILE_TOKENS=2048 PROFILE_N=1).
 set -uo pipefail
 OUT=${1:?usage: profile_decode.sh OUT [modes...]}
 shift
@@ -28,9 +29,9 @@ for m in $MODES; do
   timeout ${PROFILE_TIMEOUT:-200} "$NCU" --clock-control none --cache-control none \
     --metrics "${NCU_METRICS:-gpu__time_duration.sum}" ${NCU_ARGS:-} \
     --csv --page raw --log-file "$OUT/profile-$m.csv" \
-    "$T/bin/perry" run --device cuda --synthetic llama3-8b --quant "$m" --prompt-tokens 16 -n 3 --no-cuda-graphs \
+    "$T/bin/perry" run --device cuda --synthetic llama3-8b --quant "$m" --prompt-tokens ${PROFILE_TOKENS:-16} -n ${PROFILE_N:-3} --no-cuda-graphs \
     ${PROFILE_ARGS:-} > "$T/perry-$m.out" 2> "$T/perry-$m.err"
   echo "$m: exit $? $(wc -l < "$OUT/profile-$m.csv") lines; $(tail -2 "$T/perry-$m.err" | tr '\n' ' ')"
 done
-python3 "$ROOT/tools/gpu/profile_report.py" "$OUT"/profile-*.csv > "$OUT/profile.md" 2>&1
+python3 "$ROOT/tools/gpu/profile_report.py" ${PROFILE_FIRST:+--first} "$OUT"/profile-*.csv > "$OUT/profile.md" 2>&1
 cat "$OUT/profile.md"

@@ -44,6 +44,8 @@ P="$T/bin/perry"
 [ "$LEVEL" = final ] && TEST_FILTER='-*Timing*:*Perf*'
 # `decode`: the decode-path tests only (TESTS_ONLY names the programs), then decode A/B below.
 [ "$LEVEL" = decode ] && TESTS_ONLY=${TESTS_ONLY:-"test_cuda_gemv_decode test_cuda_attention test_cuda_model"}
+# `prefill`: the prefill-path tests, then prefill A/B below (and decode pairs if DECODE_PAIRS is set).
+[ "$LEVEL" = prefill ] && TESTS_ONLY=${TESTS_ONLY:-"test_cuda_attention test_cuda_elementwise test_cuda_model"}
 if [ "$LEVEL" != ops ] && [ "$LEVEL" != peers ] && [ "$LEVEL" != run3 ]; then  # (steps 1 and 2; `ops`, `peers`, `run3` skip them)
 # 1. Tests: every CUDA test program, each bounded.
 : > "$OUT/tests.log"
@@ -61,7 +63,7 @@ grep -E '^\[  FAILED  \].*ms\)' "$OUT/tests.log" | head -30 | sed 's/^/  - /' | 
 grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -90 | sed "s/^/    /" | tee -a "$S"
 
 # 2. perry itself on the GPU: info, a short generation with the embedded model.
-[ "$LEVEL" != final ] && [ "$LEVEL" != decode ] && {
+[ "$LEVEL" != final ] && [ "$LEVEL" != decode ] && [ "$LEVEL" != prefill ] && {
   echo "== perry info --device cuda"; timeout 60 "$P" info --device cuda
   echo "== perry info --device cuda --quant w8a8"; timeout 60 "$P" info --device cuda --quant w8a8
   echo "== perry run --device cuda"; timeout 60 "$P" run --device cuda -n 48 -p "The ship sailed"
@@ -184,8 +186,36 @@ decode_ab() {
   [ "${DECODE_PROFILE:-1}" = 1 ] && PROFILE_TIMEOUT=120 bash "$ROOT/tools/gpu/profile_decode.sh" "$OUT" ${PROFILE_MODES:-bf16 w4a8-g128} > /dev/null 2>&1 &&
     { say ""; cat "$OUT/profile.md" >> "$S"; rm -f "$OUT"/profile-*.csv; }
 }
+# Prefill (TTFT) of llama3-8b per PREFILL_PAIRS="mode:variant ..." (variants: base, or
+# '+'-joined switches as in decode_ab), with the linears alone timed by the same bench (what
+# "time outside the GEMMs" is measured against); then per-kernel times of one 2048-token prefill
+# (Nsight Compute) for PROFILE_MODES.
+prefill_ab() {
+  say ""
+  say "## prefill A/B (llama3-8b; prefill ms and the linears alone)"
+  for mv in ${PREFILL_PAIRS:-bf16:base w8a8:base}; do
+    m=${mv%%:*} v=${mv#*:}
+    env=()
+    for sw in ${v//+/ }; do
+      case $sw in
+        base) ;;
+        separate) env+=(PERRY_PREFILL_SEPARATE=1) ;;  # split_qkv + rope + append + fp32 attention out
+        *) say "- unknown prefill variant $v"; continue 2 ;;
+      esac
+    done
+    timeout 200 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p ${PREFILL_LENGTHS:-2048 4096 8192} \
+      -b 1 -n 2 -r 3 -o "$T/pre-$m-$v" > "$T/pre-$m-$v.log" 2>&1
+    say "- $m $v (exit $?):"
+    grep -E "prefill|linears" "$T/pre-$m-$v.log" | grep -v "^mode" | sed 's/^/    /' | tee -a "$S"
+  done
+  [ -n "${DECODE_PAIRS:-}" ] && DECODE_QWEN_MODES="" DECODE_PROFILE=0 decode_ab
+  [ "${PREFILL_PROFILE:-1}" = 1 ] && PROFILE_FIRST=1 PROFILE_TIMEOUT=150 PROFILE_TOKENS=${PROFILE_TOKENS:-2048} \
+    PROFILE_N=1 bash "$ROOT/tools/gpu/profile_decode.sh" "$OUT" ${PROFILE_MODES:-bf16 w8a8} > "$T/profile.log" 2>&1 &&
+    { say ""; cat "$OUT/profile.md" >> "$S"; rm -f "$OUT"/profile-*.csv; }
+}
 case "$LEVEL" in
   decode) decode_ab ;;
+  prefill) prefill_ab ;;
   quick) bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128 ;;
   full)
     bench llama3-8b llama3-8b bf16 w8a16 w4a16 w8a8 w8a8-g128 w4a8-g128
