@@ -203,6 +203,14 @@ struct Heads {
   int nh, nkv;
 };
 
+const char* kernel_label(pc::PrefillKernel k) {
+  return k == pc::PrefillKernel::Rows64 ? "rows64" : k == pc::PrefillKernel::Rows128 ? "rows128" : "fp32";
+}
+
+// Every kernel the head dimension has: fp32 out against the float64 reference; then q read in
+// place from a q|k|v-shaped buffer (row stride (nh + 2·nkv)·hd, the k / v columns NaN: a kernel
+// reading past q's heads fails) with bf16 out, which must be exactly f32_to_bf16 of the fp32
+// result, gap rows untouched.
 void run_prefill_case(const std::vector<Spec>& specs, Heads hc, int hd, int capacity,
                       std::mt19937& gen) {
   SCOPED_TRACE("prefill nh=" + std::to_string(hc.nh) + " nkv=" + std::to_string(hc.nkv) +
@@ -210,14 +218,44 @@ void run_prefill_case(const std::vector<Spec>& specs, Heads hc, int hd, int capa
   const Problem p = make_problem(specs, hc.nh, hc.nkv, hd, capacity, gen);
   DevProblem d(p);
   append_and_check(p, d);
-  poison(p, d.out);
-  pc::attention_prefill(d.q.p, d.seqs.p, int(p.seqs.size()), p.max_new, p.max_ctx, d.kc.p, d.vc.p,
-                        p.nh, p.nkv, p.hd, p.capacity, p.scale, d.out.p, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const bool tc = hd == 64 || hd == 128;
-  const double err = check_out(p, d.out.get(), reference(p, tc));
-  EXPECT_LT(err, tc ? 1e-2 : 1e-4);
-  std::printf("  prefill nh=%d nkv=%d hd=%d: rel L2 error %.3g\n", hc.nh, hc.nkv, hd, err);
+  const std::vector<double> ref = reference(p, tc);
+  const size_t W = size_t(p.nh) * hd, stride = size_t(p.nh + 2 * p.nkv) * hd;
+  std::vector<float> wide(size_t(p.M) * stride, std::numeric_limits<float>::quiet_NaN());
+  for (int r = 0; r < p.M; ++r) std::copy_n(p.q.data() + r * W, W, wide.data() + r * stride);
+  Dev<float> dwide(wide);
+  constexpr uint16_t kUntouched = 0xFFFF;  // a NaN no conversion produces
+  const std::vector<pc::PrefillKernel> kernels =
+      tc ? std::vector<pc::PrefillKernel>{pc::PrefillKernel::Rows64, pc::PrefillKernel::Rows128}
+         : std::vector<pc::PrefillKernel>{pc::PrefillKernel::Auto};
+  for (pc::PrefillKernel kern : kernels) {
+    SCOPED_TRACE(kernel_label(kern));
+    poison(p, d.out);
+    pc::attention_prefill(d.q.p, d.seqs.p, int(p.seqs.size()), p.max_new, p.max_ctx, d.kc.p, d.vc.p,
+                          p.nh, p.nkv, p.hd, p.capacity, p.scale, d.out.p, nullptr, kern);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> out = d.out.get();
+    const double err = check_out(p, out, ref);
+    EXPECT_LT(err, tc ? 1e-2 : 1e-4);
+    std::printf("  prefill nh=%d nkv=%d hd=%d %s: rel L2 error %.3g\n", hc.nh, hc.nkv, hd, kernel_label(kern), err);
+
+    Dev<uint16_t> ob(std::vector<uint16_t>(size_t(p.M) * W, kUntouched));
+    pc::PrefillIo io;
+    io.q = dwide.p;
+    io.q_stride = int64_t(stride);
+    io.out_bf16 = ob.p;
+    pc::attention_prefill(io, d.seqs.p, int(p.seqs.size()), p.max_new, p.max_ctx, d.kc.p, d.vc.p, p.nh, p.nkv,
+                          p.hd, p.capacity, p.scale, nullptr, kern);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint16_t> bits = ob.get();
+    size_t bad = 0;
+    for (int r = 0; r < p.M; ++r)
+      for (size_t c = 0; c < W; ++c) {
+        const size_t i = size_t(r) * W + c;
+        bad += bits[i] != (p.row_used[r] ? perry::f32_to_bf16(out[i]) : kUntouched);
+      }
+    EXPECT_EQ(bad, 0u) << "bf16 output (q read with stride " << stride << ") is not f32_to_bf16 of the fp32 output";
+  }
 }
 
 void run_decode_case(const std::vector<int>& ctxs, Heads hc, int hd, int capacity,
@@ -388,6 +426,21 @@ TEST(CudaAttention, BadArgumentsThrow) {
                perry::Error);  // nkv does not divide nh
   EXPECT_THROW(pc::attention_prefill(f, s, 1, 4, 4, c + 1, c, 8, 8, 64, 16, 0.1f, f, nullptr),
                perry::Error);  // misaligned cache
+  EXPECT_THROW(pc::attention_prefill(f, s, 1, 4, 4, c, c, 8, 8, 64, 16, 0.f, f, nullptr),
+               perry::Error);  // scale must be positive
+  EXPECT_THROW(pc::attention_prefill(f + 1, s, 1, 4, 4, c, c, 8, 8, 64, 16, 0.1f, f, nullptr,
+                                     pc::PrefillKernel::Rows128),
+               perry::Error);  // q not 16-byte aligned for the tensor-core kernels
+  {
+    pc::PrefillIo io;
+    io.q = f;
+    io.out = f;
+    io.out_bf16 = c;
+    EXPECT_THROW(pc::attention_prefill(io, s, 1, 4, 4, c, c, 8, 8, 64, 16, 0.1f, nullptr), perry::Error);  // two outs
+    io.out_bf16 = nullptr;
+    io.q_stride = 8 * 64 - 1;
+    EXPECT_THROW(pc::attention_prefill(io, s, 1, 4, 4, c, c, 8, 8, 64, 16, 0.1f, nullptr), perry::Error);  // stride
+  }
   EXPECT_THROW(pc::attention_decode(f, s, 1, 4, c, c, 8, 8, 300, 16, 0.1f, f, f, 1 << 20, nullptr),
                perry::Error);  // hd > 256
   EXPECT_THROW(pc::attention_decode(f, s, 1, 4, c, c, 6, 4, 64, 16, 0.1f, f, f, 1 << 20, nullptr),
@@ -415,20 +468,21 @@ TEST(CudaAttention, PerfLlama8bShapes) {
     Dev<uint16_t> kc(size_t(nkv) * cap * hd), vc(size_t(nkv) * cap * hd);
     Dev<AttnSeq> seqs(std::vector<AttnSeq>{{0, T, 0, 0}});
     pc::kv_cache_append(kv.p, kv.p, seqs.p, 1, T, nkv, hd, cap, kc.p, vc.p, nullptr);
-    pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p, nullptr);
-    const int reps = 5;
-    cudaEventRecord(e0);
-    for (int r = 0; r < reps; ++r)
-      pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p,
-                            nullptr);
-    cudaEventRecord(e1);
-    ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    ms /= reps;
-    const double flops = 4.0 * hd * nh * (double(T) * (T + 1) / 2);  // QKᵀ + PV, causal
-    std::printf("  prefill T=%d nh=%d nkv=%d hd=%d: %.3f ms, %.1f TFLOP/s\n", T, nh, nkv, hd, ms,
-                flops / (ms * 1e-3) / 1e12);
+    for (pc::PrefillKernel kern : {pc::PrefillKernel::Rows64, pc::PrefillKernel::Rows128}) {
+      pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p, nullptr, kern);
+      const int reps = 5;
+      cudaEventRecord(e0);
+      for (int r = 0; r < reps; ++r)
+        pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p, nullptr, kern);
+      cudaEventRecord(e1);
+      ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      ms /= reps;
+      const double flops = 4.0 * hd * nh * (double(T) * (T + 1) / 2);  // QKᵀ + PV, causal
+      std::printf("  prefill T=%d nh=%d nkv=%d hd=%d %s: %.3f ms, %.1f TFLOP/s\n", T, nh, nkv, hd, kernel_label(kern),
+                  ms, flops / (ms * 1e-3) / 1e12);
+    }
     const std::vector<float> o = out.get();
     EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return std::isfinite(x); }));
   }

@@ -3,7 +3,7 @@
 // reference of the quantized math on inputs prepared on the host by the CPU rules (RMSNorm with a
 // float64 sum of squares, quant::quantize_row_ref, f32_to_bf16). Shapes: Llama-like K = 4096, a K
 // that is not a multiple of the 128 group (1056), and an N large enough that blocks loop over
-// several row groups. Also decode_rope_append against head_rms_norm + rope_apply +
+// several row groups. Also rope_append_qkv against head_rms_norm + rope_apply +
 // kv_cache_append (bit-exact: the same fp32 operations), and the argument checks.
 #include <gtest/gtest.h>
 
@@ -322,23 +322,30 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 
-// decode_rope_append == head_rms_norm + rope_apply + kv_cache_append, bit for bit: two decode
-// rows of two sequences, GQA 8/2, with and without the q/k norm, one position past the RoPE
+// rope_append_qkv == head_rms_norm + rope_apply + kv_cache_append, bit for bit: two decode
+// rows of two sequences, and a prefill of two sequences of 5 and 4 tokens (the second crossing
+// the end of the RoPE table), GQA 8/2, with and without the q/k norm, positions past the RoPE
 // table (NaN q and k), cache bytes compared whole.
 TEST(CudaDecodeRopeAppend, EqualsTheSeparateKernels) {
   REQUIRE_GPU();
   std::mt19937 gen(7);
   const int nh = 8, nkv = 2, hd = 128, cap = 64, max_pos = 48, slots = 3;
-  const int Q = nh * hd, KV = nkv * hd, stride = Q + 2 * KV, M = 2;
+  const int Q = nh * hd, KV = nkv * hd, stride = Q + 2 * KV;
   std::vector<float> cosv(size_t(max_pos) * hd / 2), sinv(cosv.size());
   for (size_t i = 0; i < cosv.size(); ++i) cosv[i] = std::cos(0.01f * float(i)), sinv[i] = std::sin(0.01f * float(i));
   pc::DeviceRopeTable rope(cosv.data(), sinv.data(), hd, max_pos);
+  for (bool prefill : {false, true})
   for (bool qk_norm : {false, true}) {
     for (int pos_b : {20, 50}) {  // 50: past the RoPE table (but inside the cache)
+      SCOPED_TRACE(prefill ? "prefill" : "decode");
+      const std::vector<pc::AttnSeq> seqs = prefill ? std::vector<pc::AttnSeq>{{0, 5, 3, 2}, {5, 4, pos_b - 3, 0}}
+                                                    : std::vector<pc::AttnSeq>{{0, 1, 10, 2}, {1, 1, pos_b, 0}};
+      std::vector<int32_t> pos;
+      for (const pc::AttnSeq& sq : seqs)
+        for (int t = 0; t < sq.n_new; ++t) pos.push_back(sq.pos0 + t);
+      const int M = int(pos.size());
       std::vector<float> qkv = rand_f(size_t(M) * stride, gen, -2.f, 2.f);
       std::vector<float> qn = rand_f(size_t(hd), gen, 0.5f, 1.5f), kn = rand_f(size_t(hd), gen, 0.5f, 1.5f);
-      std::vector<pc::AttnSeq> seqs = {{0, 1, 10, 2}, {1, 1, pos_b, 0}};
-      std::vector<int32_t> pos = {10, pos_b};
       const size_t cache_elems = size_t(slots) * nkv * cap * hd;
       std::vector<uint16_t> cache0(cache_elems);
       for (auto& e : cache0) e = uint16_t(gen());
@@ -348,8 +355,8 @@ TEST(CudaDecodeRopeAppend, EqualsTheSeparateKernels) {
       // Fused.
       Dev<float> f_qkv(qkv);
       Dev<uint16_t> f_k(cache0), f_v(cache0);
-      pc::decode_rope_append(f_qkv.p, stride, dseq.p, 2, M, nh, nkv, hd, qk_norm ? dqn.p : nullptr,
-                             qk_norm ? dkn.p : nullptr, 1e-6f, rope.view(), cap, f_k.p, f_v.p, nullptr);
+      pc::rope_append_qkv(f_qkv.p, stride, dseq.p, 2, M, nh, nkv, hd, qk_norm ? dqn.p : nullptr,
+                          qk_norm ? dkn.p : nullptr, 1e-6f, rope.view(), cap, f_k.p, f_v.p, nullptr);
       // Separate: q, k, v split out of the fused rows first.
       std::vector<float> q(static_cast<size_t>(M) * Q), k(static_cast<size_t>(M) * KV), v(static_cast<size_t>(M) * KV);
       for (int m = 0; m < M; ++m) {
@@ -379,7 +386,7 @@ TEST(CudaDecodeRopeAppend, EqualsTheSeparateKernels) {
   }
 }
 
-// DecodeOut::RopeKv == Store then decode_rope_append, bit for bit: q (rotated) in y, k (rotated)
+// DecodeOut::RopeKv == Store then rope_append_qkv, bit for bit: q (rotated) in y, k (rotated)
 // and v in the cache, for positions inside the RoPE table, past it (NaN q / k) and past the cache
 // capacity (nothing stored), in a float, an int8 and two int4 modes, with a q|k|v bias.
 TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
@@ -404,14 +411,14 @@ TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
       a.in = pc::DecodeIn::RmsNorm;
       a.norm_w = dnw.p;
       a.eps = 1e-5f;
-      // Separate: Store, then decode_rope_append on the stored row.
+      // Separate: Store, then rope_append_qkv on the stored row.
       Dev<float> ys(std::vector<float>(size_t(N), 0.f));
       Dev<uint16_t> ks(cache0), vs(cache0);
       a.y = ys.p;
       a.out = pc::DecodeOut::Store;
       ASSERT_NO_THROW(pc::gemv_decode(w, a, nullptr)) << what;
-      pc::decode_rope_append(ys.p, N, dseq.p, 1, 1, nh, nkv, hd, nullptr, nullptr, 1e-6f, rope.view(), cap, ks.p,
-                             vs.p, nullptr);
+      pc::rope_append_qkv(ys.p, N, dseq.p, 1, 1, nh, nkv, hd, nullptr, nullptr, 1e-6f, rope.view(), cap, ks.p,
+                          vs.p, nullptr);
       // Fused.
       Dev<float> yf(std::vector<float>(size_t(N), 0.f));
       Dev<uint16_t> kf(cache0), vf(cache0);

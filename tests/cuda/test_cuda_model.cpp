@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/cuda_backend.h"
@@ -259,6 +260,70 @@ std::vector<float> decode_logits(const std::string& dir, const char* mode) {
     all.insert(all.end(), logits.begin(), logits.end());
   }
   return all;
+}
+
+// Logits of every row of a 300-token prompt (several 64- and 128-row attention tiles, a
+// partial last tile), then of one 20-token chunk on top of it (pos0 > 0).
+std::vector<float> prefill_logits(const std::string& dir, const char* mode) {
+  auto m = load(dir, quant::parse_quant_mode(mode), true);
+  auto cache = m->make_cache(512, 1);
+  std::mt19937 gen(3);
+  std::vector<int32_t> prompt(320);
+  for (auto& t : prompt) t = int32_t(gen() % uint32_t(m->config().vocab_size));
+  std::vector<float> logits, all;
+  m->forward({{0, prompt.data(), 300, true}}, cache, logits);
+  all = logits;
+  m->forward({{0, prompt.data() + 300, 20, true}}, cache, logits);
+  all.insert(all.end(), logits.begin(), logits.end());
+  return all;
+}
+
+// The prefill path's toggles: PERRY_PREFILL_SEPARATE=1 (split_qkv, rope_apply, kv_cache_append,
+// an fp32 attention output and a conversion pass) gives the same logits bit for bit as the fused
+// path (rope_append_qkv, attention reading q in place and writing the bf16 / fp32 linear input)
+// with each attention kernel; the 64- and 128-row kernels (PERRY_PREFILL_ATTN) agree to the
+// rounding of their exponentials (relative L2 < 1e-2: a flipped int8 rounding of an activation
+// moves w8a8 logits more than bf16 ones; a masking or row error moves them by O(1)).
+// perry-qwen3-20m has hd 64 (tensor cores, q/k norm); the tiny models hd 16 (the fp32 kernel).
+TEST(CudaPrefillToggles, GiveTheSameLogits) {
+  REQUIRE_DEVICE();
+  int models = 0;
+  for (const char* name : {"perry-qwen3-20m", "tiny-random-llama", "tiny-random-qwen2"}) {
+    const std::string dir = source_dir() + "/models/" + name;
+    if (!std::filesystem::exists(dir + "/config.json")) {
+      std::printf("[prefill-toggles] %s not present (the GPU transfer may leave it behind): skipped\n", name);
+      continue;
+    }
+    ++models;
+    for (const char* mode : {"bf16", "w8a8", "w4a8-g128"}) {
+      std::vector<float> by_kernel[2];
+      for (int k = 0; k < 2; ++k) {
+        const ScopedEnv attn("PERRY_PREFILL_ATTN", k == 0 ? "64" : "128");
+        std::vector<float> fused, separate;
+        {
+          const ScopedEnv sep("PERRY_PREFILL_SEPARATE", nullptr);
+          fused = prefill_logits(dir, mode);
+        }
+        {
+          const ScopedEnv sep("PERRY_PREFILL_SEPARATE", "1");
+          separate = prefill_logits(dir, mode);
+        }
+        EXPECT_EQ(fused, separate) << name << " " << mode << " rows " << (k == 0 ? 64 : 128);
+        by_kernel[k] = fused;
+      }
+      ASSERT_EQ(by_kernel[0].size(), by_kernel[1].size());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < by_kernel[0].size(); ++i) {
+        const double d = double(by_kernel[0][i]) - by_kernel[1][i];
+        num += d * d;
+        den += double(by_kernel[0][i]) * by_kernel[0][i];
+      }
+      const double rel = std::sqrt(num / den);
+      std::printf("[prefill-toggles] %s %s: 64- vs 128-row attention, logits rel L2 %.3g\n", name, mode, rel);
+      EXPECT_LT(rel, 1e-2) << name << " " << mode;
+    }
+  }
+  EXPECT_GE(models, 1);
 }
 
 // The one-token decode path's A/B toggles give the same logits bit for bit as its plainest form

@@ -167,7 +167,7 @@ decode_ab() {
         nopdl) env+=(PERRY_NO_PDL=1) ;;
         rows1) env+=(PERRY_GEMV_DECODE_ROWS=1) ;;  # o / down: one row per warp, 8 chunks a lane
         ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama; the default)
-        noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # decode_rope_append as its own kernel
+        noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # rope_append_qkv as its own kernel
         both) env+=(PERRY_GEMV_DECODE_ROWS=1 PERRY_DECODE_ROPE_IN_QKV=1) ;;
         attn1) env+=(PERRY_DECODE_ATTN_ONE_KERNEL=1) ;;  # decode attention merge by the last partial block
         stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
@@ -200,6 +200,8 @@ prefill_ab() {
       case $sw in
         base) ;;
         separate) env+=(PERRY_PREFILL_SEPARATE=1) ;;  # split_qkv + rope + append + fp32 attention out
+        attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
+        attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         *) say "- unknown prefill variant $v"; continue 2 ;;
       esac
     done

@@ -97,7 +97,7 @@ class CudaBackend final : public model::ForwardBackend {
   std::string name_;
   ActFormat act_fmt_;
   std::vector<Layer> layers_;
-  // One-token steps run the fused decode path (gemv_decode [+ decode_rope_append]: 6-7 kernels a
+  // One-token steps run the fused decode path (gemv_decode [+ rope_append_qkv]: 6-7 kernels a
   // layer) when every linear fits it; PERRY_NO_FUSED_DECODE=1 keeps the separate kernels (A/B).
   bool fused_decode_ = false;
   // Rows per warp of the residual-accumulating decode linears (o_proj, down_proj): 0 = the
@@ -105,7 +105,7 @@ class CudaBackend final : public model::ForwardBackend {
   int acc_rows_per_warp_ = 0;
   // RoPE + KV append in the q|k|v GEMV's epilogue (models without q/k norm), one kernel less a
   // layer (w4a8-g128 decode +4% on the H200, docs/perf/cuda/decode-run8-summary.md);
-  // PERRY_DECODE_ROPE_IN_QKV=0 keeps decode_rope_append for A/B runs (gemv_decode.h, RopeKv).
+  // PERRY_DECODE_ROPE_IN_QKV=0 keeps rope_append_qkv for A/B runs (gemv_decode.h, RopeKv).
   bool rope_in_qkv_ = false;
   // Bulk-copy ring stages per warp of every decode linear: -1 = the kernel's choice per weight
   // type; PERRY_GEMV_DECODE_STAGES=n (0 = register loads) forces it for A/B runs (gemv_decode.h,
@@ -115,6 +115,13 @@ class CudaBackend final : public model::ForwardBackend {
   // PERRY_DECODE_ATTN_ONE_KERNEL=1 until measured. The counters (nkv ints, zero between calls).
   bool attn_one_kernel_ = false;
   DeviceBuffer attn_counters_;
+  // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
+  // linears) instead of split_qkv, rope_apply, kv_cache_append and a conversion pass;
+  // PERRY_PREFILL_SEPARATE=1 keeps the separate kernels for A/B runs.
+  bool prefill_fused_ = true;
+  // The prefill attention kernel: the library's choice, or PERRY_PREFILL_ATTN=64 / 128 (rows a
+  // block) for A/B runs.
+  PrefillKernel prefill_attn_ = PrefillKernel::Auto;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
   RopeTableView rope_view_;
@@ -195,6 +202,11 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   attn_one_kernel_ = fused_decode_ && env_flag("PERRY_DECODE_ATTN_ONE_KERNEL");
+  prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
+  if (const int rows = env_int("PERRY_PREFILL_ATTN", 0, 0, 128); rows != 0) {
+    if (rows != 64 && rows != 128) throw Error("PERRY_PREFILL_ATTN=" + std::to_string(rows) + ": use 64 or 128 (rows a block)");
+    prefill_attn_ = rows == 64 ? PrefillKernel::Rows64 : PrefillKernel::Rows128;
+  }
   if (attn_one_kernel_) {
     attn_counters_.ensure(pool_, size_t(cfg_.num_kv_heads) * sizeof(int), "decode attention counters");
     PERRY_CUDA_CHECK(cudaMemset(attn_counters_.get(), 0, attn_counters_.bytes()));
@@ -441,7 +453,7 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
       decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::RopeKv, qkv, 0, &rk);
     } else {
       decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::Store, qkv);
-      decode_rope_append(qkv, Q + 2 * KV, d_seq, 1, 1, nh, nkv, hd, cfg_.qk_norm ? L.q_norm.get<float>() : nullptr,
+      rope_append_qkv(qkv, Q + 2 * KV, d_seq, 1, 1, nh, nkv, hd, cfg_.qk_norm ? L.q_norm.get<float>() : nullptr,
                          cfg_.qk_norm ? L.k_norm.get<float>() : nullptr, float(cfg_.rms_norm_eps), rope_view_, st.cap,
                          kc, vc, stream_);
     }
@@ -486,21 +498,37 @@ void CudaBackend::enqueue(const Step& st) {
     if (l == 0) rms_norm(x, L.in_norm.get<float>(), eps, M, H, act_out(), stream_);
     // (later layers: the previous layer's residual add already normalized x into the input)
     L.qkv.forward(in, M, qkv, lctx_);
-    if (M > 1) split_qkv(qkv, M, Q, KV, q, k, v, stream_);
-    if (cfg_.qk_norm) {
-      head_rms_norm(q, Q, M, nh, hd, L.q_norm.get<float>(), eps, stream_);
-      head_rms_norm(k, KV, M, nkv, hd, L.k_norm.get<float>(), eps, stream_);
-    }
-    rope_apply(q, Q, nh, k, KV, nkv, M, d_pos, rope_view_, stream_);
     uint16_t* kc = kv.k.get<uint16_t>() + l * kv.layer_elems;
     uint16_t* vc = kv.v.get<uint16_t>() + l * kv.layer_elems;
-    kv_cache_append(k, v, d_seq, n_seqs, M, nkv, hd, st.cap, kc, vc, stream_);
-    if (st.decode)
-      attention_decode(q, d_seq, n_seqs, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
-                       attn_ws_.bytes(), stream_);
-    else
-      attention_prefill(q, d_seq, n_seqs, st.max_new, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, stream_);
-    to_linear_input(attn, M, Q);
+    if (!st.decode && prefill_fused_) {
+      // q/k norm, RoPE and the cache append in one pass over q|k|v; attention reads q in place
+      // and, for bf16 linears, writes o_proj's bf16 input itself.
+      rope_append_qkv(qkv, Q + 2 * KV, d_seq, n_seqs, M, nh, nkv, hd, cfg_.qk_norm ? L.q_norm.get<float>() : nullptr,
+                      cfg_.qk_norm ? L.k_norm.get<float>() : nullptr, eps, rope_view_, st.cap, kc, vc, stream_);
+      PrefillIo io;
+      io.q = qkv;
+      io.q_stride = Q + 2 * KV;
+      if (act_fmt_ == ActFormat::BF16) io.out_bf16 = act_bf16_.get<uint16_t>();
+      else io.out = attn;
+      attention_prefill(io, d_seq, n_seqs, st.max_new, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, stream_,
+                        prefill_attn_);
+      if (act_fmt_ != ActFormat::BF16) to_linear_input(attn, M, Q);
+    } else {
+      if (M > 1) split_qkv(qkv, M, Q, KV, q, k, v, stream_);
+      if (cfg_.qk_norm) {
+        head_rms_norm(q, Q, M, nh, hd, L.q_norm.get<float>(), eps, stream_);
+        head_rms_norm(k, KV, M, nkv, hd, L.k_norm.get<float>(), eps, stream_);
+      }
+      rope_apply(q, Q, nh, k, KV, nkv, M, d_pos, rope_view_, stream_);
+      kv_cache_append(k, v, d_seq, n_seqs, M, nkv, hd, st.cap, kc, vc, stream_);
+      if (st.decode)
+        attention_decode(q, d_seq, n_seqs, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn,
+                         attn_ws_.get<float>(), attn_ws_.bytes(), stream_);
+      else
+        attention_prefill(q, d_seq, n_seqs, st.max_new, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn,
+                          stream_, prefill_attn_);
+      to_linear_input(attn, M, Q);
+    }
     L.o.forward(in, M, delta, lctx_);
     add_rms_norm(x, delta, L.post_norm.get<float>(), eps, M, H, act_out(), stream_);
     L.gate_up.forward(in, M, gu, lctx_);
@@ -573,7 +601,7 @@ std::string CudaBackend::kernel_summary() const {
   s += "  lm_head: M=1 → " + lm_head_.kernel_name(1) + ", M=512 → " + lm_head_.kernel_name(512) + "\n";
   s += "  attention: prefill → attention_prefill (tensor cores, online softmax), decode → attention_decode (split-KV)\n";
   s += fused_decode_ ? "  one-token decode: gemv_decode (RMSNorm / SwiGLU / residual add fused into the linears), "
-                       "decode_rope_append, programmatic dependent launch\n"
+                       "rope_append_qkv, programmatic dependent launch\n"
                      : "  one-token decode: separate kernels (PERRY_NO_FUSED_DECODE or a layer gemv_decode cannot take)\n";
   s += fmt::format("  GPU memory held: {}\n", mib(pool_.in_use()));
   return s;

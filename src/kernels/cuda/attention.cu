@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernels/cuda/attention_device.cuh"
+#include "kernels/cuda/device_query.h"
 
 namespace perry::cuda {
 namespace {
@@ -66,12 +67,12 @@ constexpr int tc_smem_bytes() {
   return 2 /*stages*/ * 2 /*K,V*/ * kBN * (HD + 8) * 2;
 }
 
-template <int HD>
+template <int HD, int BN = kBN>
 __device__ __forceinline__ void tc_load_tile(uint16_t* ks, uint16_t* vs, const uint16_t* kg,
                                              const uint16_t* vg, int k0, int kv_len) {
   constexpr int kStride = HD + 8, kChunksRow = HD / 8;  // 16-byte chunks per cache row
 #pragma unroll
-  for (int c = threadIdx.x; c < kBN * kChunksRow; c += kTcThreads) {
+  for (int c = threadIdx.x; c < BN * kChunksRow; c += kTcThreads) {
     const int r = c / kChunksRow, col = (c % kChunksRow) * 8;
     const bool ok = k0 + r < kv_len;
     const size_t off = ok ? (size_t)(k0 + r) * HD + col : 0;
@@ -80,11 +81,26 @@ __device__ __forceinline__ void tc_load_tile(uint16_t* ks, uint16_t* vs, const u
   }
 }
 
-template <int HD>
+// One query row's output for dims 8i + 2t, +1 (i < HD/8) from the C fragments c[i][e0], c[i][e0+1],
+// times inv: fp32 pairs, or bf16 pairs with the bits of perry::f32_to_bf16 of those floats.
+template <int HD, bool kBf16Out>
+__device__ __forceinline__ void store_row(void* out, size_t off, const float (*c)[4], int e0, float inv) {
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) {
+    const float x = c[i][e0] * inv, y = c[i][e0 + 1] * inv;
+    if constexpr (kBf16Out)
+      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + off + i * 8) =
+          uint32_t(bf16_bits(x)) | uint32_t(bf16_bits(y)) << 16;
+    else
+      *reinterpret_cast<float2*>(static_cast<float*>(out) + off + i * 8) = make_float2(x, y);
+  }
+}
+
+template <int HD, bool kBf16Out>
 __global__ void __launch_bounds__(kTcThreads)
-    prefill_tc_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
+    prefill_tc_kernel(const float* __restrict__ q, long long q_stride, const AttnSeq* __restrict__ seqs,
                       const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
-                      int nkv, int capacity, float scale_log2, float* __restrict__ out) {
+                      int nkv, int capacity, float scale_log2, void* __restrict__ out) {
   constexpr int kStride = HD + 8, kTile = kBN * kStride, kKS = HD / 16, kDT = HD / 8;
   extern __shared__ __align__(16) uint16_t smem[];  // [stage][K | V][kBN][kStride]
 
@@ -103,7 +119,7 @@ __global__ void __launch_bounds__(kTcThreads)
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int ra = i0 + warp * 16 + g, rb = ra + 8;  // this thread's two query rows (seq-relative)
-  const size_t ld = (size_t)nh * HD;
+  const size_t ld = (size_t)nh * HD;  // output row stride
 
   // Start the first K/V copy, then build the Q fragments from global fp32 while it flies.
   tc_load_tile<HD>(smem, smem + kTile, kg, vg, 0, kv_len);
@@ -113,8 +129,8 @@ __global__ void __launch_bounds__(kTcThreads)
   // a2 (row g, 8+2t..), a3 (row g+8, 8+2t..). Rows past n_new are zeros (never stored).
   uint32_t qf[kKS][4];
   {
-    const float* qa = q + (size_t)(sq.q_row + (ra < sq.n_new ? ra : 0)) * ld + (size_t)h * HD;
-    const float* qb = q + (size_t)(sq.q_row + (rb < sq.n_new ? rb : 0)) * ld + (size_t)h * HD;
+    const float* qa = q + (size_t)(sq.q_row + (ra < sq.n_new ? ra : 0)) * q_stride + (size_t)h * HD;
+    const float* qb = q + (size_t)(sq.q_row + (rb < sq.n_new ? rb : 0)) * q_stride + (size_t)h * HD;
     const bool va = ra < sq.n_new, vb = rb < sq.n_new;
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
@@ -242,20 +258,208 @@ __global__ void __launch_bounds__(kTcThreads)
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
   // C layout: c0,c1 at (row g, dims 8i + 2t, +1), c2,c3 at row g+8.
-  if (ra < sq.n_new) {
-    const float inv = 1.f / l_a;
-    float* dst = out + (size_t)(sq.q_row + ra) * ld + (size_t)h * HD + 2 * t;
-#pragma unroll
-    for (int i = 0; i < kDT; ++i)
-      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(o[i][0] * inv, o[i][1] * inv);
+  if (ra < sq.n_new)
+    store_row<HD, kBf16Out>(out, (size_t)(sq.q_row + ra) * ld + (size_t)h * HD + 2 * t, o, 0, 1.f / l_a);
+  if (rb < sq.n_new)
+    store_row<HD, kBf16Out>(out, (size_t)(sq.q_row + rb) * ld + (size_t)h * HD + 2 * t, o, 2, 1.f / l_b);
+}
+
+// ---------------------------------------------------------------- prefill, tensor cores, 128 rows
+// Block = 4 warps = 128 query rows; each warp owns 32 rows as two m16 tiles, so every K / V
+// fragment read from shared memory feeds two MMAs. (The 64-row kernel above reads one 512-byte
+// ldmatrix.x4 per two m16n8k16 MMAs: as many shared-memory cycles as tensor cycles, which was its
+// limit.) Q is staged once in shared memory as bf16 and read by ldmatrix per k-step: two tiles'
+// Q fragments (64 registers) would not fit next to 128 fp32 accumulators and the scores.
+// Softmax: the maximum is taken over the raw scores (scale > 0) and exp2(s·scale·log2e − m) is one
+// FFMA + EX2; the rescale of the accumulators is skipped when no row of the tile's warp got a
+// new maximum (warp-uniform branch: most tiles after the first few).
+constexpr int kBM2 = 128;
+
+template <int HD, int BN>
+constexpr int tc2_smem_bytes() {
+  return (kBM2 + 2 /*stages*/ * 2 /*K,V*/ * BN) * (HD + 8) * 2;
+}
+
+template <int HD, int BN, bool kBf16Out>
+__global__ void __launch_bounds__(kTcThreads)
+    prefill_tc2_kernel(const float* __restrict__ q, long long q_stride, const AttnSeq* __restrict__ seqs,
+                       const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
+                       int nkv, int capacity, float scale_log2, void* __restrict__ out) {
+  constexpr int kStride = HD + 8, kTile = BN * kStride, kKS = HD / 16, kDT = HD / 8, kNT = BN / 8;
+  extern __shared__ __align__(16) uint16_t smem[];  // Q [kBM2][kStride] | [stage][K | V][BN][kStride]
+  uint16_t* qs = smem;
+  uint16_t* kvs = smem + kBM2 * kStride;
+
+  const AttnSeq sq = seqs[blockIdx.z];
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBM2;  // heaviest tiles first
+  if (sq.n_new <= 0 || i0 >= sq.n_new) return;
+  const int h = blockIdx.y, kvh = h / (nh / nkv);
+  const int kv_len = min(sq.pos0 + sq.n_new, capacity);
+  const int i_end = min(i0 + kBM2, sq.n_new);
+  const int n_keys = min(sq.pos0 + i_end, kv_len);
+  const int n_tiles = (n_keys + BN - 1) / BN;
+  const size_t head_off = ((size_t)sq.slot * nkv + kvh) * (size_t)capacity * HD;
+  const uint16_t* kg = kc + head_off;
+  const uint16_t* vg = vc + head_off;
+
+  tc_load_tile<HD, BN>(kvs, kvs + kTile, kg, vg, 0, kv_len);
+  cp_async_commit();
+  // Q rows → bf16 in shared memory (rows past n_new: zeros, never stored). Visible to every warp
+  // after the first barrier of the key loop.
+  for (int c = threadIdx.x; c < kBM2 * (HD / 4); c += kTcThreads) {
+    const int r = c / (HD / 4), col = (c % (HD / 4)) * 4;
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (i0 + r < sq.n_new)
+      x = *reinterpret_cast<const float4*>(q + (size_t)(sq.q_row + i0 + r) * q_stride + (size_t)h * HD + col);
+    *reinterpret_cast<uint2*>(qs + r * kStride + col) = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
   }
-  if (rb < sq.n_new) {
-    const float inv = 1.f / l_b;
-    float* dst = out + (size_t)(sq.q_row + rb) * ld + (size_t)h * HD + 2 * t;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int w0 = i0 + warp * 32;  // this warp's first row; its rows: w0 + 16mt + g (+8)
+  int lim[2][2];
 #pragma unroll
-    for (int i = 0; i < kDT; ++i)
-      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(o[i][2] * inv, o[i][3] * inv);
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) lim[mt][hf] = min(sq.pos0 + w0 + 16 * mt + 8 * hf + g, kv_len - 1);
+
+  float o[2][kDT][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+  float m[2][2], l[2][2];  // running max (scaled, log2 domain) and this thread's partial sums
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
+
+  // ldmatrix lane offsets: Q (A of m16k16: matrices rows 0-7 / 8-15 × dims 0-7 / 8-15), K and V
+  // as in the 64-row kernel.
+  const int qa_row = lane & 15, qa_col = (lane >> 4) * 8;
+  const int kb_row = (lane & 7) + (lane >> 4) * 8, kb_col = ((lane >> 3) & 1) * 8;
+  const int vb_row = (lane & 7) + ((lane >> 3) & 1) * 8, vb_col = (lane >> 4) * 8;
+  const uint16_t* qw = qs + (warp * 32 + qa_row) * kStride + qa_col;
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    if (kt + 1 < n_tiles) {
+      uint16_t* st = kvs + ((kt + 1) & 1) * 2 * kTile;
+      tc_load_tile<HD, BN>(st, st + kTile, kg, vg, (kt + 1) * BN, kv_len);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const uint16_t* ks_ = kvs + (kt & 1) * 2 * kTile;
+    const uint16_t* vs_ = ks_ + kTile;
+
+    float s[2][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int i = 0; i < kNT; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks) {
+      uint32_t qa[2][4];
+      ldmatrix_x4(qa[0], qw + ks * 16);
+      ldmatrix_x4(qa[1], qw + 16 * kStride + ks * 16);
+#pragma unroll
+      for (int j = 0; j < kNT / 2; ++j) {
+        uint32_t r[4];
+        ldmatrix_x4(r, ks_ + (j * 16 + kb_row) * kStride + ks * 16 + kb_col);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_bf16(s[mt][2 * j], qa[mt], r[0], r[1]);
+          mma_bf16(s[mt][2 * j + 1], qa[mt], r[2], r[3]);
+        }
+      }
+    }
+
+    const int k0 = kt * BN;
+    const bool need_mask = k0 + BN - 1 > sq.pos0 + w0;  // the warp's smallest limit
+    float base[2][2], alpha[2][2];
+    bool grew = false;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (need_mask) {
+            const int key = k0 + nt * 8 + 2 * t + (e & 1);
+            if (key > lim[mt][e >> 1]) s[mt][nt][e] = -INFINITY;
+          }
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][nt][e]);
+        }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        // The 4 threads of a quad hold the same row: reduce over the quad.
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+        const float mn = fmaxf(m[mt][hf], mx[hf] * scale_log2);
+        const float b = mn == -INFINITY ? 0.f : mn;
+        alpha[mt][hf] = exp2f(m[mt][hf] - b);  // exactly 1 when the max did not grow
+        grew |= mn > m[mt][hf];
+        m[mt][hf] = mn;
+        base[mt][hf] = b;
+        l[mt][hf] *= alpha[mt][hf];
+      }
+    }
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int i = 0; i < kDT; ++i) {
+          o[mt][i][0] *= alpha[mt][0];
+          o[mt][i][1] *= alpha[mt][0];
+          o[mt][i][2] *= alpha[mt][1];
+          o[mt][i][3] *= alpha[mt][1];
+        }
+    }
+    // P = exp2(s·scale·log2e − m) rounded to bf16; the row sums use the rounded values.
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t pf[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float* sv = s[mt][2 * kk + hf];
+          const uint32_t pa = pack_bf16(exp2f(fmaf(sv[0], scale_log2, -base[mt][0])),
+                                        exp2f(fmaf(sv[1], scale_log2, -base[mt][0])));
+          const uint32_t pb = pack_bf16(exp2f(fmaf(sv[2], scale_log2, -base[mt][1])),
+                                        exp2f(fmaf(sv[3], scale_log2, -base[mt][1])));
+          l[mt][0] += bf16_lo(pa) + bf16_hi(pa);
+          l[mt][1] += bf16_lo(pb) + bf16_hi(pb);
+          pf[mt][hf * 2 + 0] = pa;
+          pf[mt][hf * 2 + 1] = pb;
+        }
+#pragma unroll
+      for (int jd = 0; jd < HD / 16; ++jd) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, vs_ + (kk * 16 + vb_row) * kStride + jd * 16 + vb_col);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma_bf16(o[mt][2 * jd], pf[mt], r[0], r[1]);
+          mma_bf16(o[mt][2 * jd + 1], pf[mt], r[2], r[3]);
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with this stage before iteration kt+1 refills it
   }
+  cp_async_wait<0>();
+
+  const size_t ld = (size_t)nh * HD;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = l[mt][hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = w0 + 16 * mt + 8 * hf + g;
+      if (row < sq.n_new)
+        store_row<HD, kBf16Out>(out, (size_t)(sq.q_row + row) * ld + (size_t)h * HD + 2 * t, o[mt], 2 * hf,
+                                1.f / sum);
+    }
 }
 
 // ---------------------------------------------------------------- prefill, fp32 fallback
@@ -264,10 +468,11 @@ __global__ void __launch_bounds__(kTcThreads)
 // not fast: real models (hd 64 / 128) take the tensor-core kernel.
 constexpr int kFbWarps = 4;
 
+template <bool kBf16Out>
 __global__ void __launch_bounds__(kFbWarps * 32)
-    prefill_f32_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
+    prefill_f32_kernel(const float* __restrict__ q, long long q_stride, const AttnSeq* __restrict__ seqs,
                        const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
-                       int nkv, int hd, int capacity, float scale_log2, float* __restrict__ out) {
+                       int nkv, int hd, int capacity, float scale_log2, void* __restrict__ out) {
   const AttnSeq sq = seqs[blockIdx.z];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int i = blockIdx.x * kFbWarps + warp;
@@ -278,13 +483,14 @@ __global__ void __launch_bounds__(kFbWarps * 32)
   const size_t head_off = ((size_t)sq.slot * nkv + kvh) * (size_t)capacity * hd;
   const uint16_t* kg = kc + head_off;
   const uint16_t* vg = vc + head_off;
-  const size_t row_off = (size_t)(sq.q_row + i) * nh * hd + (size_t)h * hd;
+  const size_t row_off = (size_t)(sq.q_row + i) * nh * hd + (size_t)h * hd;  // of out
+  const float* qrow = q + (size_t)(sq.q_row + i) * q_stride + (size_t)h * hd;
 
   float qr[8], acc[8];
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
     const int d = lane + 32 * u;
-    qr[u] = d < hd ? q[row_off + d] : 0.f;
+    qr[u] = d < hd ? qrow[d] : 0.f;
     acc[u] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
@@ -310,23 +516,53 @@ __global__ void __launch_bounds__(kFbWarps * 32)
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
     const int d = lane + 32 * u;
-    if (d < hd) out[row_off + d] = acc[u] * inv;
+    if (d >= hd) continue;
+    if constexpr (kBf16Out)
+      static_cast<uint16_t*>(out)[row_off + d] = bf16_bits(acc[u] * inv);
+    else
+      static_cast<float*>(out)[row_off + d] = acc[u] * inv;
   }
 }
 
-template <int HD>
-void launch_prefill_tc(const float* q, const AttnSeq* seqs, int n_seqs, int max_new,
-                       const uint16_t* kc, const uint16_t* vc, int nh, int nkv, int capacity,
-                       float scale_log2, float* out, cudaStream_t stream) {
-  static int current = 0;
+// One launcher for the tensor-core kernels: the kernel's shared-memory opt-in (`current`: one per
+// kernel — the kernels share a function type, so the caller keeps it), the grid of
+// ceil(max_new / rows) × nh × n_seqs, the launch check.
+template <typename Kernel>
+void launch_prefill(Kernel kernel, int* current, int smem, int rows, const char* name, const PrefillIo& io,
+                    const AttnSeq* seqs, int n_seqs, int max_new, const uint16_t* kc, const uint16_t* vc, int nh,
+                    int nkv, int capacity, float scale_log2, cudaStream_t stream) {
   static std::mutex mu;
-  const char* name = HD == 64 ? "attention_prefill_tc<64>" : "attention_prefill_tc<128>";
-  ensure_smem(reinterpret_cast<const void*>(prefill_tc_kernel<HD>), tc_smem_bytes<HD>(), &current,
-              &mu, name);
-  const dim3 grid((max_new + kBM - 1) / kBM, nh, n_seqs);
-  prefill_tc_kernel<HD><<<grid, kTcThreads, tc_smem_bytes<HD>(), stream>>>(
-      q, seqs, kc, vc, nh, nkv, capacity, scale_log2, out);
+  ensure_smem(reinterpret_cast<const void*>(kernel), smem, current, &mu, name);
+  const dim3 grid((max_new + rows - 1) / rows, nh, n_seqs);
+  void* out = io.out_bf16 ? static_cast<void*>(io.out_bf16) : static_cast<void*>(io.out);
+  kernel<<<grid, kTcThreads, smem, stream>>>(io.q, (long long)io.q_stride, seqs, kc, vc, nh, nkv, capacity,
+                                              scale_log2, out);
   check_launch(name);
+}
+
+template <int HD, bool kBf16Out>
+void launch_prefill_tc(PrefillKernel which, const PrefillIo& io, const AttnSeq* seqs, int n_seqs, int max_new,
+                       const uint16_t* kc, const uint16_t* vc, int nh, int nkv, int capacity, float scale_log2,
+                       cudaStream_t stream) {
+  static int current_rows128 = 0, current_rows64 = 0;  // per instantiation = per kernel
+  if (which == PrefillKernel::Rows128)
+    launch_prefill(prefill_tc2_kernel<HD, kBN, kBf16Out>, &current_rows128, tc2_smem_bytes<HD, kBN>(), kBM2,
+                   HD == 64 ? "attention_prefill_tc128<64>" : "attention_prefill_tc128<128>", io, seqs, n_seqs,
+                   max_new, kc, vc, nh, nkv, capacity, scale_log2, stream);
+  else
+    launch_prefill(prefill_tc_kernel<HD, kBf16Out>, &current_rows64, tc_smem_bytes<HD>(), kBM,
+                   HD == 64 ? "attention_prefill_tc<64>" : "attention_prefill_tc<128>", io, seqs, n_seqs, max_new,
+                   kc, vc, nh, nkv, capacity, scale_log2, stream);
+}
+
+template <int HD>
+void dispatch_prefill_tc(PrefillKernel which, const PrefillIo& io, const AttnSeq* seqs, int n_seqs, int max_new,
+                         const uint16_t* kc, const uint16_t* vc, int nh, int nkv, int capacity, float scale_log2,
+                         cudaStream_t stream) {
+  if (io.out_bf16)
+    launch_prefill_tc<HD, true>(which, io, seqs, n_seqs, max_new, kc, vc, nh, nkv, capacity, scale_log2, stream);
+  else
+    launch_prefill_tc<HD, false>(which, io, seqs, n_seqs, max_new, kc, vc, nh, nkv, capacity, scale_log2, stream);
 }
 
 }  // namespace
@@ -346,9 +582,18 @@ void kv_cache_append(const float* k, const float* v, const AttnSeq* d_seqs, int 
   check_launch(fn);
 }
 
-void attention_prefill(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_new, int max_ctx,
-                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
-                       int capacity, float scale, float* out, cudaStream_t stream) {
+PrefillKernel attention_prefill_choice(PrefillKernel want, int hd, int n_seqs, int max_new, int nh) {
+  if (hd != 64 && hd != 128) return PrefillKernel::Auto;  // the fp32 kernel
+  if (want != PrefillKernel::Auto) return want;
+  // 128-row blocks halve the shared-memory reads per MMA but halve the block count too: below
+  // about two blocks per SM (e.g. a 512-token prompt of 32 heads) the 64-row kernel fills more.
+  const long long blocks = (long long)((max_new + kBM2 - 1) / kBM2) * nh * n_seqs;
+  return blocks >= 2LL * sm_count() ? PrefillKernel::Rows128 : PrefillKernel::Rows64;
+}
+
+void attention_prefill(const PrefillIo& io, const AttnSeq* d_seqs, int n_seqs, int max_new, int max_ctx,
+                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd, int capacity,
+                       float scale, cudaStream_t stream, PrefillKernel kernel) {
   const char* fn = "attention_prefill";
   check_heads(fn, nh, nkv, hd, capacity);
   check_batch(fn, d_seqs, n_seqs);
@@ -356,28 +601,44 @@ void attention_prefill(const float* q, const AttnSeq* d_seqs, int n_seqs, int ma
   PERRY_CHECK(max_new >= 0 && max_ctx >= max_new, "{}: need 0 <= max_new ({}) <= max_ctx ({})", fn,
               max_new, max_ctx);
   PERRY_CHECK(nh <= 65535, "{}: n_heads {} exceeds the grid limit 65535", fn, nh);
+  PERRY_CHECK(std::isfinite(scale) && scale > 0, "{}: scale {} must be positive and finite", fn, scale);
   if (n_seqs == 0 || max_new == 0) return;
-  PERRY_CHECK(q && out, "{}: null q or out pointer", fn);
+  PERRY_CHECK(io.q && (io.out != nullptr) != (io.out_bf16 != nullptr),
+              "{}: need q and exactly one of out (fp32) / out_bf16", fn);
+  PrefillIo x = io;
+  if (x.q_stride == 0) x.q_stride = int64_t(nh) * hd;
+  PERRY_CHECK(x.q_stride >= int64_t(nh) * hd, "{}: q row stride {} is shorter than a row of {} heads × {}", fn,
+              x.q_stride, nh, hd);
   const float scale_log2 = scale * kLog2e;
-  if (hd == 64 || hd == 128) {
-    PERRY_CHECK(aligned(q, 8) && aligned(out, 8), "{}: q and out must be 8-byte aligned", fn);
+  const PrefillKernel which = attention_prefill_choice(kernel, hd, n_seqs, max_new, nh);
+  if (which != PrefillKernel::Auto) {
+    // float4 reads of q rows (the 128-row kernel), float2 / 4-byte stores of out.
+    PERRY_CHECK(aligned(x.q, 16) && x.q_stride % 4 == 0 && aligned(x.out, 8) && aligned(x.out_bf16, 4),
+                "{}: q must be 16-byte aligned with a row stride that is a multiple of 4 floats, out 8-byte "
+                "aligned (out_bf16 4-byte)", fn);
     if (hd == 64)
-      launch_prefill_tc<64>(q, d_seqs, n_seqs, max_new, k_cache, v_cache, nh, nkv, capacity,
-                            scale_log2, out, stream);
+      dispatch_prefill_tc<64>(which, x, d_seqs, n_seqs, max_new, k_cache, v_cache, nh, nkv, capacity, scale_log2,
+                              stream);
     else
-      launch_prefill_tc<128>(q, d_seqs, n_seqs, max_new, k_cache, v_cache, nh, nkv, capacity,
-                             scale_log2, out, stream);
+      dispatch_prefill_tc<128>(which, x, d_seqs, n_seqs, max_new, k_cache, v_cache, nh, nkv, capacity, scale_log2,
+                               stream);
     return;
   }
   const dim3 grid((max_new + kFbWarps - 1) / kFbWarps, nh, n_seqs);
-  prefill_f32_kernel<<<grid, kFbWarps * 32, 0, stream>>>(q, d_seqs, k_cache, v_cache, nh, nkv, hd,
-                                                         capacity, scale_log2, out);
+  if (x.out_bf16)
+    prefill_f32_kernel<true><<<grid, kFbWarps * 32, 0, stream>>>(x.q, (long long)x.q_stride, d_seqs, k_cache,
+                                                                 v_cache, nh, nkv, hd, capacity, scale_log2,
+                                                                 x.out_bf16);
+  else
+    prefill_f32_kernel<false><<<grid, kFbWarps * 32, 0, stream>>>(x.q, (long long)x.q_stride, d_seqs, k_cache,
+                                                                  v_cache, nh, nkv, hd, capacity, scale_log2,
+                                                                  x.out);
   check_launch("attention_prefill_f32");
 }
 
 const char* attention_prefill_kernel_name(int hd) {
-  if (hd == 64) return "prefill_tc<64> (mma.sync m16n8k16 bf16)";
-  if (hd == 128) return "prefill_tc<128> (mma.sync m16n8k16 bf16)";
+  if (hd == 64) return "prefill_tc<64> / tc128<64> (mma.sync m16n8k16 bf16; 64- or 128-row blocks)";
+  if (hd == 128) return "prefill_tc<128> / tc128<128> (mma.sync m16n8k16 bf16; 64- or 128-row blocks)";
   return "prefill_f32 (CUDA cores)";
 }
 

@@ -48,15 +48,44 @@ void kv_cache_append(const float* k, const float* v, const AttnSeq* d_seqs, int 
                      int nkv, int hd, int capacity, uint16_t* k_cache, uint16_t* v_cache,
                      cudaStream_t stream);
 
+// Where attention_prefill reads q and writes its result.
+struct PrefillIo {
+  const float* q = nullptr;      // fp32; row r, head h at q + r·q_stride + h·hd
+  int64_t q_stride = 0;          // floats from one row of q to the next; 0: nh·hd (a q-only buffer;
+                                 // the fused q|k|v projection output has (nh + 2·nkv)·hd)
+  float* out = nullptr;          // fp32 [M, nh·hd] — or (exactly one of the two):
+  uint16_t* out_bf16 = nullptr;  // bf16 [M, nh·hd], each the bits perry::f32_to_bf16 gives the fp32
+                                 // result (the input of a bf16 linear, without a conversion pass)
+};
+// The tensor-core kernel for hd 64 / 128: blocks of 64 query rows (16 per warp) or 128 rows (32
+// per warp: each K / V fragment read from shared memory feeds two MMAs). Auto takes 128-row
+// blocks when there are at least two of them per SM.
+enum class PrefillKernel { Auto, Rows64, Rows128 };
+
 // Causal attention of every new token of every sequence against its slot's cache positions
-// [0, pos0 + t] (the new tokens must already be in the cache: call kv_cache_append first).
+// [0, pos0 + t] (the new tokens must already be in the cache: call kv_cache_append or
+// rope_append_qkv first).
 // hd 64 / 128: tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate; q and P rounded to bf16),
-// 64-query × 64-key tiles, K/V double-buffered in shared memory with cp.async, online softmax.
-// Other hd (<= 256): fp32 CUDA-core kernel (exact fp32 math on the bf16 cache values).
-// Grid: (ceil(max_new / tile), nh, n_seqs); blocks past a sequence's n_new exit at once.
-void attention_prefill(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_new, int max_ctx,
-                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
-                       int capacity, float scale, float* out, cudaStream_t stream);
+// 64- or 128-query × 64-key tiles, K/V double-buffered in shared memory with cp.async, online
+// softmax. Other hd (<= 256): fp32 CUDA-core kernel (exact fp32 math on the bf16 cache values).
+// scale must be positive. Grid: (ceil(max_new / tile), nh, n_seqs); blocks past a sequence's
+// n_new exit at once. For hd 64 / 128, q must be 16-byte aligned with q_stride % 4 == 0.
+void attention_prefill(const PrefillIo& io, const AttnSeq* d_seqs, int n_seqs, int max_new, int max_ctx,
+                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd, int capacity,
+                       float scale, cudaStream_t stream, PrefillKernel kernel = PrefillKernel::Auto);
+// q [M, nh·hd] → out fp32 [M, nh·hd].
+inline void attention_prefill(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_new, int max_ctx,
+                              const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
+                              int capacity, float scale, float* out, cudaStream_t stream,
+                              PrefillKernel kernel = PrefillKernel::Auto) {
+  PrefillIo io;
+  io.q = q;
+  io.out = out;
+  attention_prefill(io, d_seqs, n_seqs, max_new, max_ctx, k_cache, v_cache, nh, nkv, hd, capacity, scale, stream,
+                    kernel);
+}
+// The kernel a call would run (Auto for the fp32 kernel); for logs and tests.
+PrefillKernel attention_prefill_choice(PrefillKernel want, int hd, int n_seqs, int max_new, int nh);
 
 // Batched decode: every sequence has exactly one new token (n_new is ignored and taken as 1; the
 // context is pos0 + 1 and must already include the new token). Flash-decoding: the context is
@@ -78,7 +107,7 @@ size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx)
 // Keys per decode chunk for this batch (a multiple of 64); exposed for tests and logs.
 int attention_decode_chunk(int n_seqs, int max_ctx);
 
-// A one-token-per-sequence step's q/k/v preparation in one kernel (the decode path fuses what
+// A step's q/k/v preparation in one kernel (prefill and decode; it fuses what split_qkv +
 // head_rms_norm + rope_apply + kv_cache_append do separately, with the same results): for each
 // row of qkv fp32 [M, row_stride] (the fused projection output: nh q heads, nkv k heads, nkv v
 // heads, hd floats each), the optional per-head RMSNorm of q and k (q_norm / k_norm [hd], both or
@@ -86,9 +115,11 @@ int attention_decode_chunk(int n_seqs, int max_ctx);
 // as rope_apply), q written back in place, k and v appended to the sequence's cache slot as bf16.
 // A position outside the RoPE table gives NaN q / k; a position past the capacity is not stored.
 // Launched with programmatic dependent launch where available (pdl.cuh).
-void decode_rope_append(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh, int nkv,
-                        int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope, int capacity,
-                        uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
+// M <= 65535 (one grid row per token). attention_prefill then reads q in place (PrefillIo::q_stride =
+// row_stride).
+void rope_append_qkv(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh, int nkv,
+                     int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope, int capacity,
+                     uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
 
 // Which prefill kernel a head dimension gets, for logs and `perry info`.
 const char* attention_prefill_kernel_name(int hd);

@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kDecThreads)
 // owns (like rope_apply: separate roundings), then q back in place / k, v into the cache as bf16.
 constexpr int kPrepWarps = 8;
 __global__ void __launch_bounds__(kPrepWarps * 32)
-    decode_rope_append_kernel(float* qkv, long long row_stride, const AttnSeq* __restrict__ seqs, int n_seqs,
+    rope_append_qkv_kernel(float* qkv, long long row_stride, const AttnSeq* __restrict__ seqs, int n_seqs,
                               int nh, int nkv, int hd, const float* __restrict__ q_norm,
                               const float* __restrict__ k_norm, float eps, RopeTableView rope, int capacity,
                               uint16_t* __restrict__ kc, uint16_t* __restrict__ vc) {
@@ -410,10 +410,10 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
               nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
 }
 
-void decode_rope_append(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh, int nkv,
-                        int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope, int capacity,
-                        uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream) {
-  const char* fn = "decode_rope_append";
+void rope_append_qkv(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh, int nkv,
+                     int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope, int capacity,
+                     uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream) {
+  const char* fn = "rope_append_qkv";
   check_heads(fn, nh, nkv, hd, capacity);
   check_batch(fn, d_seqs, n_seqs);
   check_cache(fn, k_cache, v_cache);
@@ -425,7 +425,7 @@ void decode_rope_append(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, i
   if (M == 0 || n_seqs == 0) return;
   PERRY_CHECK(qkv && rope.cos && rope.sin, "{}: null qkv or RoPE table", fn);
   const dim3 grid((nh + nkv + kPrepWarps - 1) / kPrepWarps, M);
-  pdl::launch(fn, decode_rope_append_kernel, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
+  pdl::launch(fn, rope_append_qkv_kernel, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
               d_seqs, n_seqs, nh, nkv, hd, q_norm, k_norm, eps, rope, capacity, k_cache, v_cache);
 }
 

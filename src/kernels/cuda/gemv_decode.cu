@@ -269,7 +269,7 @@ __host__ __device__ __forceinline__ int n_groups(int N) {
 }
 
 // The RopeKv epilogue of warp slot j (lane 0): the q pair rotated into y, the k pair rotated and
-// the v pair stored into the layer's cache at the token's position — decode_rope_append's
+// the v pair stored into the layer's cache at the token's position — rope_append_qkv's
 // operations on the same fp32 values, so the same bits.
 __device__ void rope_kv_store(const Params& p, int j, const int (&rows)[2], const float (&val)[2]) {
   const DecodeRopeKv& rk = p.rk;

@@ -11,7 +11,7 @@
 //                       y[j] = silu(gate_j)·up_j                                y fp32 [N/2]
 //           RopeKv      the q|k|v projection of a model without q/k norm (DecodeRopeKv): q
 //                       RoPE'd into y [nh·hd], k RoPE'd and v stored as bf16 into the cache at
-//                       the token's position — decode_rope_append's work, same bits; the k and
+//                       the token's position — rope_append_qkv's work, same bits; the k and
 //                       v rows of y are not written
 //
 // The results are those of the separate kernels: rms_norm / swiglu / quantize_per_token, then
@@ -51,7 +51,7 @@ enum class DecodeOut : uint8_t { Store, Accumulate, SwiGLU, RopeKv };
 // What DecodeOut::RopeKv needs besides y: the one sequence (device; seq[0] is the token's row:
 // pos0 = its position, slot = its cache slot, nothing stored for a negative slot), the RoPE
 // table, the head layout and this layer's bf16 caches [n_slots][nkv][capacity][hd]
-// (attention.h). A position past the table gives NaN q / k (as decode_rope_append); one past the
+// (attention.h). A position past the table gives NaN q / k (as rope_append_qkv); one past the
 // capacity is not stored.
 struct DecodeRopeKv {
   const AttnSeq* seq = nullptr;
