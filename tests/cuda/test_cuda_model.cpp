@@ -331,8 +331,7 @@ TEST(CudaPrefillToggles, GiveTheSameLogits) {
 // (o_proj and down_proj with one row per warp: each lane reads the same chunks in the same
 // order), RoPE + KV append in the q|k|v epilogue (the default; PERRY_DECODE_ROPE_IN_QKV=0 turns
 // it off: the same operations on the same values) and PERRY_GEMV_DECODE_STAGES (weights by bulk
-// copy; unset = the kernel's choice, bulk for bf16) and PERRY_DECODE_ATTN_ONE_KERNEL=1 (the
-// attention merge done by the last partial block). The embedded model has q/k norm (RoPE stays
+// copy; unset = the kernel's choice, bulk for bf16). The embedded model has q/k norm (RoPE stays
 // separate there); tiny-random-llama and tiny-random-qwen2 (q|k|v bias) take the fused RoPE.
 TEST(CudaDecodeToggles, GiveTheSameLogits) {
   REQUIRE_DEVICE();
@@ -349,21 +348,19 @@ TEST(CudaDecodeToggles, GiveTheSameLogits) {
       std::vector<float> base;
       {
         const ScopedEnv rows("PERRY_GEMV_DECODE_ROWS", nullptr), rope("PERRY_DECODE_ROPE_IN_QKV", "0"),
-            stages("PERRY_GEMV_DECODE_STAGES", "0"), attn("PERRY_DECODE_ATTN_ONE_KERNEL", nullptr);
+            stages("PERRY_GEMV_DECODE_STAGES", "0");
         base = decode_logits(dir, mode);
       }
       const struct {
-        const char *rows, *rope, *stages, *attn;
-      } toggles[] = {{"1", "0", "0", nullptr},     {nullptr, nullptr, "0", nullptr}, {nullptr, "0", nullptr, nullptr},
-                     {nullptr, "0", "2", nullptr}, {"1", nullptr, "4", nullptr},     {nullptr, nullptr, nullptr, nullptr},
-                     {nullptr, "0", "0", "1"},     {nullptr, nullptr, nullptr, "1"}};
+        const char *rows, *rope, *stages;
+      } toggles[] = {{"1", "0", "0"},     {nullptr, nullptr, "0"}, {nullptr, "0", nullptr},
+                     {nullptr, "0", "2"}, {"1", nullptr, "4"},     {nullptr, nullptr, nullptr}};
       for (const auto& t : toggles) {
         const ScopedEnv rows("PERRY_GEMV_DECODE_ROWS", t.rows), rope("PERRY_DECODE_ROPE_IN_QKV", t.rope),
-            stages("PERRY_GEMV_DECODE_STAGES", t.stages), attn("PERRY_DECODE_ATTN_ONE_KERNEL", t.attn);
+            stages("PERRY_GEMV_DECODE_STAGES", t.stages);
         EXPECT_EQ(decode_logits(dir, mode), base) << name << " " << mode << " rows=" << (t.rows ? t.rows : "-")
                                                   << " rope=" << (t.rope ? t.rope : "-")
-                                                  << " stages=" << (t.stages ? t.stages : "-")
-                                                  << " attn=" << (t.attn ? t.attn : "-");
+                                                  << " stages=" << (t.stages ? t.stages : "-");
       }
     }
   }

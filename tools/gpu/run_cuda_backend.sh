@@ -169,7 +169,6 @@ decode_ab() {
         ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama; the default)
         noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # rope_append_qkv as its own kernel
         both) env+=(PERRY_GEMV_DECODE_ROWS=1 PERRY_DECODE_ROPE_IN_QKV=1) ;;
-        attn1) env+=(PERRY_DECODE_ATTN_ONE_KERNEL=1) ;;  # decode attention merge by the last partial block
         stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac

@@ -111,10 +111,6 @@ class CudaBackend final : public model::ForwardBackend {
   // type; PERRY_GEMV_DECODE_STAGES=n (0 = register loads) forces it for A/B runs (gemv_decode.h,
   // DecodeLinearArgs::bulk_stages).
   int decode_bulk_stages_ = -1;
-  // One-token decode attention as one kernel (the last partial block merges; attention.h):
-  // PERRY_DECODE_ATTN_ONE_KERNEL=1 until measured. The counters (nkv ints, zero between calls).
-  bool attn_one_kernel_ = false;
-  DeviceBuffer attn_counters_;
   // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
   // linears) instead of split_qkv, rope_apply, kv_cache_append and a conversion pass;
   // PERRY_PREFILL_SEPARATE=1 keeps the separate kernels for A/B runs.
@@ -201,15 +197,10 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
-  attn_one_kernel_ = fused_decode_ && env_flag("PERRY_DECODE_ATTN_ONE_KERNEL");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
   if (const int rows = env_int("PERRY_PREFILL_ATTN", 0, 0, 128); rows != 0) {
     if (rows != 64 && rows != 128) throw Error("PERRY_PREFILL_ATTN=" + std::to_string(rows) + ": use 64 or 128 (rows a block)");
     prefill_attn_ = rows == 64 ? PrefillKernel::Rows64 : PrefillKernel::Rows128;
-  }
-  if (attn_one_kernel_) {
-    attn_counters_.ensure(pool_, size_t(cfg_.num_kv_heads) * sizeof(int), "decode attention counters");
-    PERRY_CUDA_CHECK(cudaMemset(attn_counters_.get(), 0, attn_counters_.bytes()));
   }
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -458,7 +449,7 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
                          kc, vc, stream_);
     }
     attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
-                     attn_ws_.bytes(), stream_, attn_one_kernel_ ? attn_counters_.get<int>() : nullptr);
+                     attn_ws_.bytes(), stream_);
     decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x, acc_rows_per_warp_);
     decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
     decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x, acc_rows_per_warp_);

@@ -94,15 +94,10 @@ PrefillKernel attention_prefill_choice(PrefillKernel want, int hd, int n_seqs, i
 // is read once; a second kernel merges the partial (max, sum, acc) states into out. fp32 math.
 // workspace: device memory of at least attention_decode_workspace_bytes(n_seqs, nh, hd, max_ctx)
 // bytes (allocate once for the largest batch / context; any call with smaller values fits).
-// combine_counters: null (a separate combine kernel), or n_seqs·nkv ints in device memory that
-// are zero before the first call — then the last partial block of each (sequence, kv head) does
-// the merge (the same code, so the same bits) and sets its counter back to zero: one kernel
-// instead of two. Calls sharing counters must not run concurrently. Where the chunk count does
-// not fit the block's shared memory the combine kernel runs anyway.
 void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_ctx,
                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
                       int capacity, float scale, float* out, float* workspace,
-                      size_t workspace_bytes, cudaStream_t stream, int* combine_counters = nullptr);
+                      size_t workspace_bytes, cudaStream_t stream);
 size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx);
 // Keys per decode chunk for this batch (a multiple of 64); exposed for tests and logs.
 int attention_decode_chunk(int n_seqs, int max_ctx);

@@ -22,8 +22,7 @@ using elementwise_detail::rope_rotate;
 // against K in shared memory: no shuffles), per-head online softmax (one warp per head), then
 // O[G][hd] += P·V (one thread per (g, dim pair)). O lives in shared memory because G is only
 // known at run time. The block writes its unnormalised (m, l, O) to the workspace; the combine
-// kernel merges the chunks — or, given counters, the last block of each (sequence, kv head) does,
-// one kernel instead of two. Several blocks per SM overlap one block's loads with another's math.
+// kernel merges the chunks. Several blocks per SM overlap one block's loads with another's math.
 constexpr int kDecThreads = 128, kDecTile = 64;
 // Chunks of 64 keys (one tile) at short contexts: a one-token step at a few hundred positions
 // then has nkv × (ctx / 64) blocks rather than nkv × 1-2, each a short dependency chain.
@@ -33,12 +32,6 @@ int dec_stride(int hd) { return (hd + 7) / 8 * 8 + 8; }  // bf16 elements per sh
 size_t dec_smem_bytes(int G, int hd) {
   return size_t(2) * kDecTile * dec_stride(hd) * 2 +
          (size_t(2) * G * hd + size_t(G) * kDecTile + size_t(3) * G) * sizeof(float);
-}
-
-// Chunks the partial kernel writes for a sequence (blocks past its context exit at once).
-__device__ __forceinline__ int chunks_written(const AttnSeq& sq, int capacity, int chunk, int nchunks) {
-  const int kv_len = min(sq.pos0 + 1, capacity);
-  return min((kv_len + chunk - 1) / chunk, nchunks);
 }
 
 __device__ float block_reduce(float v, bool is_max, float* red) {
@@ -57,38 +50,8 @@ __device__ float block_reduce(float v, bool is_max, float* red) {
   return r;
 }
 
-// The merge of one q head's chunks (the whole block, kDecThreads threads):
-// out = Σ_c acc_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M). w: shared memory for nchunks floats. The
-// workspace is read through L2 (ld.cg): the last-block merge reads what other blocks wrote.
-__device__ void combine_head(const AttnSeq& sq, int seq, int h, int nh, int hd, int capacity, int chunk, int nchunks,
-                             const float* __restrict__ ws_acc, const float* __restrict__ ws_ml,
-                             float* __restrict__ out, float* w, float* red) {
-  const int nc = chunks_written(sq, capacity, chunk, nchunks);
-  const size_t part0 = ((size_t)seq * nh + h) * nchunks;
-  const float* ml = ws_ml + part0 * 2;
-  float mx = -INFINITY;
-  for (int c = threadIdx.x; c < nc; c += blockDim.x) mx = fmaxf(mx, __ldcg(ml + 2 * c));
-  mx = block_reduce(mx, true, red);
-  const float base = mx == -INFINITY ? 0.f : mx;
-  float lsum = 0.f;
-  for (int c = threadIdx.x; c < nc; c += blockDim.x) {
-    const float wc = exp2f(__ldcg(ml + 2 * c) - base);
-    w[c] = wc;
-    lsum = fmaf(__ldcg(ml + 2 * c + 1), wc, lsum);  // explicit: the same rounding wherever it is inlined
-  }
-  lsum = block_reduce(lsum, false, red);  // its barriers also publish w[]
-  const float inv = 1.f / lsum;
-  const float* acc = ws_acc + part0 * hd;
-  float* dst = out + (size_t)sq.q_row * nh * hd + (size_t)h * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float a = 0.f;
-    for (int c = 0; c < nc; ++c) a = fmaf(w[c], __ldcg(acc + (size_t)c * hd + d), a);
-    dst[d] = a * inv;
-  }
-  __syncthreads();  // w[] is rewritten by the next head's merge
-}
-
-// Combine kernel: block (q head, sequence).
+// Combine kernel: block (q head, sequence). out = Σ_c acc_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M)
+// over the chunks the partial kernel wrote (blocks past a sequence's context exit at once).
 __global__ void __launch_bounds__(kDecThreads)
     decode_combine_kernel(const AttnSeq* __restrict__ seqs, int nh, int hd, int capacity, int chunk,
                           int nchunks, const float* __restrict__ ws_acc,
@@ -97,32 +60,31 @@ __global__ void __launch_bounds__(kDecThreads)
   __shared__ float red[33];
   pdl::wait();
   pdl::launch_dependents();
-  combine_head(seqs[blockIdx.y], blockIdx.y, blockIdx.x, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out, w,
-               red);
-}
-
-// The combine inside the partial kernel (attention_decode with counters): every partial block of
-// a (sequence, kv head) counts itself in after its workspace writes (made visible first); the
-// last one merges the group's G q heads with the combine kernel's code, so the same bits, and
-// resets the counter for the next call. w: the block's dynamic shared memory (tiles done).
-__device__ void combine_if_last(const AttnSeq& sq, int kvh, int G, int nh, int nkv, int hd, int capacity, int chunk,
-                                int nchunks, const float* ws_acc, const float* ws_ml, int* counters, float* out,
-                                float* w) {
-  __shared__ int last;
-  __shared__ float red[33];
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int nc = chunks_written(sq, capacity, chunk, nchunks);
-    int* ctr = counters + (size_t)blockIdx.z * nkv + kvh;
-    last = atomicAdd(ctr, 1) == nc - 1;
-    if (last) *ctr = 0;  // every block of the group has counted
+  const AttnSeq sq = seqs[blockIdx.y];
+  const int h = blockIdx.x;
+  const int kv_len = min(sq.pos0 + 1, capacity);
+  const int nc = min((kv_len + chunk - 1) / chunk, nchunks);
+  const size_t part0 = ((size_t)blockIdx.y * nh + h) * nchunks;
+  const float* ml = ws_ml + part0 * 2;
+  float mx = -INFINITY;
+  for (int c = threadIdx.x; c < nc; c += blockDim.x) mx = fmaxf(mx, ml[2 * c]);
+  mx = block_reduce(mx, true, red);
+  const float base = mx == -INFINITY ? 0.f : mx;
+  float lsum = 0.f;
+  for (int c = threadIdx.x; c < nc; c += blockDim.x) {
+    const float wc = exp2f(ml[2 * c] - base);
+    w[c] = wc;
+    lsum = fmaf(ml[2 * c + 1], wc, lsum);  // explicit fma: the rounding does not depend on contraction
   }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int g = 0; g < G; ++g)
-    combine_head(sq, blockIdx.z, kvh * G + g, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out, w, red);
+  lsum = block_reduce(lsum, false, red);  // its barriers also publish w[]
+  const float inv = 1.f / lsum;
+  const float* acc = ws_acc + part0 * hd;
+  float* dst = out + (size_t)sq.q_row * nh * hd + (size_t)h * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float a = 0.f;
+    for (int c = 0; c < nc; ++c) a = fmaf(w[c], acc[(size_t)c * hd + d], a);
+    dst[d] = a * inv;
+  }
 }
 
 template <bool kVec>  // kVec: hd % 8 == 0 (16-byte rows: cp.async and 8-wide shared loads)
@@ -130,8 +92,7 @@ __global__ void __launch_bounds__(kDecThreads)
     decode_partial_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
                           const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                           int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
-                          float* __restrict__ ws_acc, float* __restrict__ ws_ml, int* __restrict__ counters,
-                          float* __restrict__ out) {
+                          float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
   extern __shared__ __align__(16) unsigned char dsm[];
   pdl::wait();  // before anything else: q and the cache come from the previous kernels
   pdl::launch_dependents();
@@ -276,8 +237,6 @@ __global__ void __launch_bounds__(kDecThreads)
     ws_ml[(part0 + (size_t)g * nchunks) * 2 + 0] = ms[g];
     ws_ml[(part0 + (size_t)g * nchunks) * 2 + 1] = ls[g];
   }
-  if (counters) combine_if_last(sq, kvh, G, nh, nkv, hd, capacity, chunk, nchunks, ws_acc, ws_ml, counters, out,
-                                reinterpret_cast<float*>(dsm));
 }
 
 // ---------------------------------------------------------------- decode q/k/v preparation
@@ -364,7 +323,7 @@ size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx)
 void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_ctx,
                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
                       int capacity, float scale, float* out, float* workspace,
-                      size_t workspace_bytes, cudaStream_t stream, int* combine_counters) {
+                      size_t workspace_bytes, cudaStream_t stream) {
   const char* fn = "attention_decode";
   check_heads(fn, nh, nkv, hd, capacity);
   check_batch(fn, d_seqs, n_seqs);
@@ -388,24 +347,21 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
   const int G = nh / nkv;
   const size_t smem = dec_smem_bytes(G, hd);
   const dim3 grid(nchunks, nkv, n_seqs);
-  // The last-block merge keeps the chunk weights in the block's tile memory: nchunks must fit.
-  int* counters = combine_counters && size_t(nchunks) * sizeof(float) <= smem ? combine_counters : nullptr;
   if (hd % 8 == 0) {
     static int current = 0;
     static std::mutex mu;
     ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<true>), smem, &current, &mu,
                 "attention_decode_partial");
     pdl::launch("attention_decode_partial", decode_partial_kernel<true>, grid, dim3(kDecThreads), smem, stream, q,
-                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml, counters, out);
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
   } else {
     static int current = 0;
     static std::mutex mu;
     ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<false>), smem, &current, &mu,
                 "attention_decode_partial");
     pdl::launch("attention_decode_partial", decode_partial_kernel<false>, grid, dim3(kDecThreads), smem, stream, q,
-                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml, counters, out);
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
   }
-  if (counters) return;
   pdl::launch("attention_decode_combine", decode_combine_kernel, dim3(nh, n_seqs), dim3(kDecThreads),
               nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
 }
