@@ -210,6 +210,34 @@ prefill_ab() {
     grep -E "prefill|linears" "$T/pre-$m-$v.log" | grep -v "^mode" | sed 's/^/    /' | tee -a "$S"
   done
   [ -n "${DECODE_PAIRS:-}" ] && DECODE_QWEN_MODES="" DECODE_PROFILE=0 decode_ab
+  # Nsight Compute sections of one launch of each prefill attention kernel (T=8192, Llama-3-8B
+  # heads, from the attention perf test): what limits them (issue slots, pipes, stalls, shared memory).
+  if [ "${PREFILL_ATTN_NCU:-0}" = 1 ]; then
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for k in prefill_tc_kernel prefill_tc2_kernel; do
+      timeout 150 "$NCU" --clock-control none --kernel-name "regex:$k" --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
+        "$T/bin/test_cuda_attention" --gtest_filter='*PerfLlama8bShapes*' > "$T/ncu-$k.txt" 2>&1
+      say "- ncu $k: exit $?"
+      cat "$T/ncu-$k.txt" >> "$OUT/attn-ncu.txt"
+    done
+  fi
+  # The grouped / int4 wgmma GEMM (gemm_quant_wgmma): the lab's --wgmma table (kernel TOPS against
+  # the per-channel kernel and mma.sync, L2 flushed), then the same sections for one of its
+  # launches: skip 4 = the first timed launch of w8a8-g128 at M 4096, N 14336, K 4096 (--quick).
+  if [ "${GROUPED_GEMM_LAB:-0}" = 1 ]; then
+    timeout 200 "$T/bin/lab_cuda_gemm_w8a8" "$OUT" --wgmma --quick > "$T/lab-wgmma.log" 2>&1
+    say "- lab --wgmma --quick: exit $?"
+    grep -E "^\| (w8a8-g128|w4a8-g128|w8a8-g64|w4a8) " "$OUT/lab_cuda_gemm_w8a8.md" 2>/dev/null | head -40 | tee -a "$S"
+    rm -f "$OUT/lab_cuda_gemm_w8a8.json"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    timeout 150 "$NCU" --clock-control none --kernel-name "regex:gemm_quant_wgmma|quant_wgmma" --launch-skip ${GROUPED_NCU_SKIP:-4} \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
+      "$T/bin/lab_cuda_gemm_w8a8" "$T/labncu" --wgmma --quick --time-only > "$OUT/grouped-ncu.txt" 2>&1
+    say "- ncu gemm_quant_wgmma: exit $?"
+  fi
   [ "${PREFILL_PROFILE:-1}" = 1 ] && PROFILE_FIRST=1 PROFILE_TIMEOUT=150 PROFILE_TOKENS=${PROFILE_TOKENS:-2048} \
     PROFILE_N=1 bash "$ROOT/tools/gpu/profile_decode.sh" "$OUT" ${PROFILE_MODES:-bf16 w8a8} > "$T/profile.log" 2>&1 &&
     { say ""; cat "$OUT/profile.md" >> "$S"; rm -f "$OUT"/profile-*.csv; }
