@@ -2,7 +2,8 @@
 // is in attention_decode.cu, shared helpers in attention_device.cuh.
 // Contracts in attention.h. Design notes (all three files):
 //  * Softmax runs in the log2 domain: scores are multiplied by scale·log2(e) and exponentiated
-//    with exp2f (one FMUL instead of the ex2 + scaling inside expf).
+//    with exp2 (one FMUL instead of the ex2 + scaling inside expf); the tensor-core kernels use
+//    the bare MUFU (exp2_ftz) for the weights P, exp2f for the rescale factors.
 //  * Every kernel visits key 0 of a row first, so the running max of a valid row is finite after
 //    the first tile and exp2(-inf - m) = 0 handles masked keys; a guard still maps an all-masked
 //    max to 0 so a caller error can never produce (-inf) - (-inf) = NaN.
@@ -231,8 +232,8 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const float* sv = s[2 * kk + hf];
-        const uint32_t pa = pack_bf16(exp2f(sv[0] - base_a), exp2f(sv[1] - base_a));
-        const uint32_t pb = pack_bf16(exp2f(sv[2] - base_b), exp2f(sv[3] - base_b));
+        const uint32_t pa = pack_bf16(exp2_ftz(sv[0] - base_a), exp2_ftz(sv[1] - base_a));
+        const uint32_t pb = pack_bf16(exp2_ftz(sv[2] - base_b), exp2_ftz(sv[3] - base_b));
         l_a += bf16_lo(pa) + bf16_hi(pa);
         l_b += bf16_lo(pb) + bf16_hi(pb);
         pf[kk][hf * 2 + 0] = pa;  // a0 / a2: row g, keys 16kk + 8hf + 2t..
@@ -423,10 +424,10 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const float* sv = s[mt][2 * kk + hf];
-          const uint32_t pa = pack_bf16(exp2f(fmaf(sv[0], scale_log2, -base[mt][0])),
-                                        exp2f(fmaf(sv[1], scale_log2, -base[mt][0])));
-          const uint32_t pb = pack_bf16(exp2f(fmaf(sv[2], scale_log2, -base[mt][1])),
-                                        exp2f(fmaf(sv[3], scale_log2, -base[mt][1])));
+          const uint32_t pa = pack_bf16(exp2_ftz(fmaf(sv[0], scale_log2, -base[mt][0])),
+                                        exp2_ftz(fmaf(sv[1], scale_log2, -base[mt][0])));
+          const uint32_t pb = pack_bf16(exp2_ftz(fmaf(sv[2], scale_log2, -base[mt][1])),
+                                        exp2_ftz(fmaf(sv[3], scale_log2, -base[mt][1])));
           l[mt][0] += bf16_lo(pa) + bf16_hi(pa);
           l[mt][1] += bf16_lo(pb) + bf16_hi(pb);
           pf[mt][hf * 2 + 0] = pa;

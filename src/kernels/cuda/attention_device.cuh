@@ -35,6 +35,15 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// 2^x on the MUFU alone: ex2.approx.ftz (results below 2^-126 flush to 0). exp2f compiles to the
+// same MUFU.EX2 wrapped in a denormal fix-up (~3 more instructions), which matters in the
+// prefill kernels' softmax (64 exponentials per thread per key tile); their weights are rounded
+// to bf16 anyway, and one below 2^-126 of the row maximum is lost to the bf16 sum either way.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 // Two floats → packed bf16x2 (RNE); `lo` lands in the low half = the lower column / key.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
