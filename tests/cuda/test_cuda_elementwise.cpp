@@ -214,6 +214,10 @@ TEST(CudaElementwise, RmsNormAllFormatsMatchCpu) {
   check_norm(5, 8192, false, false, g);
   check_norm(3, 4096, false, true, g);  // misaligned pointers: scalar path
   check_norm(3, 1001, false, true, g);
+  // Rows wider than 4 vectors a thread (1024 threads): the multi-pass kernels, not the
+  // register-cached ones — vector and scalar.
+  check_norm(2, 20000, false, false, g);
+  check_norm(2, 5001, false, true, g);
 }
 
 TEST(CudaElementwise, AddRmsNormAllFormatsMatchCpu) {
@@ -223,6 +227,8 @@ TEST(CudaElementwise, AddRmsNormAllFormatsMatchCpu) {
     for (int M : kRows) check_norm(M, H, true, false, g);
   check_norm(2, 8192, true, false, g);
   check_norm(3, 4096, true, true, g);
+  check_norm(2, 20000, true, false, g);  // multi-pass (see above)
+  check_norm(2, 5001, true, true, g);
 }
 
 TEST(CudaElementwise, HeadRmsNormInPlaceWithStride) {
@@ -363,6 +369,7 @@ TEST(CudaElementwise, SwigluAllFormatsMatchCpu) {
   check_swiglu(2, 28672, false, g);
   check_swiglu(3, 4096, true, g);
   check_swiglu(3, 1001, true, g);
+  check_swiglu(2, 5001, true, g);  // scalar, more than 4 elements a thread: multi-pass
 }
 
 TEST(CudaElementwise, EmbeddingLookupExactAllDtypes) {

@@ -325,19 +325,22 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
 // rope_append_qkv == head_rms_norm + rope_apply + kv_cache_append, bit for bit: two decode
 // rows of two sequences, and a prefill of two sequences of 5 and 4 tokens (the second crossing
 // the end of the RoPE table), GQA 8/2, with and without the q/k norm, positions past the RoPE
-// table (NaN q and k), cache bytes compared whole.
+// table (NaN q and k), an even and an odd row stride, cache bytes compared whole.
 TEST(CudaDecodeRopeAppend, EqualsTheSeparateKernels) {
   REQUIRE_GPU();
   std::mt19937 gen(7);
   const int nh = 8, nkv = 2, hd = 128, cap = 64, max_pos = 48, slots = 3;
-  const int Q = nh * hd, KV = nkv * hd, stride = Q + 2 * KV;
+  const int Q = nh * hd, KV = nkv * hd;
   std::vector<float> cosv(size_t(max_pos) * hd / 2), sinv(cosv.size());
   for (size_t i = 0; i < cosv.size(); ++i) cosv[i] = std::cos(0.01f * float(i)), sinv[i] = std::sin(0.01f * float(i));
   pc::DeviceRopeTable rope(cosv.data(), sinv.data(), hd, max_pos);
+  // pad 1: an odd row stride takes the kernel's one-element-a-lane form.
+  for (int pad : {0, 1})
   for (bool prefill : {false, true})
   for (bool qk_norm : {false, true}) {
+    const int stride = Q + 2 * KV + pad;
     for (int pos_b : {20, 50}) {  // 50: past the RoPE table (but inside the cache)
-      SCOPED_TRACE(prefill ? "prefill" : "decode");
+      SCOPED_TRACE(std::string(prefill ? "prefill" : "decode") + " pad " + std::to_string(pad));
       const std::vector<pc::AttnSeq> seqs = prefill ? std::vector<pc::AttnSeq>{{0, 5, 3, 2}, {5, 4, pos_b - 3, 0}}
                                                     : std::vector<pc::AttnSeq>{{0, 1, 10, 2}, {1, 1, pos_b, 0}};
       std::vector<int32_t> pos;

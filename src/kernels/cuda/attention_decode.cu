@@ -239,17 +239,34 @@ __global__ void __launch_bounds__(kDecThreads)
   }
 }
 
-// ---------------------------------------------------------------- decode q/k/v preparation
+// ---------------------------------------------------------------- q/k/v preparation (prefill, decode)
 // Block (head group, row): 8 warps, one head each — q heads [0, nh), then k heads [nh, nh+nkv)
 // (whose warp also copies the v head of the same index). Per head: the optional RMSNorm (sum of
 // squares in double over the warp, like head_rms_norm), RoPE on the pairs (i, i + hd/2) each lane
 // owns (like rope_apply: separate roundings), then q back in place / k, v into the cache as bf16.
 constexpr int kPrepWarps = 8;
+
+// One rotation pair (i, i + half) of head x: normalized (nw) and rotated; NaN where the position
+// is outside the RoPE table.
+__device__ __forceinline__ void rope_one(const float* x, int i, int half, const float* nw, float inv, bool rope_ok,
+                                         const RopeTableView& rope, int pos, float& ra, float& rb) {
+  float a = x[i], b = x[i + half];
+  if (nw) a = norm_one(a, inv, nw[i]), b = norm_one(b, inv, nw[i + half]);
+  if (rope_ok) {
+    rope_rotate(a, b, rope.cos[(long long)pos * half + i], rope.sin[(long long)pos * half + i], ra, rb);
+  } else {
+    ra = rb = __int_as_float(0x7fc00000);
+  }
+}
+
+// kPairs = 2: each lane handles two adjacent pairs with 8-byte loads and stores (hd % 4 == 0 and
+// an even row stride; the launch checks); the same arithmetic per element as kPairs = 1.
+template <int kPairs>
 __global__ void __launch_bounds__(kPrepWarps * 32)
     rope_append_qkv_kernel(float* qkv, long long row_stride, const AttnSeq* __restrict__ seqs, int n_seqs,
-                              int nh, int nkv, int hd, const float* __restrict__ q_norm,
-                              const float* __restrict__ k_norm, float eps, RopeTableView rope, int capacity,
-                              uint16_t* __restrict__ kc, uint16_t* __restrict__ vc) {
+                           int nh, int nkv, int hd, const float* __restrict__ q_norm,
+                           const float* __restrict__ k_norm, float eps, RopeTableView rope, int capacity,
+                           uint16_t* __restrict__ kc, uint16_t* __restrict__ vc) {
   pdl::wait();
   pdl::launch_dependents();
   const int row = blockIdx.y, lane = threadIdx.x & 31;
@@ -276,25 +293,39 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   const bool rope_ok = pos >= 0 && pos < rope.max_pos;
   const bool store = !is_q && pos >= 0 && pos < capacity;
   const size_t cache_off = (((size_t)slot * nkv + (h - nh)) * capacity + (size_t)max(pos, 0)) * hd;
-  for (int i = lane; i < half; i += 32) {
-    float a = x[i], b = x[i + half];
-    if (nw) a = norm_one(a, inv, nw[i]), b = norm_one(b, inv, nw[i + half]);
-    float ra, rb;
-    if (rope_ok) {
-      rope_rotate(a, b, rope.cos[(long long)pos * half + i], rope.sin[(long long)pos * half + i], ra, rb);
+  for (int i = lane * kPairs; i < half; i += 32 * kPairs) {
+    float ra[kPairs], rb[kPairs];
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p)
+      rope_one(x, i + p, half, nw, inv, rope_ok, rope, pos, ra[p], rb[p]);
+    if constexpr (kPairs == 2) {
+      if (is_q) {
+        *reinterpret_cast<float2*>(x + i) = make_float2(ra[0], ra[1]);
+        *reinterpret_cast<float2*>(x + i + half) = make_float2(rb[0], rb[1]);
+      } else if (store) {
+        *reinterpret_cast<uint32_t*>(kc + cache_off + i) = uint32_t(bf16_bits(ra[0])) | uint32_t(bf16_bits(ra[1])) << 16;
+        *reinterpret_cast<uint32_t*>(kc + cache_off + i + half) =
+            uint32_t(bf16_bits(rb[0])) | uint32_t(bf16_bits(rb[1])) << 16;
+      }
     } else {
-      ra = rb = __int_as_float(0x7fc00000);
-    }
-    if (is_q) {
-      x[i] = ra, x[i + half] = rb;
-    } else if (store) {
-      kc[cache_off + i] = bf16_bits(ra);
-      kc[cache_off + i + half] = bf16_bits(rb);
+      if (is_q) {
+        x[i] = ra[0], x[i + half] = rb[0];
+      } else if (store) {
+        kc[cache_off + i] = bf16_bits(ra[0]);
+        kc[cache_off + i + half] = bf16_bits(rb[0]);
+      }
     }
   }
   if (store) {
     const float* v = x + (long long)nkv * hd;  // v head h - nh
-    for (int d = lane; d < hd; d += 32) vc[cache_off + d] = bf16_bits(v[d]);
+    if constexpr (kPairs == 2) {
+      for (int d = lane * 2; d < hd; d += 64) {
+        const float2 t = *reinterpret_cast<const float2*>(v + d);
+        *reinterpret_cast<uint32_t*>(vc + cache_off + d) = uint32_t(bf16_bits(t.x)) | uint32_t(bf16_bits(t.y)) << 16;
+      }
+    } else {
+      for (int d = lane; d < hd; d += 32) vc[cache_off + d] = bf16_bits(v[d]);
+    }
   }
 }
 
@@ -381,8 +412,15 @@ void rope_append_qkv(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int 
   if (M == 0 || n_seqs == 0) return;
   PERRY_CHECK(qkv && rope.cos && rope.sin, "{}: null qkv or RoPE table", fn);
   const dim3 grid((nh + nkv + kPrepWarps - 1) / kPrepWarps, M);
-  pdl::launch(fn, rope_append_qkv_kernel, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
-              d_seqs, n_seqs, nh, nkv, hd, q_norm, k_norm, eps, rope, capacity, k_cache, v_cache);
+  // Pairs of elements a lane: 8-byte accesses need hd % 4 == 0 (half even), an even row stride
+  // and an 8-byte aligned qkv (the caches are 16-byte aligned, positions a multiple of hd).
+  const bool pairs = hd % 4 == 0 && row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(qkv) % 8 == 0;
+  if (pairs)
+    pdl::launch(fn, rope_append_qkv_kernel<2>, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
+                d_seqs, n_seqs, nh, nkv, hd, q_norm, k_norm, eps, rope, capacity, k_cache, v_cache);
+  else
+    pdl::launch(fn, rope_append_qkv_kernel<1>, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
+                d_seqs, n_seqs, nh, nkv, hd, q_norm, k_norm, eps, rope, capacity, k_cache, v_cache);
 }
 
 }  // namespace perry::cuda

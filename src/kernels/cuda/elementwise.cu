@@ -32,8 +32,8 @@ __device__ __forceinline__ void load(const float* p, float (&v)[V]) {
     const float4 a = *reinterpret_cast<const float4*>(p);
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
   } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = p[j];
+  #pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = p[j];
   }
 }
 
@@ -42,8 +42,8 @@ __device__ __forceinline__ void store_f32(float* p, const float (&v)[V]) {
   if constexpr (V == 4) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   } else {
-#pragma unroll
-    for (int j = 0; j < V; ++j) p[j] = v[j];
+  #pragma unroll
+      for (int j = 0; j < V; ++j) p[j] = v[j];
   }
 }
 
@@ -65,16 +65,16 @@ __device__ __forceinline__ void store_out(const ActOut& o, int64_t idx, const fl
       for (int j = 0; j < V; ++j) p[j] = bf16_bits(v[j]);
     }
   } else {
-    int8_t* p = static_cast<int8_t*>(o.data) + idx;
-    if constexpr (V == 4) {
-      uint32_t w = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) w |= uint32_t(uint8_t(quant_one(v[j], inv))) << (8 * j);
-      *reinterpret_cast<uint32_t*>(p) = w;
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) p[j] = quant_one(v[j], inv);
-    }
+      int8_t* p = static_cast<int8_t*>(o.data) + idx;
+      if constexpr (V == 4) {
+        uint32_t w = 0;
+  #pragma unroll
+        for (int j = 0; j < 4; ++j) w |= uint32_t(uint8_t(quant_one(v[j], inv))) << (8 * j);
+        *reinterpret_cast<uint32_t*>(p) = w;
+      } else {
+  #pragma unroll
+        for (int j = 0; j < V; ++j) p[j] = quant_one(v[j], inv);
+      }
   }
 }
 
@@ -85,15 +85,18 @@ __device__ __forceinline__ void store_out(const ActOut& o, int64_t idx, const fl
 // One block per row. delta != nullptr: x += delta first (written back), then normalize.
 // x is not __restrict__/const: in the fused form it is written in pass 1 and read in pass 2 by
 // the same thread at the same addresses (program order makes that coherent).
-template <int V>
+// kCache > 0: a thread covers at most kCache vectors of the row (the launch checks), so it keeps
+// them in registers from pass 1 (and the normalized values from the int8 absmax pass): the row
+// is read from memory once. The arithmetic and its order are those of the multi-pass form.
+template <int V, int kCache>
 __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ w,
                                 float eps, int H, ActOut out) {
   const int64_t row = blockIdx.x;
   float* xr = x + row * H;
   const int step = int(blockDim.x) * V;
+  const int i0 = int(threadIdx.x) * V;
   double ss = 0.0;  // x*x is exact in double; only the summation order differs from the CPU
-  for (int i = int(threadIdx.x) * V; i < H; i += step) {
-    float v[V];
+  auto pass1 = [&](int i, float (&v)[V]) {
     load<V>(xr + i, v);
     if (delta) {
       float d[V];
@@ -104,65 +107,133 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
     }
 #pragma unroll
     for (int j = 0; j < V; ++j) ss += double(v[j]) * double(v[j]);
-  }
-  ss = block_all_reduce(ss, SumOp{});
-  // Exactly the CPU reference's expression: double mean + eps, IEEE sqrt and division.
-  const float inv = float(1.0 / sqrt(ss / double(H) + double(eps)));
-
-  float qinv = 0.0f;
-  if (out.fmt == ActFormat::I8) {
-    float amax = 0.0f;
-    for (int i = int(threadIdx.x) * V; i < H; i += step) {
-      float v[V], wv[V];
-      load<V>(xr + i, v);
+  };
+  if constexpr (kCache > 0) {
+    float c[kCache][V];
+#pragma unroll
+    for (int it = 0; it < kCache; ++it)
+      if (i0 + it * step < H) pass1(i0 + it * step, c[it]);
+    ss = block_all_reduce(ss, SumOp{});
+    const float inv = float(1.0 / sqrt(ss / double(H) + double(eps)));
+#pragma unroll
+    for (int it = 0; it < kCache; ++it) {
+      const int i = i0 + it * step;
+      if (i >= H) continue;
+      float wv[V];
       load<V>(w + i, wv);
 #pragma unroll
-      for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(norm_one(v[j], inv, wv[j])));
+      for (int j = 0; j < V; ++j) c[it][j] = norm_one(c[it][j], inv, wv[j]);
     }
-    amax = block_all_reduce(amax, MaxOp{});
-    float scale;
-    per_token_params(amax, scale, qinv);
-    if (threadIdx.x == 0) out.scale[row] = scale;
-  }
-  for (int i = int(threadIdx.x) * V; i < H; i += step) {
-    float v[V], wv[V], y[V];
-    load<V>(xr + i, v);
-    load<V>(w + i, wv);
+    float qinv = 0.0f;
+    if (out.fmt == ActFormat::I8) {
+      float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < V; ++j) y[j] = norm_one(v[j], inv, wv[j]);
-    store_out<V>(out, row * H + i, y, qinv);
+      for (int it = 0; it < kCache; ++it)
+        if (i0 + it * step < H) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(c[it][j]));
+        }
+      amax = block_all_reduce(amax, MaxOp{});
+      float scale;
+      per_token_params(amax, scale, qinv);
+      if (threadIdx.x == 0) out.scale[row] = scale;
+    }
+#pragma unroll
+    for (int it = 0; it < kCache; ++it)
+      if (i0 + it * step < H) store_out<V>(out, row * H + i0 + it * step, c[it], qinv);
+  } else {
+    for (int i = i0; i < H; i += step) {
+      float v[V];
+      pass1(i, v);
+    }
+    ss = block_all_reduce(ss, SumOp{});
+    // Exactly the CPU reference's expression: double mean + eps, IEEE sqrt and division.
+    const float inv = float(1.0 / sqrt(ss / double(H) + double(eps)));
+
+    float qinv = 0.0f;
+    if (out.fmt == ActFormat::I8) {
+      float amax = 0.0f;
+      for (int i = i0; i < H; i += step) {
+        float v[V], wv[V];
+        load<V>(xr + i, v);
+        load<V>(w + i, wv);
+  #pragma unroll
+        for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(norm_one(v[j], inv, wv[j])));
+      }
+      amax = block_all_reduce(amax, MaxOp{});
+      float scale;
+      per_token_params(amax, scale, qinv);
+      if (threadIdx.x == 0) out.scale[row] = scale;
+    }
+    for (int i = i0; i < H; i += step) {
+      float v[V], wv[V], y[V];
+      load<V>(xr + i, v);
+      load<V>(w + i, wv);
+  #pragma unroll
+      for (int j = 0; j < V; ++j) y[j] = norm_one(v[j], inv, wv[j]);
+      store_out<V>(out, row * H + i, y, qinv);
+    }
   }
 }
 
-// One block per row of gu [M, 2I]; output [M, I].
-template <int V>
+// One block per row of gu [M, 2I]; output [M, I]. kCache > 0 (int8 output): a thread covers at
+// most kCache vectors, kept in registers between the absmax and the write pass (one read of gu).
+template <int V, int kCache>
 __global__ void swiglu_kernel(const float* __restrict__ gu, int I, ActOut out) {
   const int64_t row = blockIdx.x;
   const float* g = gu + row * 2 * int64_t(I);
   const float* u = g + I;
   const int step = int(blockDim.x) * V;
+  const int i0 = int(threadIdx.x) * V;
   float qinv = 0.0f;
-  if (out.fmt == ActFormat::I8) {
+  if constexpr (kCache > 0) {
+    float y[kCache][V];
     float amax = 0.0f;
-    for (int i = int(threadIdx.x) * V; i < I; i += step) {
+#pragma unroll
+    for (int it = 0; it < kCache; ++it) {
+      const int i = i0 + it * step;
+      if (i >= I) continue;
       float gv[V], uv[V];
       load<V>(g + i, gv);
       load<V>(u + i, uv);
 #pragma unroll
-      for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(swiglu_one(gv[j], uv[j])));
+      for (int j = 0; j < V; ++j) {
+        y[it][j] = swiglu_one(gv[j], uv[j]);
+        amax = fmaxf(amax, fabsf(y[it][j]));
+      }
     }
-    amax = block_all_reduce(amax, MaxOp{});
-    float scale;
-    per_token_params(amax, scale, qinv);
-    if (threadIdx.x == 0) out.scale[row] = scale;
-  }
-  for (int i = int(threadIdx.x) * V; i < I; i += step) {
-    float gv[V], uv[V], y[V];
-    load<V>(g + i, gv);
-    load<V>(u + i, uv);
+    if (out.fmt == ActFormat::I8) {
+      amax = block_all_reduce(amax, MaxOp{});
+      float scale;
+      per_token_params(amax, scale, qinv);
+      if (threadIdx.x == 0) out.scale[row] = scale;
+    }
 #pragma unroll
-    for (int j = 0; j < V; ++j) y[j] = swiglu_one(gv[j], uv[j]);
-    store_out<V>(out, row * I + i, y, qinv);
+    for (int it = 0; it < kCache; ++it)
+      if (i0 + it * step < I) store_out<V>(out, row * I + i0 + it * step, y[it], qinv);
+  } else {
+    if (out.fmt == ActFormat::I8) {
+      float amax = 0.0f;
+      for (int i = i0; i < I; i += step) {
+        float gv[V], uv[V];
+        load<V>(g + i, gv);
+        load<V>(u + i, uv);
+  #pragma unroll
+        for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(swiglu_one(gv[j], uv[j])));
+      }
+      amax = block_all_reduce(amax, MaxOp{});
+      float scale;
+      per_token_params(amax, scale, qinv);
+      if (threadIdx.x == 0) out.scale[row] = scale;
+    }
+    for (int i = i0; i < I; i += step) {
+      float gv[V], uv[V], y[V];
+      load<V>(g + i, gv);
+      load<V>(u + i, uv);
+  #pragma unroll
+      for (int j = 0; j < V; ++j) y[j] = swiglu_one(gv[j], uv[j]);
+      store_out<V>(out, row * I + i, y, qinv);
+    }
   }
 }
 
@@ -281,6 +352,12 @@ int row_threads(int units) {
   return t < 32 ? 32 : (t > 1024 ? 1024 : t);
 }
 
+// Rows of up to kRowCache vectors a thread (row_threads gives ~4 unless it hits 1024 threads:
+// hidden sizes up to 16384 floats, intermediate sizes up to 16384 with V = 4) keep their values
+// in registers between passes (rms_norm_kernel, swiglu_kernel).
+constexpr int kRowCache = 4;
+bool cacheable(int units, int threads) { return (units + threads - 1) / threads <= kRowCache; }
+
 // Validates `out` and reports whether its pointer allows the 4-wide stores.
 bool check_out(const char* fn, const ActOut& out) {
   if (!out.data) bad(fn, "null output pointer");
@@ -307,74 +384,78 @@ void launch_rms(const char* fn, float* x, const float* delta, const float* w, fl
   if (M == 0) return;
   const bool vec = H % 4 == 0 && out_vec && aligned(x, 16) && aligned(w, 16) && (!delta || aligned(delta, 16));
   if (vec) {
-    rms_norm_kernel<4><<<M, row_threads(H / 4), 0, stream>>>(x, delta, w, eps, H, out);
+    const int t = row_threads(H / 4);
+    if (cacheable(H / 4, t)) rms_norm_kernel<4, kRowCache><<<M, t, 0, stream>>>(x, delta, w, eps, H, out);
+    else rms_norm_kernel<4, 0><<<M, t, 0, stream>>>(x, delta, w, eps, H, out);
   } else {
-    rms_norm_kernel<1><<<M, row_threads(H), 0, stream>>>(x, delta, w, eps, H, out);
+      const int t = row_threads(H);
+      if (cacheable(H, t)) rms_norm_kernel<1, kRowCache><<<M, t, 0, stream>>>(x, delta, w, eps, H, out);
+      else rms_norm_kernel<1, 0><<<M, t, 0, stream>>>(x, delta, w, eps, H, out);
+    }
+    check_launch(fn);
   }
-  check_launch(fn);
-}
 
-}  // namespace
+  }  // namespace
 
-void embedding_lookup(const void* table, DType dt, int64_t hidden, const int32_t* d_tokens, int M, float* out,
-                      cudaStream_t stream, int64_t vocab) {
-  const char* fn = "embedding_lookup";
-  if (!table || !d_tokens || !out) bad(fn, "null device pointer");
-  if (hidden <= 0 || M < 0) bad(fn, "bad shape hidden=" + std::to_string(hidden) + " M=" + std::to_string(M));
-  if (M == 0) return;
-  const int threads = hidden >= 1024 ? 256 : 128;
-  switch (dt) {
-    case DType::F32: embedding_kernel<0><<<M, threads, 0, stream>>>(table, hidden, d_tokens, vocab, out); break;
-    case DType::F16: embedding_kernel<1><<<M, threads, 0, stream>>>(table, hidden, d_tokens, vocab, out); break;
-    case DType::BF16: embedding_kernel<2><<<M, threads, 0, stream>>>(table, hidden, d_tokens, vocab, out); break;
-    default: bad(fn, std::string("table dtype ") + std::string(dtype_name(dt)) + " not supported (F32, F16, BF16)");
+  void embedding_lookup(const void* table, DType dt, int64_t hidden, const int32_t* d_tokens, int M, float* out,
+                        cudaStream_t stream, int64_t vocab) {
+    const char* fn = "embedding_lookup";
+    if (!table || !d_tokens || !out) bad(fn, "null device pointer");
+    if (hidden <= 0 || M < 0) bad(fn, "bad shape hidden=" + std::to_string(hidden) + " M=" + std::to_string(M));
+    if (M == 0) return;
+    const int threads = hidden >= 1024 ? 256 : 128;
+    switch (dt) {
+      case DType::F32: embedding_kernel<0><<<M, threads, 0, stream>>>(table, hidden, d_tokens, vocab, out); break;
+      case DType::F16: embedding_kernel<1><<<M, threads, 0, stream>>>(table, hidden, d_tokens, vocab, out); break;
+      case DType::BF16: embedding_kernel<2><<<M, threads, 0, stream>>>(table, hidden, d_tokens, vocab, out); break;
+      default: bad(fn, std::string("table dtype ") + std::string(dtype_name(dt)) + " not supported (F32, F16, BF16)");
+    }
+    check_launch(fn);
   }
-  check_launch(fn);
-}
 
-void rms_norm(const float* x, const float* w, float eps, int M, int H, ActOut out, cudaStream_t stream) {
-  // The kernel only writes x when delta is given.
-  launch_rms("rms_norm", const_cast<float*>(x), nullptr, w, eps, M, H, out, stream);
-}
+  void rms_norm(const float* x, const float* w, float eps, int M, int H, ActOut out, cudaStream_t stream) {
+    // The kernel only writes x when delta is given.
+    launch_rms("rms_norm", const_cast<float*>(x), nullptr, w, eps, M, H, out, stream);
+  }
 
-void add_rms_norm(float* x, const float* delta, const float* w, float eps, int M, int H, ActOut out,
-                  cudaStream_t stream) {
-  if (!delta) bad("add_rms_norm", "null device pointer");
-  launch_rms("add_rms_norm", x, delta, w, eps, M, H, out, stream);
-}
+  void add_rms_norm(float* x, const float* delta, const float* w, float eps, int M, int H, ActOut out,
+                    cudaStream_t stream) {
+    if (!delta) bad("add_rms_norm", "null device pointer");
+    launch_rms("add_rms_norm", x, delta, w, eps, M, H, out, stream);
+  }
 
-void head_rms_norm(float* x, int64_t row_stride, int M, int n_heads, int hd, const float* w, float eps,
-                   cudaStream_t stream) {
-  const char* fn = "head_rms_norm";
-  if (!x || !w) bad(fn, "null device pointer");
-  if (M < 0 || n_heads <= 0 || hd <= 0 || hd > 1024 || row_stride < int64_t(n_heads) * hd)
-    bad(fn, "bad shape M=" + std::to_string(M) + " n_heads=" + std::to_string(n_heads) + " hd=" +
-                std::to_string(hd) + " row_stride=" + std::to_string(row_stride));
-  if (!(eps >= 0.0f)) bad(fn, "eps must be >= 0");
-  const int64_t rows = int64_t(M) * n_heads;
-  if (rows == 0) return;
-  const int64_t blocks = (rows + kHeadRowsPerBlock - 1) / kHeadRowsPerBlock;
-  if (blocks > INT_MAX) bad(fn, "too many rows");
-  head_rms_norm_kernel<<<unsigned(blocks), kHeadRowsPerBlock * 32, 0, stream>>>(x, row_stride, rows, n_heads, hd, w,
-                                                                                eps);
-  check_launch(fn);
-}
+  void head_rms_norm(float* x, int64_t row_stride, int M, int n_heads, int hd, const float* w, float eps,
+                     cudaStream_t stream) {
+    const char* fn = "head_rms_norm";
+    if (!x || !w) bad(fn, "null device pointer");
+    if (M < 0 || n_heads <= 0 || hd <= 0 || hd > 1024 || row_stride < int64_t(n_heads) * hd)
+      bad(fn, "bad shape M=" + std::to_string(M) + " n_heads=" + std::to_string(n_heads) + " hd=" +
+                  std::to_string(hd) + " row_stride=" + std::to_string(row_stride));
+    if (!(eps >= 0.0f)) bad(fn, "eps must be >= 0");
+    const int64_t rows = int64_t(M) * n_heads;
+    if (rows == 0) return;
+    const int64_t blocks = (rows + kHeadRowsPerBlock - 1) / kHeadRowsPerBlock;
+    if (blocks > INT_MAX) bad(fn, "too many rows");
+    head_rms_norm_kernel<<<unsigned(blocks), kHeadRowsPerBlock * 32, 0, stream>>>(x, row_stride, rows, n_heads, hd, w,
+                                                                                  eps);
+    check_launch(fn);
+  }
 
-DeviceRopeTable::DeviceRopeTable(const float* host_cos, const float* host_sin, int head_dim, int64_t max_pos)
-    : head_dim_(head_dim), max_pos_(max_pos) {
-  if (!host_cos || !host_sin) bad("DeviceRopeTable", "null host pointer");
-  if (head_dim <= 0 || head_dim % 2 != 0 || max_pos <= 0)
-    bad("DeviceRopeTable", "bad shape head_dim=" + std::to_string(head_dim) + " max_pos=" + std::to_string(max_pos));
-  const size_t bytes = size_t(max_pos) * size_t(head_dim / 2) * sizeof(float);
-  try {
-    check_cuda(cudaMalloc(&cos_, bytes), "DeviceRopeTable: cudaMalloc");
-    check_cuda(cudaMalloc(&sin_, bytes), "DeviceRopeTable: cudaMalloc");
-    check_cuda(cudaMemcpy(cos_, host_cos, bytes, cudaMemcpyHostToDevice), "DeviceRopeTable: cudaMemcpy");
-    check_cuda(cudaMemcpy(sin_, host_sin, bytes, cudaMemcpyHostToDevice), "DeviceRopeTable: cudaMemcpy");
-  } catch (...) {
-    cudaFree(cos_);  // cudaFree(nullptr) is a no-op
-    cudaFree(sin_);
-    throw;
+  DeviceRopeTable::DeviceRopeTable(const float* host_cos, const float* host_sin, int head_dim, int64_t max_pos)
+      : head_dim_(head_dim), max_pos_(max_pos) {
+    if (!host_cos || !host_sin) bad("DeviceRopeTable", "null host pointer");
+    if (head_dim <= 0 || head_dim % 2 != 0 || max_pos <= 0)
+      bad("DeviceRopeTable", "bad shape head_dim=" + std::to_string(head_dim) + " max_pos=" + std::to_string(max_pos));
+    const size_t bytes = size_t(max_pos) * size_t(head_dim / 2) * sizeof(float);
+    try {
+      check_cuda(cudaMalloc(&cos_, bytes), "DeviceRopeTable: cudaMalloc");
+      check_cuda(cudaMalloc(&sin_, bytes), "DeviceRopeTable: cudaMalloc");
+      check_cuda(cudaMemcpy(cos_, host_cos, bytes, cudaMemcpyHostToDevice), "DeviceRopeTable: cudaMemcpy");
+      check_cuda(cudaMemcpy(sin_, host_sin, bytes, cudaMemcpyHostToDevice), "DeviceRopeTable: cudaMemcpy");
+    } catch (...) {
+      cudaFree(cos_);  // cudaFree(nullptr) is a no-op
+      cudaFree(sin_);
+      throw;
   }
 }
 
@@ -424,45 +505,49 @@ void swiglu(const float* gu, int M, int I, ActOut out, cudaStream_t stream) {
   const bool out_vec = check_out(fn, out);
   if (M == 0) return;
   if (I % 4 == 0 && out_vec && aligned(gu, 16)) {
-    swiglu_kernel<4><<<M, row_threads(I / 4), 0, stream>>>(gu, I, out);
+    const int t = row_threads(I / 4);
+    if (cacheable(I / 4, t)) swiglu_kernel<4, kRowCache><<<M, t, 0, stream>>>(gu, I, out);
+    else swiglu_kernel<4, 0><<<M, t, 0, stream>>>(gu, I, out);
   } else {
-    swiglu_kernel<1><<<M, row_threads(I), 0, stream>>>(gu, I, out);
+      const int t = row_threads(I);
+      if (cacheable(I, t)) swiglu_kernel<1, kRowCache><<<M, t, 0, stream>>>(gu, I, out);
+      else swiglu_kernel<1, 0><<<M, t, 0, stream>>>(gu, I, out);
+    }
+    check_launch(fn);
   }
-  check_launch(fn);
-}
 
-namespace {
-// Grid for the flat grid-stride kernels: enough blocks to fill an H200 several times over.
-unsigned flat_blocks(int64_t n) {
-  const int64_t b = (n + 255) / 256;
-  return unsigned(b < 8192 ? b : 8192);
-}
-}  // namespace
+  namespace {
+  // Grid for the flat grid-stride kernels: enough blocks to fill an H200 several times over.
+  unsigned flat_blocks(int64_t n) {
+    const int64_t b = (n + 255) / 256;
+    return unsigned(b < 8192 ? b : 8192);
+  }
+  }  // namespace
 
-void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream) {
-  if (n < 0) bad("residual_add", "negative size");
-  if (n == 0) return;
-  if (!x || !d) bad("residual_add", "null device pointer");
-  residual_add_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, d, n);
-  check_launch("residual_add");
-}
+  void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream) {
+    if (n < 0) bad("residual_add", "negative size");
+    if (n == 0) return;
+    if (!x || !d) bad("residual_add", "null device pointer");
+    residual_add_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, d, n);
+    check_launch("residual_add");
+  }
 
-void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
-  if (n < 0) bad("f32_to_bf16", "negative size");
-  if (n == 0) return;
-  if (!x || !y) bad("f32_to_bf16", "null device pointer");
-  f32_to_bf16_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, y, n);
-  check_launch("f32_to_bf16");
-}
+  void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+    if (n < 0) bad("f32_to_bf16", "negative size");
+    if (n == 0) return;
+    if (!x || !y) bad("f32_to_bf16", "null device pointer");
+    f32_to_bf16_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, y, n);
+    check_launch("f32_to_bf16");
+  }
 
-void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream) {
-  const char* fn = "argmax_rows";
-  if (!logits || !out) bad(fn, "null device pointer");
-  if (rows < 0 || vocab <= 0 || vocab > INT_MAX)
-    bad(fn, "bad shape rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab));
-  if (rows == 0) return;
-  argmax_kernel<<<rows, kArgmaxThreads, 0, stream>>>(logits, int(vocab), out);
-  check_launch(fn);
-}
+  void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream) {
+    const char* fn = "argmax_rows";
+    if (!logits || !out) bad(fn, "null device pointer");
+    if (rows < 0 || vocab <= 0 || vocab > INT_MAX)
+      bad(fn, "bad shape rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab));
+    if (rows == 0) return;
+    argmax_kernel<<<rows, kArgmaxThreads, 0, stream>>>(logits, int(vocab), out);
+    check_launch(fn);
+  }
 
-}  // namespace perry::cuda
+  }  // namespace perry::cuda
