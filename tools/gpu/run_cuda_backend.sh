@@ -185,7 +185,7 @@ decode_ab() {
   [ "${DECODE_PROFILE:-1}" = 1 ] && PROFILE_TIMEOUT=120 bash "$ROOT/tools/gpu/profile_decode.sh" "$OUT" ${PROFILE_MODES:-bf16 w4a8-g128} > /dev/null 2>&1 &&
     { say ""; cat "$OUT/profile.md" >> "$S"; rm -f "$OUT"/profile-*.csv; }
 }
-# Prefill (TTFT) of llama3-8b per PREFILL_PAIRS="mode:variant ..." (variants: base, or
+# Prefill (TTFT) per PREFILL_PAIRS="[preset/]mode:variant ..." (llama3-8b unless a preset is given; variants: base, or
 # '+'-joined switches as in decode_ab), with the linears alone timed by the same bench (what
 # "time outside the GEMMs" is measured against); then per-kernel times of one 2048-token prefill
 # (Nsight Compute) for PROFILE_MODES.
@@ -193,7 +193,9 @@ prefill_ab() {
   say ""
   say "## prefill A/B (llama3-8b; prefill ms and the linears alone)"
   for mv in ${PREFILL_PAIRS:-bf16:base w8a8:base}; do
-    m=${mv%%:*} v=${mv#*:}
+    # [preset/]mode:variant, e.g. qwen3-8b/bf16:base (the preset defaults to llama3-8b).
+    m=${mv%%:*} v=${mv#*:} preset=llama3-8b
+    [[ $m == */* ]] && preset=${m%%/*} m=${m#*/}
     env=()
     for sw in ${v//+/ }; do
       case $sw in
@@ -204,10 +206,10 @@ prefill_ab() {
         *) say "- unknown prefill variant $v"; continue 2 ;;
       esac
     done
-    timeout 200 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p ${PREFILL_LENGTHS:-2048 4096 8192} \
-      -b 1 -n 2 -r 3 -o "$T/pre-$m-$v" > "$T/pre-$m-$v.log" 2>&1
-    say "- $m $v (exit $?):"
-    grep -E "prefill|linears" "$T/pre-$m-$v.log" | grep -v "^mode" | sed 's/^/    /' | tee -a "$S"
+    timeout 200 env "${env[@]}" "$P" bench --device cuda --synthetic "$preset" --modes "$m" -p ${PREFILL_LENGTHS:-2048 4096 8192} \
+      -b 1 -n 2 -r 3 -o "$T/pre-$preset-$m-$v" > "$T/pre-$preset-$m-$v.log" 2>&1
+    say "- $preset $m $v (exit $?):"
+    grep -E "prefill|linears" "$T/pre-$preset-$m-$v.log" | grep -v "^mode" | sed 's/^/    /' | tee -a "$S"
   done
   [ -n "${DECODE_PAIRS:-}" ] && DECODE_QWEN_MODES="" DECODE_PROFILE=0 decode_ab
   # Nsight Compute sections of one launch of each prefill attention kernel (T=8192, Llama-3-8B
