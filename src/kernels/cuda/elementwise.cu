@@ -176,10 +176,12 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
   }
 }
 
-// One block per row of gu [M, 2I]; output [M, I]. kCache > 0 (int8 output): a thread covers at
-// most kCache vectors, kept in registers between the absmax and the write pass (one read of gu).
+// One block per row of gu [M, 2I]; output [M, I]. kCache > 0: a thread covers at most kCache
+// vectors, kept in registers between the absmax and the write pass (int8 output: one read of gu).
+// Launch bounds (1024, 2): at most 32 registers, so two blocks of up to 1024 threads share an SM
+// (at 38 registers and 896 threads one block did, idle through its absmax barrier).
 template <int V, int kCache>
-__global__ void swiglu_kernel(const float* __restrict__ gu, int I, ActOut out) {
+__global__ void __launch_bounds__(1024, 2) swiglu_kernel(const float* __restrict__ gu, int I, ActOut out) {
   const int64_t row = blockIdx.x;
   const float* g = gu + row * 2 * int64_t(I);
   const float* u = g + I;
