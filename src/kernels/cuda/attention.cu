@@ -181,8 +181,7 @@ __global__ void __launch_bounds__(kTcThreads)
       for (int j = 0; j < 4; ++j) {
         uint32_t r[4];
         ldmatrix_x4(r, ks_ + (j * 16 + kb_row) * kStride + ks * 16 + kb_col);
-        mma_bf16(s[2 * j], qf[ks], r[0], r[1]);
-        mma_bf16(s[2 * j + 1], qf[ks], r[2], r[3]);
+        mma_bf16_pair(s[2 * j], s[2 * j + 1], qf[ks], r);
       }
     }
 
@@ -246,8 +245,7 @@ __global__ void __launch_bounds__(kTcThreads)
       for (int jd = 0; jd < HD / 16; ++jd) {
         uint32_t r[4];
         ldmatrix_x4_trans(r, vs_ + (kk * 16 + vb_row) * kStride + jd * 16 + vb_col);
-        mma_bf16(o[2 * jd], pf[kk], r[0], r[1]);
-        mma_bf16(o[2 * jd + 1], pf[kk], r[2], r[3]);
+        mma_bf16_pair(o[2 * jd], o[2 * jd + 1], pf[kk], r);
       }
     }
     __syncthreads();  // everyone is done with this stage before iteration kt+1 refills it
@@ -365,10 +363,7 @@ __global__ void __launch_bounds__(kTcThreads)
         uint32_t r[4];
         ldmatrix_x4(r, ks_ + (j * 16 + kb_row) * kStride + ks * 16 + kb_col);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma_bf16(s[mt][2 * j], qa[mt], r[0], r[1]);
-          mma_bf16(s[mt][2 * j + 1], qa[mt], r[2], r[3]);
-        }
+        for (int mt = 0; mt < 2; ++mt) mma_bf16_pair(s[mt][2 * j], s[mt][2 * j + 1], qa[mt], r);
       }
     }
 
@@ -438,10 +433,7 @@ __global__ void __launch_bounds__(kTcThreads)
         uint32_t r[4];
         ldmatrix_x4_trans(r, vs_ + (kk * 16 + vb_row) * kStride + jd * 16 + vb_col);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma_bf16(o[mt][2 * jd], pf[mt], r[0], r[1]);
-          mma_bf16(o[mt][2 * jd + 1], pf[mt], r[2], r[3]);
-        }
+        for (int mt = 0; mt < 2; ++mt) mma_bf16_pair(o[mt][2 * jd], o[mt][2 * jd + 1], pf[mt], r);
       }
     }
     __syncthreads();  // everyone is done with this stage before iteration kt+1 refills it

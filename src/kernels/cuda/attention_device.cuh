@@ -35,6 +35,11 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// c0 += A·B0, c1 += A·B1: one ldmatrix.x4 of B (r) feeds two m16n8k16 MMAs (adjacent n-tiles).
+__device__ __forceinline__ void mma_bf16_pair(float c0[4], float c1[4], const uint32_t a[4], const uint32_t r[4]) {
+  mma_bf16(c0, a, r[0], r[1]);
+  mma_bf16(c1, a, r[2], r[3]);
+}
 // 2^x on the MUFU alone: ex2.approx.ftz (results below 2^-126 flush to 0). exp2f compiles to the
 // same MUFU.EX2 wrapped in a denormal fix-up (~3 more instructions), which matters in the
 // prefill kernels' softmax (64 exponentials per thread per key tile); their weights are rounded

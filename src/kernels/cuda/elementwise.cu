@@ -32,7 +32,7 @@ __device__ __forceinline__ void load(const float* p, float (&v)[V]) {
     const float4 a = *reinterpret_cast<const float4*>(p);
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
   } else {
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < V; ++j) v[j] = p[j];
   }
 }
@@ -42,7 +42,7 @@ __device__ __forceinline__ void store_f32(float* p, const float (&v)[V]) {
   if constexpr (V == 4) {
     *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   } else {
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < V; ++j) p[j] = v[j];
   }
 }
@@ -68,11 +68,11 @@ __device__ __forceinline__ void store_out(const ActOut& o, int64_t idx, const fl
       int8_t* p = static_cast<int8_t*>(o.data) + idx;
       if constexpr (V == 4) {
         uint32_t w = 0;
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < 4; ++j) w |= uint32_t(uint8_t(quant_one(v[j], inv))) << (8 * j);
         *reinterpret_cast<uint32_t*>(p) = w;
       } else {
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < V; ++j) p[j] = quant_one(v[j], inv);
       }
   }
@@ -81,6 +81,16 @@ __device__ __forceinline__ void store_out(const ActOut& o, int64_t idx, const fl
 
 
 // ---------------------------------------------------------------- kernels
+
+// The row's per-token int8 scale from each thread's partial absmax (a block-wide reduction):
+// stored by thread 0, the reciprocal returned to every thread for quant_one.
+__device__ __forceinline__ float row_scale(float amax, const ActOut& out, int64_t row) {
+  amax = block_all_reduce(amax, MaxOp{});
+  float scale, qinv;
+  per_token_params(amax, scale, qinv);
+  if (threadIdx.x == 0) out.scale[row] = scale;
+  return qinv;
+}
 
 // One block per row. delta != nullptr: x += delta first (written back), then normalize.
 // x is not __restrict__/const: in the fused form it is written in pass 1 and read in pass 2 by
@@ -133,10 +143,7 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
 #pragma unroll
           for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(c[it][j]));
         }
-      amax = block_all_reduce(amax, MaxOp{});
-      float scale;
-      per_token_params(amax, scale, qinv);
-      if (threadIdx.x == 0) out.scale[row] = scale;
+      qinv = row_scale(amax, out, row);
     }
 #pragma unroll
     for (int it = 0; it < kCache; ++it)
@@ -157,19 +164,16 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
         float v[V], wv[V];
         load<V>(xr + i, v);
         load<V>(w + i, wv);
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(norm_one(v[j], inv, wv[j])));
       }
-      amax = block_all_reduce(amax, MaxOp{});
-      float scale;
-      per_token_params(amax, scale, qinv);
-      if (threadIdx.x == 0) out.scale[row] = scale;
+      qinv = row_scale(amax, out, row);
     }
     for (int i = i0; i < H; i += step) {
       float v[V], wv[V], y[V];
       load<V>(xr + i, v);
       load<V>(w + i, wv);
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < V; ++j) y[j] = norm_one(v[j], inv, wv[j]);
       store_out<V>(out, row * H + i, y, qinv);
     }
@@ -205,10 +209,7 @@ __global__ void __launch_bounds__(1024, 2) swiglu_kernel(const float* __restrict
       }
     }
     if (out.fmt == ActFormat::I8) {
-      amax = block_all_reduce(amax, MaxOp{});
-      float scale;
-      per_token_params(amax, scale, qinv);
-      if (threadIdx.x == 0) out.scale[row] = scale;
+      qinv = row_scale(amax, out, row);
     }
 #pragma unroll
     for (int it = 0; it < kCache; ++it)
@@ -220,19 +221,16 @@ __global__ void __launch_bounds__(1024, 2) swiglu_kernel(const float* __restrict
         float gv[V], uv[V];
         load<V>(g + i, gv);
         load<V>(u + i, uv);
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(swiglu_one(gv[j], uv[j])));
       }
-      amax = block_all_reduce(amax, MaxOp{});
-      float scale;
-      per_token_params(amax, scale, qinv);
-      if (threadIdx.x == 0) out.scale[row] = scale;
+      qinv = row_scale(amax, out, row);
     }
     for (int i = i0; i < I; i += step) {
       float gv[V], uv[V], y[V];
       load<V>(g + i, gv);
       load<V>(u + i, uv);
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < V; ++j) y[j] = swiglu_one(gv[j], uv[j]);
       store_out<V>(out, row * I + i, y, qinv);
     }
