@@ -274,6 +274,18 @@ __global__ void __launch_bounds__(kTcThreads)
 // new maximum (warp-uniform branch: most tiles after the first few).
 constexpr int kBM2 = 128;
 
+// B fragments of n-tiles n, n+1 (one ldmatrix.x4 at p; transposed for V) into both m-tiles'
+// accumulators: c[mt][n], c[mt][n+1] += a[mt]·B.
+template <bool kTrans, int N>
+__device__ __forceinline__ void mma_two_mtiles(float (&c)[2][N][4], int n, const uint32_t (&a)[2][4],
+                                               const uint16_t* p) {
+  uint32_t r[4];
+  if constexpr (kTrans) ldmatrix_x4_trans(r, p);
+  else ldmatrix_x4(r, p);
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) mma_bf16_pair(c[mt][n], c[mt][n + 1], a[mt], r);
+}
+
 template <int HD, int BN>
 constexpr int tc2_smem_bytes() {
   return (kBM2 + 2 /*stages*/ * 2 /*K,V*/ * BN) * (HD + 8) * 2;
@@ -359,12 +371,8 @@ __global__ void __launch_bounds__(kTcThreads)
       ldmatrix_x4(qa[0], qw + ks * 16);
       ldmatrix_x4(qa[1], qw + 16 * kStride + ks * 16);
 #pragma unroll
-      for (int j = 0; j < kNT / 2; ++j) {
-        uint32_t r[4];
-        ldmatrix_x4(r, ks_ + (j * 16 + kb_row) * kStride + ks * 16 + kb_col);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) mma_bf16_pair(s[mt][2 * j], s[mt][2 * j + 1], qa[mt], r);
-      }
+      for (int j = 0; j < kNT / 2; ++j)
+        mma_two_mtiles<false>(s, 2 * j, qa, ks_ + (j * 16 + kb_row) * kStride + ks * 16 + kb_col);
     }
 
     const int k0 = kt * BN;
@@ -429,12 +437,8 @@ __global__ void __launch_bounds__(kTcThreads)
           pf[mt][hf * 2 + 1] = pb;
         }
 #pragma unroll
-      for (int jd = 0; jd < HD / 16; ++jd) {
-        uint32_t r[4];
-        ldmatrix_x4_trans(r, vs_ + (kk * 16 + vb_row) * kStride + jd * 16 + vb_col);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) mma_bf16_pair(o[mt][2 * jd], o[mt][2 * jd + 1], pf[mt], r);
-      }
+      for (int jd = 0; jd < HD / 16; ++jd)
+        mma_two_mtiles<true>(o, 2 * jd, pf, vs_ + (kk * 16 + vb_row) * kStride + jd * 16 + vb_col);
     }
     __syncthreads();  // everyone is done with this stage before iteration kt+1 refills it
   }

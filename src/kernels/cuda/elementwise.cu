@@ -92,6 +92,50 @@ __device__ __forceinline__ float row_scale(float amax, const ActOut& out, int64_
   return qinv;
 }
 
+// The output pass of a row whose values a thread holds in registers (vectors i0 + it·step < n):
+// the int8 scale from their absmax where the output is int8, then the stores.
+template <int V, int kCache>
+__device__ __forceinline__ void store_cached_row(const ActOut& out, int64_t row, int n, int i0, int step,
+                                                 const float (&y)[kCache][V]) {
+  float qinv = 0.0f;
+  if (out.fmt == ActFormat::I8) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int it = 0; it < kCache; ++it)
+      if (i0 + it * step < n) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(y[it][j]));
+      }
+    qinv = row_scale(amax, out, row);
+  }
+#pragma unroll
+  for (int it = 0; it < kCache; ++it)
+    if (i0 + it * step < n) store_out<V>(out, row * n + i0 + it * step, y[it], qinv);
+}
+
+// The same for rows too wide to hold: value(i, y) recomputes vector i (from L1 / L2) for the
+// absmax pass and again for the stores.
+template <int V, typename Value>
+__device__ __forceinline__ void store_row_multipass(const ActOut& out, int64_t row, int n, int i0, int step,
+                                                    Value value) {
+  float qinv = 0.0f;
+  if (out.fmt == ActFormat::I8) {
+    float amax = 0.0f;
+    for (int i = i0; i < n; i += step) {
+      float y[V];
+      value(i, y);
+#pragma unroll
+      for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(y[j]));
+    }
+    qinv = row_scale(amax, out, row);
+  }
+  for (int i = i0; i < n; i += step) {
+    float y[V];
+    value(i, y);
+    store_out<V>(out, row * n + i, y, qinv);
+  }
+}
+
 // One block per row. delta != nullptr: x += delta first (written back), then normalize.
 // x is not __restrict__/const: in the fused form it is written in pass 1 and read in pass 2 by
 // the same thread at the same addresses (program order makes that coherent).
@@ -134,20 +178,7 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
 #pragma unroll
       for (int j = 0; j < V; ++j) c[it][j] = norm_one(c[it][j], inv, wv[j]);
     }
-    float qinv = 0.0f;
-    if (out.fmt == ActFormat::I8) {
-      float amax = 0.0f;
-#pragma unroll
-      for (int it = 0; it < kCache; ++it)
-        if (i0 + it * step < H) {
-#pragma unroll
-          for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(c[it][j]));
-        }
-      qinv = row_scale(amax, out, row);
-    }
-#pragma unroll
-    for (int it = 0; it < kCache; ++it)
-      if (i0 + it * step < H) store_out<V>(out, row * H + i0 + it * step, c[it], qinv);
+    store_cached_row<V, kCache>(out, row, H, i0, step, c);
   } else {
     for (int i = i0; i < H; i += step) {
       float v[V];
@@ -156,27 +187,13 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
     ss = block_all_reduce(ss, SumOp{});
     // Exactly the CPU reference's expression: double mean + eps, IEEE sqrt and division.
     const float inv = float(1.0 / sqrt(ss / double(H) + double(eps)));
-
-    float qinv = 0.0f;
-    if (out.fmt == ActFormat::I8) {
-      float amax = 0.0f;
-      for (int i = i0; i < H; i += step) {
-        float v[V], wv[V];
-        load<V>(xr + i, v);
-        load<V>(w + i, wv);
-#pragma unroll
-        for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(norm_one(v[j], inv, wv[j])));
-      }
-      qinv = row_scale(amax, out, row);
-    }
-    for (int i = i0; i < H; i += step) {
-      float v[V], wv[V], y[V];
+    store_row_multipass<V>(out, row, H, i0, step, [&](int i, float (&y)[V]) {
+      float v[V], wv[V];
       load<V>(xr + i, v);
       load<V>(w + i, wv);
 #pragma unroll
       for (int j = 0; j < V; ++j) y[j] = norm_one(v[j], inv, wv[j]);
-      store_out<V>(out, row * H + i, y, qinv);
-    }
+    });
   }
 }
 
@@ -191,49 +208,21 @@ __global__ void __launch_bounds__(1024, 2) swiglu_kernel(const float* __restrict
   const float* u = g + I;
   const int step = int(blockDim.x) * V;
   const int i0 = int(threadIdx.x) * V;
-  float qinv = 0.0f;
+  auto value = [&](int i, float (&y)[V]) {
+    float gv[V], uv[V];
+    load<V>(g + i, gv);
+    load<V>(u + i, uv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) y[j] = swiglu_one(gv[j], uv[j]);
+  };
   if constexpr (kCache > 0) {
     float y[kCache][V];
-    float amax = 0.0f;
-#pragma unroll
-    for (int it = 0; it < kCache; ++it) {
-      const int i = i0 + it * step;
-      if (i >= I) continue;
-      float gv[V], uv[V];
-      load<V>(g + i, gv);
-      load<V>(u + i, uv);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        y[it][j] = swiglu_one(gv[j], uv[j]);
-        amax = fmaxf(amax, fabsf(y[it][j]));
-      }
-    }
-    if (out.fmt == ActFormat::I8) {
-      qinv = row_scale(amax, out, row);
-    }
 #pragma unroll
     for (int it = 0; it < kCache; ++it)
-      if (i0 + it * step < I) store_out<V>(out, row * I + i0 + it * step, y[it], qinv);
+      if (i0 + it * step < I) value(i0 + it * step, y[it]);
+    store_cached_row<V, kCache>(out, row, I, i0, step, y);
   } else {
-    if (out.fmt == ActFormat::I8) {
-      float amax = 0.0f;
-      for (int i = i0; i < I; i += step) {
-        float gv[V], uv[V];
-        load<V>(g + i, gv);
-        load<V>(u + i, uv);
-#pragma unroll
-        for (int j = 0; j < V; ++j) amax = fmaxf(amax, fabsf(swiglu_one(gv[j], uv[j])));
-      }
-      qinv = row_scale(amax, out, row);
-    }
-    for (int i = i0; i < I; i += step) {
-      float gv[V], uv[V], y[V];
-      load<V>(g + i, gv);
-      load<V>(u + i, uv);
-#pragma unroll
-      for (int j = 0; j < V; ++j) y[j] = swiglu_one(gv[j], uv[j]);
-      store_out<V>(out, row * I + i, y, qinv);
-    }
+    store_row_multipass<V>(out, row, I, i0, step, value);
   }
 }
 
