@@ -262,6 +262,19 @@ std::vector<float> decode_logits(const std::string& dir, const char* mode) {
   return all;
 }
 
+// The toggle tests' models that are present (the GPU transfer may leave some behind): the
+// embedded perry-qwen3-20m (hd 64, q/k norm), tiny-random-llama and tiny-random-qwen2 (hd 16,
+// q|k|v bias).
+std::vector<std::string> toggle_models(const char* tag) {
+  std::vector<std::string> dirs;
+  for (const char* name : {"perry-qwen3-20m", "tiny-random-llama", "tiny-random-qwen2"}) {
+    const std::string dir = source_dir() + "/models/" + name;
+    if (std::filesystem::exists(dir + "/config.json")) dirs.push_back(dir);
+    else std::printf("[%s] %s not present (the GPU transfer may leave it behind): skipped\n", tag, name);
+  }
+  return dirs;
+}
+
 // Logits of every row of a 300-token prompt (several 64- and 128-row attention tiles, a
 // partial last tile), then of one 20-token chunk on top of it (pos0 > 0).
 std::vector<float> prefill_logits(const std::string& dir, const char* mode) {
@@ -287,14 +300,9 @@ std::vector<float> prefill_logits(const std::string& dir, const char* mode) {
 // perry-qwen3-20m has hd 64 (tensor cores, q/k norm); the tiny models hd 16 (the fp32 kernel).
 TEST(CudaPrefillToggles, GiveTheSameLogits) {
   REQUIRE_DEVICE();
-  int models = 0;
-  for (const char* name : {"perry-qwen3-20m", "tiny-random-llama", "tiny-random-qwen2"}) {
-    const std::string dir = source_dir() + "/models/" + name;
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      std::printf("[prefill-toggles] %s not present (the GPU transfer may leave it behind): skipped\n", name);
-      continue;
-    }
-    ++models;
+  const std::vector<std::string> dirs = toggle_models("prefill-toggles");
+  for (const std::string& dir : dirs) {
+    const std::string name = std::filesystem::path(dir).filename().string();
     for (const char* mode : {"bf16", "w8a8", "w4a8-g128"}) {
       std::vector<float> by_kernel[2];
       for (int k = 0; k < 2; ++k) {
@@ -319,11 +327,11 @@ TEST(CudaPrefillToggles, GiveTheSameLogits) {
         den += double(by_kernel[0][i]) * by_kernel[0][i];
       }
       const double rel = std::sqrt(num / den);
-      std::printf("[prefill-toggles] %s %s: 64- vs 128-row attention, logits rel L2 %.3g\n", name, mode, rel);
+      std::printf("[prefill-toggles] %s %s: 64- vs 128-row attention, logits rel L2 %.3g\n", name.c_str(), mode, rel);
       EXPECT_LT(rel, 1e-2) << name << " " << mode;
     }
   }
-  EXPECT_GE(models, 1);
+  EXPECT_GE(dirs.size(), 1u);
 }
 
 // The one-token decode path's A/B toggles give the same logits bit for bit as its plainest form
@@ -336,14 +344,9 @@ TEST(CudaPrefillToggles, GiveTheSameLogits) {
 TEST(CudaDecodeToggles, GiveTheSameLogits) {
   REQUIRE_DEVICE();
   const ScopedEnv keep_fused("PERRY_NO_FUSED_DECODE", nullptr);
-  int models = 0;
-  for (const char* name : {"perry-qwen3-20m", "tiny-random-llama", "tiny-random-qwen2"}) {
-    const std::string dir = source_dir() + "/models/" + name;
-    if (!std::filesystem::exists(dir + "/config.json")) {
-      std::printf("[decode-toggles] %s not present (the GPU transfer may leave it behind): skipped\n", name);
-      continue;
-    }
-    ++models;
+  const std::vector<std::string> dirs = toggle_models("decode-toggles");
+  for (const std::string& dir : dirs) {
+    const std::string name = std::filesystem::path(dir).filename().string();
     for (const char* mode : {"bf16", "w8a8", "w4a8-g128"}) {
       std::vector<float> base;
       {
@@ -364,5 +367,5 @@ TEST(CudaDecodeToggles, GiveTheSameLogits) {
       }
     }
   }
-  EXPECT_GE(models, 1);
+  EXPECT_GE(dirs.size(), 1u);
 }
