@@ -203,6 +203,7 @@ prefill_ab() {
         separate) env+=(PERRY_PREFILL_SEPARATE=1) ;;  # split_qkv + rope + append + fp32 attention out
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
+        attnwgmma) env+=(PERRY_PREFILL_ATTN=wgmma) ;;  # the experimental wgmma attention (hd 128, sm_90)
         *) say "- unknown prefill variant $v"; continue 2 ;;
       esac
     done

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -116,7 +117,7 @@ class CudaBackend final : public model::ForwardBackend {
   // PERRY_PREFILL_SEPARATE=1 keeps the separate kernels for A/B runs.
   bool prefill_fused_ = true;
   // The prefill attention kernel: the library's choice, or PERRY_PREFILL_ATTN=64 / 128 (rows a
-  // block) for A/B runs.
+  // block) / wgmma (experimental, hd 128 on sm_90) for A/B runs.
   PrefillKernel prefill_attn_ = PrefillKernel::Auto;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
@@ -198,9 +199,12 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
-  if (const int rows = env_int("PERRY_PREFILL_ATTN", 0, 0, 128); rows != 0) {
-    if (rows != 64 && rows != 128) throw Error("PERRY_PREFILL_ATTN=" + std::to_string(rows) + ": use 64 or 128 (rows a block)");
-    prefill_attn_ = rows == 64 ? PrefillKernel::Rows64 : PrefillKernel::Rows128;
+  if (const char* e = std::getenv("PERRY_PREFILL_ATTN"); e && *e) {
+    const std::string v = e;
+    if (v == "64") prefill_attn_ = PrefillKernel::Rows64;
+    else if (v == "128") prefill_attn_ = PrefillKernel::Rows128;
+    else if (v == "wgmma") prefill_attn_ = PrefillKernel::Wgmma;
+    else throw Error("PERRY_PREFILL_ATTN='" + v + "': use 64 or 128 (rows a block) or wgmma (experimental)");
   }
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());

@@ -82,21 +82,6 @@ __device__ __forceinline__ void tc_load_tile(uint16_t* ks, uint16_t* vs, const u
   }
 }
 
-// One query row's output for dims 8i + 2t, +1 (i < HD/8) from the C fragments c[i][e0], c[i][e0+1],
-// times inv: fp32 pairs, or bf16 pairs with the bits of perry::f32_to_bf16 of those floats.
-template <int HD, bool kBf16Out>
-__device__ __forceinline__ void store_row(void* out, size_t off, const float (*c)[4], int e0, float inv) {
-#pragma unroll
-  for (int i = 0; i < HD / 8; ++i) {
-    const float x = c[i][e0] * inv, y = c[i][e0 + 1] * inv;
-    if constexpr (kBf16Out)
-      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + off + i * 8) =
-          uint32_t(bf16_bits(x)) | uint32_t(bf16_bits(y)) << 16;
-    else
-      *reinterpret_cast<float2*>(static_cast<float*>(out) + off + i * 8) = make_float2(x, y);
-  }
-}
-
 template <int HD, bool kBf16Out>
 __global__ void __launch_bounds__(kTcThreads)
     prefill_tc_kernel(const float* __restrict__ q, long long q_stride, const AttnSeq* __restrict__ seqs,
@@ -581,6 +566,7 @@ void kv_cache_append(const float* k, const float* v, const AttnSeq* d_seqs, int 
 
 PrefillKernel attention_prefill_choice(PrefillKernel want, int hd, int n_seqs, int max_new, int nh) {
   if (hd != 64 && hd != 128) return PrefillKernel::Auto;  // the fp32 kernel
+  if (want == PrefillKernel::Wgmma && hd != 128) return PrefillKernel::Rows128;  // wgmma: hd 128 only
   if (want != PrefillKernel::Auto) return want;
   // 128-row blocks halve the shared-memory reads per MMA but halve the block count too: below
   // about two blocks per SM (e.g. a 512-token prompt of 32 heads) the 64-row kernel fills more.
@@ -608,6 +594,13 @@ void attention_prefill(const PrefillIo& io, const AttnSeq* d_seqs, int n_seqs, i
               x.q_stride, nh, hd);
   const float scale_log2 = scale * kLog2e;
   const PrefillKernel which = attention_prefill_choice(kernel, hd, n_seqs, max_new, nh);
+  if (which == PrefillKernel::Wgmma) {
+    PERRY_CHECK(attention_prefill_wgmma_supported(hd), "{}: the wgmma kernel needs hd 128 on an sm_90 device", fn);
+    PERRY_CHECK(aligned(x.q, 16) && x.q_stride % 4 == 0 && aligned(x.out, 8) && aligned(x.out_bf16, 4),
+                "{}: q must be 16-byte aligned with a row stride that is a multiple of 4 floats", fn);
+    attention_prefill_wgmma(x, d_seqs, n_seqs, max_new, k_cache, v_cache, nh, nkv, capacity, scale_log2, stream);
+    return;
+  }
   if (which != PrefillKernel::Auto) {
     // float4 reads of q rows (the 128-row kernel), float2 / 4-byte stores of out.
     PERRY_CHECK(aligned(x.q, 16) && x.q_stride % 4 == 0 && aligned(x.out, 8) && aligned(x.out_bf16, 4),

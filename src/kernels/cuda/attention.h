@@ -59,8 +59,9 @@ struct PrefillIo {
 };
 // The tensor-core kernel for hd 64 / 128: blocks of 64 query rows (16 per warp) or 128 rows (32
 // per warp: each K / V fragment read from shared memory feeds two MMAs). Auto takes 128-row
-// blocks when there are at least two of them per SM.
-enum class PrefillKernel { Auto, Rows64, Rows128 };
+// blocks when there are at least two of them per SM. Wgmma: EXPERIMENTAL, never chosen by Auto —
+// Hopper warpgroup MMAs, hd 128 on sm_90 (attention_prefill_sm90.cu; Rows128 for hd 64).
+enum class PrefillKernel { Auto, Rows64, Rows128, Wgmma };
 
 // Causal attention of every new token of every sequence against its slot's cache positions
 // [0, pos0 + t] (the new tokens must already be in the cache: call kv_cache_append or
@@ -84,6 +85,8 @@ inline void attention_prefill(const float* q, const AttnSeq* d_seqs, int n_seqs,
   attention_prefill(io, d_seqs, n_seqs, max_new, max_ctx, k_cache, v_cache, nh, nkv, hd, capacity, scale, stream,
                     kernel);
 }
+// Whether PrefillKernel::Wgmma can run: hd 128 on an sm_90 device (H100 / H200).
+bool attention_prefill_wgmma_supported(int hd);
 // The kernel a call would run (Auto for the fp32 kernel); for logs and tests.
 PrefillKernel attention_prefill_choice(PrefillKernel want, int hd, int n_seqs, int max_new, int nh);
 

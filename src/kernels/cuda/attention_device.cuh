@@ -70,6 +70,21 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// One query row's output for dims 8i + 2t, +1 (i < HD/8) from the C fragments c[i][e0], c[i][e0+1],
+// times inv: fp32 pairs, or bf16 pairs with the bits of perry::f32_to_bf16 of those floats.
+template <int HD, bool kBf16Out>
+__device__ __forceinline__ void store_row(void* out, size_t off, const float (*c)[4], int e0, float inv) {
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) {
+    const float x = c[i][e0] * inv, y = c[i][e0 + 1] * inv;
+    if constexpr (kBf16Out)
+      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + off + i * 8) =
+          uint32_t(bf16_bits(x)) | uint32_t(bf16_bits(y)) << 16;
+    else
+      *reinterpret_cast<float2*>(static_cast<float*>(out) + off + i * 8) = make_float2(x, y);
+  }
+}
+
 // ---------------------------------------------------------------- host side
 inline bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
@@ -108,3 +123,9 @@ inline void ensure_smem(const void* kernel, size_t bytes, int* current, std::mut
 }
 
 }  // namespace perry::cuda::attn_detail
+
+namespace perry::cuda {
+// The experimental wgmma prefill kernel (attention_prefill_sm90.cu): io.q_stride set, exactly one output; arguments checked by attention_prefill.
+void attention_prefill_wgmma(const PrefillIo& io, const AttnSeq* seqs, int n_seqs, int max_new, const uint16_t* kc,
+                             const uint16_t* vc, int nh, int nkv, int capacity, float scale_log2, cudaStream_t stream);
+}  // namespace perry::cuda
