@@ -290,6 +290,38 @@ void run_decode_case(const std::vector<int>& ctxs, Heads hc, int hd, int capacit
   }
 }
 
+// One 8192-token prompt at Llama-3-8B heads (32 q, 8 kv, hd 128): each kernel's time (after one
+// warm-up, mean of 5) and TFLOP/s printed; `out` keeps the last kernel's output.
+void time_prefill_8192(const std::vector<pc::PrefillKernel>& kernels, std::mt19937& gen, Dev<float>& out) {
+  const int nh = 32, nkv = 8, hd = 128, T = 8192, cap = 8192;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  Dev<float> q(rand_f(size_t(T) * nh * hd, gen, -2.f, 2.f));
+  Dev<float> kv(rand_f(size_t(T) * nkv * hd, gen, -2.f, 2.f));
+  Dev<uint16_t> kc(size_t(nkv) * cap * hd), vc(size_t(nkv) * cap * hd);
+  Dev<AttnSeq> seqs(std::vector<AttnSeq>{{0, T, 0, 0}});
+  pc::kv_cache_append(kv.p, kv.p, seqs.p, 1, T, nkv, hd, cap, kc.p, vc.p, nullptr);
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  for (pc::PrefillKernel kern : kernels) {
+    pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p, nullptr, kern);
+    const int reps = 5;
+    cudaEventRecord(e0);
+    for (int r = 0; r < reps; ++r)
+      pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p, nullptr, kern);
+    cudaEventRecord(e1);
+    ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    ms /= reps;
+    const double flops = 4.0 * hd * nh * (double(T) * (T + 1) / 2);  // QKᵀ + PV, causal
+    std::printf("  prefill T=%d nh=%d nkv=%d hd=%d %s: %.3f ms, %.1f TFLOP/s\n", T, nh, nkv, hd, kernel_label(kern), ms,
+                flops / (ms * 1e-3) / 1e12);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
 }  // namespace
 
 TEST(CudaAttention, AppendRoundsLikeHostBitExact) {
@@ -446,27 +478,8 @@ TEST(CudaAttention, PerfLlama8bShapes) {
   ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
   {  // prefill: one 8192-token prompt
-    const int T = 8192, cap = 8192;
-    Dev<float> q(rand_f(size_t(T) * nh * hd, gen, -2.f, 2.f)), out(size_t(T) * nh * hd);
-    Dev<float> kv(rand_f(size_t(T) * nkv * hd, gen, -2.f, 2.f));
-    Dev<uint16_t> kc(size_t(nkv) * cap * hd), vc(size_t(nkv) * cap * hd);
-    Dev<AttnSeq> seqs(std::vector<AttnSeq>{{0, T, 0, 0}});
-    pc::kv_cache_append(kv.p, kv.p, seqs.p, 1, T, nkv, hd, cap, kc.p, vc.p, nullptr);
-    for (pc::PrefillKernel kern : kTcKernels) {
-      pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p, nullptr, kern);
-      const int reps = 5;
-      cudaEventRecord(e0);
-      for (int r = 0; r < reps; ++r)
-        pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p, nullptr, kern);
-      cudaEventRecord(e1);
-      ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      ms /= reps;
-      const double flops = 4.0 * hd * nh * (double(T) * (T + 1) / 2);  // QKᵀ + PV, causal
-      std::printf("  prefill T=%d nh=%d nkv=%d hd=%d %s: %.3f ms, %.1f TFLOP/s\n", T, nh, nkv, hd, kernel_label(kern),
-                  ms, flops / (ms * 1e-3) / 1e12);
-    }
+    Dev<float> out(size_t(8192) * nh * hd);
+    time_prefill_8192(kTcKernels, gen, out);
     const std::vector<float> o = out.get();
     EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return std::isfinite(x); }));
   }
@@ -517,31 +530,6 @@ TEST(CudaAttention, PrefillWgmmaExperimental) {
   run_prefill_case({{0, 700}, {300, 333}}, Heads{8, 2}, 128, 1100, gen, wg);
   ASSERT_FALSE(::testing::Test::HasFailure()) << "not timing a kernel that fails its checks";
 
-  const int nh = 32, nkv = 8, hd = 128, T = 8192, cap = 8192;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  Dev<float> q(rand_f(size_t(T) * nh * hd, gen, -2.f, 2.f)), out(size_t(T) * nh * hd);
-  Dev<float> kv(rand_f(size_t(T) * nkv * hd, gen, -2.f, 2.f));
-  Dev<uint16_t> kc(size_t(nkv) * cap * hd), vc(size_t(nkv) * cap * hd);
-  Dev<AttnSeq> seqs(std::vector<AttnSeq>{{0, T, 0, 0}});
-  pc::kv_cache_append(kv.p, kv.p, seqs.p, 1, T, nkv, hd, cap, kc.p, vc.p, nullptr);
-  cudaEvent_t e0, e1;
-  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
-  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
-  for (pc::PrefillKernel kern : {pc::PrefillKernel::Rows128, pc::PrefillKernel::Wgmma}) {
-    pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p, nullptr, kern);
-    const int reps = 5;
-    cudaEventRecord(e0);
-    for (int r = 0; r < reps; ++r)
-      pc::attention_prefill(q.p, seqs.p, 1, T, T, kc.p, vc.p, nh, nkv, hd, cap, scale, out.p, nullptr, kern);
-    cudaEventRecord(e1);
-    ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    ms /= reps;
-    const double flops = 4.0 * hd * nh * (double(T) * (T + 1) / 2);
-    std::printf("  prefill T=%d nh=%d nkv=%d hd=%d %s: %.3f ms, %.1f TFLOP/s\n", T, nh, nkv, hd, kernel_label(kern), ms,
-                flops / (ms * 1e-3) / 1e12);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  Dev<float> out(size_t(8192) * 32 * 128);
+  time_prefill_8192({pc::PrefillKernel::Rows128, pc::PrefillKernel::Wgmma}, gen, out);
 }
