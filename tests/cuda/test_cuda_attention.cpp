@@ -199,6 +199,24 @@ double check_out(const Problem& p, const std::vector<float>& out, const std::vec
   return den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
 }
 
+// The largest relative L2 error of one used row: a fault confined to a few rows (one warp's
+// masking, one block's edge) that the whole-output error would dilute.
+double max_row_error(const Problem& p, const std::vector<float>& out, const std::vector<double>& ref) {
+  const size_t W = size_t(p.nh) * p.hd;
+  double worst = 0;
+  for (int r = 0; r < p.M; ++r) {
+    if (!p.row_used[r]) continue;
+    double num = 0, den = 0;
+    for (size_t c = 0; c < W; ++c) {
+      const double e = out[size_t(r) * W + c] - ref[size_t(r) * W + c];
+      num += e * e;
+      den += ref[size_t(r) * W + c] * ref[size_t(r) * W + c];
+    }
+    worst = std::max(worst, den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0));
+  }
+  return worst;
+}
+
 struct Heads {
   int nh, nkv;
 };
@@ -244,6 +262,11 @@ void run_prefill_case(const std::vector<Spec>& specs, Heads hc, int hd, int capa
     const double err = check_out(p, out, ref);
     EXPECT_LT(err, tc ? 1e-2 : 1e-4);
     std::printf("  prefill nh=%d nkv=%d hd=%d %s: rel L2 error %.3g\n", hc.nh, hc.nkv, hd, kernel_label(kern), err);
+    if (kern == pc::PrefillKernel::Wgmma) {  // the experimental kernel: every row on its own too
+      const double row_err = max_row_error(p, out, ref);
+      EXPECT_LT(row_err, 3e-2) << "worst row";
+      std::printf("    worst row: rel L2 error %.3g\n", row_err);
+    }
 
     Dev<uint16_t> ob(std::vector<uint16_t>(size_t(p.M) * W, kUntouched));
     pc::PrefillIo io;

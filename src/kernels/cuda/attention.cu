@@ -597,7 +597,8 @@ void attention_prefill(const PrefillIo& io, const AttnSeq* d_seqs, int n_seqs, i
   if (which == PrefillKernel::Wgmma) {
     PERRY_CHECK(attention_prefill_wgmma_supported(hd), "{}: the wgmma kernel needs hd 128 on an sm_90 device", fn);
     PERRY_CHECK(aligned(x.q, 16) && x.q_stride % 4 == 0 && aligned(x.out, 8) && aligned(x.out_bf16, 4),
-                "{}: q must be 16-byte aligned with a row stride that is a multiple of 4 floats", fn);
+                "{}: q must be 16-byte aligned with a row stride that is a multiple of 4 floats, out 8-byte "
+                "aligned (out_bf16 4-byte)", fn);
     attention_prefill_wgmma(x, d_seqs, n_seqs, max_new, k_cache, v_cache, nh, nkv, capacity, scale_log2, stream);
     return;
   }
@@ -628,7 +629,8 @@ void attention_prefill(const PrefillIo& io, const AttnSeq* d_seqs, int n_seqs, i
 
 const char* attention_prefill_kernel_name(int hd) {
   if (hd == 64) return "prefill_tc<64> / tc128<64> (mma.sync m16n8k16 bf16; 64- or 128-row blocks)";
-  if (hd == 128) return "prefill_tc<128> / tc128<128> (mma.sync m16n8k16 bf16; 64- or 128-row blocks)";
+  if (hd == 128)
+    return "prefill_tc<128> / tc128<128> (mma.sync m16n8k16 bf16; 64- or 128-row blocks; wgmma kernel experimental)";
   return "prefill_f32 (CUDA cores)";
 }
 

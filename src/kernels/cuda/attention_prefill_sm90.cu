@@ -50,12 +50,21 @@ __device__ __forceinline__ uint64_t make_desc_mn_sw128(uint32_t addr) {
          (uint64_t(1) << 62);
 }
 
+// Pin registers in program order around the asynchronous wgmma (the compiler may not move their
+// reads or writes across a fence / wait it does not know about).
 template <int R, int C>
 __device__ __forceinline__ void fence_acc(float (&d)[R][C]) {
 #pragma unroll
   for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int j = 0; j < C; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+template <int R, int C>
+__device__ __forceinline__ void pin_regs(uint32_t (&d)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(d[i][j])::"memory");
 }
 
 // S[64x64] (+)= A[64x16]·B[64x16]ᵀ, bf16 from shared memory (K-major descriptors), fp32 accumulators:
@@ -220,6 +229,10 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         pf[kk][hf * 2 + 0] = pa;  // a0 / a2: row g, keys 16kk + 8hf + 2t..
         pf[kk][hf * 2 + 1] = pb;  // a1 / a3: row g + 8
       }
+    // The rescaled accumulators and the packed weights must be written before the fence (PTX):
+    // pin them so the compiler cannot sink those writes past it.
+    fence_acc(o);
+    pin_regs(pf);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_rs(o, pf[kk], make_desc_mn_sw128(v_base + kk * 16 * 128));
@@ -240,6 +253,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     if (row < sq.n_new)
       store_row<kWgHd, kBf16Out>(out, (size_t)(sq.q_row + row) * ld + (size_t)h * kWgHd + 2 * t, o, 2 * hf, 1.f / sum);
   }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // built without sm_90a code: fail loudly rather than leave `out` unwritten
 #endif
 }
 
@@ -251,6 +266,15 @@ void attention_prefill_wgmma(const PrefillIo& io, const AttnSeq* seqs, int n_seq
                              const uint16_t* vc, int nh, int nkv, int capacity, float scale_log2, cudaStream_t stream) {
   static std::mutex mu;
   static int current_f32 = 0, current_bf16 = 0;
+  // Two ~97 KiB blocks an SM need the largest shared-memory carveout: ask for it once per kernel.
+  static std::once_flag carveout;
+  std::call_once(carveout, [] {
+    for (const void* k : {reinterpret_cast<const void*>(prefill_wgmma_kernel<true>),
+                          reinterpret_cast<const void*>(prefill_wgmma_kernel<false>)})
+      check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      int(cudaSharedmemCarveoutMaxShared)),
+                 "cudaFuncSetAttribute(attention_prefill_wgmma carveout)");
+  });
   const dim3 grid((max_new + kWgRows - 1) / kWgRows, nh, n_seqs);
   if (io.out_bf16) {
     ensure_smem(reinterpret_cast<const void*>(prefill_wgmma_kernel<true>), kWgSmem, &current_bf16, &mu,
