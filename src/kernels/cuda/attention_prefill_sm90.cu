@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <mutex>
+#include <type_traits>
 
 #include "kernels/cuda/attention_device.cuh"
 #include "kernels/cuda/sm90_gemm_common.cuh"
@@ -52,19 +53,17 @@ __device__ __forceinline__ uint64_t make_desc_mn_sw128(uint32_t addr) {
 
 // Pin registers in program order around the asynchronous wgmma (the compiler may not move their
 // reads or writes across a fence / wait it does not know about).
-template <int R, int C>
-__device__ __forceinline__ void fence_acc(float (&d)[R][C]) {
+// (fp32 accumulators in f registers, packed bf16 pairs in r registers: a cast between the two
+// would read the accumulators outside wgmma and make ptxas serialize the MMAs.)
+template <typename T, int R, int C>
+__device__ __forceinline__ void pin_regs(T (&d)[R][C]) {
 #pragma unroll
   for (int i = 0; i < R; ++i)
 #pragma unroll
-    for (int j = 0; j < C; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
-}
-template <int R, int C>
-__device__ __forceinline__ void pin_regs(uint32_t (&d)[R][C]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(d[i][j])::"memory");
+    for (int j = 0; j < C; ++j) {
+      if constexpr (std::is_same_v<T, float>) asm volatile("" : "+f"(d[i][j])::"memory");
+      else asm volatile("" : "+r"(d[i][j])::"memory");
+    }
 }
 
 // S[64x64] (+)= A[64x16]·B[64x16]ᵀ, bf16 from shared memory (K-major descriptors), fp32 accumulators:
@@ -180,7 +179,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     }
     wgmma_commit();
     wgmma_wait<0>();
-    fence_acc(s);
+    pin_regs(s);
 
     const int k0 = kt * kWgKeys;
     const bool need_mask = k0 + kWgKeys - 1 > sq.pos0 + w0;
@@ -231,14 +230,14 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       }
     // The rescaled accumulators and the packed weights must be written before the fence (PTX):
     // pin them so the compiler cannot sink those writes past it.
-    fence_acc(o);
+    pin_regs(o);
     pin_regs(pf);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_rs(o, pf[kk], make_desc_mn_sw128(v_base + kk * 16 * 128));
     wgmma_commit();
     wgmma_wait<0>();
-    fence_acc(o);
+    pin_regs(o);
     __syncthreads();  // both warpgroups are done with this stage before iteration kt+1 refills it
   }
   cp_async_wait<0>();
