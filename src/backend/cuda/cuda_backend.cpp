@@ -5,9 +5,9 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>

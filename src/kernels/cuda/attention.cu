@@ -365,62 +365,17 @@ __global__ void __launch_bounds__(kTcThreads)
     float base[2][2], alpha[2][2];
     bool grew = false;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (need_mask) {
-            const int key = k0 + nt * 8 + 2 * t + (e & 1);
-            if (key > lim[mt][e >> 1]) s[mt][nt][e] = -INFINITY;
-          }
-          mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][nt][e]);
-        }
-      }
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        // The 4 threads of a quad hold the same row: reduce over the quad.
-        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
-        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
-        const float mn = fmaxf(m[mt][hf], mx[hf] * scale_log2);
-        const float b = mn == -INFINITY ? 0.f : mn;
-        alpha[mt][hf] = exp2f(m[mt][hf] - b);  // exactly 1 when the max did not grow
-        grew |= mn > m[mt][hf];
-        m[mt][hf] = mn;
-        base[mt][hf] = b;
-        l[mt][hf] *= alpha[mt][hf];
-      }
-    }
+    for (int mt = 0; mt < 2; ++mt)
+      grew |= softmax_rescale(s[mt], k0, t, need_mask, lim[mt], scale_log2, m[mt], l[mt], base[mt], alpha[mt]);
     if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int i = 0; i < kDT; ++i) {
-          o[mt][i][0] *= alpha[mt][0];
-          o[mt][i][1] *= alpha[mt][0];
-          o[mt][i][2] *= alpha[mt][1];
-          o[mt][i][3] *= alpha[mt][1];
-        }
+      for (int mt = 0; mt < 2; ++mt) rescale_rows(o[mt], alpha[mt]);
     }
-    // P = exp2(s·scale·log2e − m) rounded to bf16; the row sums use the rounded values.
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       uint32_t pf[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float* sv = s[mt][2 * kk + hf];
-          const uint32_t pa = pack_bf16(exp2_ftz(fmaf(sv[0], scale_log2, -base[mt][0])),
-                                        exp2_ftz(fmaf(sv[1], scale_log2, -base[mt][0])));
-          const uint32_t pb = pack_bf16(exp2_ftz(fmaf(sv[2], scale_log2, -base[mt][1])),
-                                        exp2_ftz(fmaf(sv[3], scale_log2, -base[mt][1])));
-          l[mt][0] += bf16_lo(pa) + bf16_hi(pa);
-          l[mt][1] += bf16_lo(pb) + bf16_hi(pb);
-          pf[mt][hf * 2 + 0] = pa;
-          pf[mt][hf * 2 + 1] = pb;
-        }
+      for (int mt = 0; mt < 2; ++mt) softmax_weights(s[mt], kk, scale_log2, base[mt], l[mt], pf[mt]);
 #pragma unroll
       for (int jd = 0; jd < HD / 16; ++jd)
         mma_two_mtiles<true>(o, 2 * jd, pf, vs_ + (kk * 16 + vb_row) * kStride + jd * 16 + vb_col);

@@ -245,6 +245,7 @@ __global__ void __launch_bounds__(kDecThreads)
 // squares in double over the warp, like head_rms_norm), RoPE on the pairs (i, i + hd/2) each lane
 // owns (like rope_apply: separate roundings), then q back in place / k, v into the cache as bf16.
 constexpr int kPrepWarps = 8;
+namespace ew = elementwise_detail;  // load / store_f32 / store_bf16 of V consecutive values
 
 // One rotation pair (i, i + half) of head x: normalized (nw) and rotated; NaN where the position
 // is outside the RoPE table.
@@ -298,33 +299,20 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
 #pragma unroll
     for (int p = 0; p < kPairs; ++p)
       rope_one(x, i + p, half, nw, inv, rope_ok, rope, pos, ra[p], rb[p]);
-    if constexpr (kPairs == 2) {
-      if (is_q) {
-        *reinterpret_cast<float2*>(x + i) = make_float2(ra[0], ra[1]);
-        *reinterpret_cast<float2*>(x + i + half) = make_float2(rb[0], rb[1]);
-      } else if (store) {
-        *reinterpret_cast<uint32_t*>(kc + cache_off + i) = uint32_t(bf16_bits(ra[0])) | uint32_t(bf16_bits(ra[1])) << 16;
-        *reinterpret_cast<uint32_t*>(kc + cache_off + i + half) =
-            uint32_t(bf16_bits(rb[0])) | uint32_t(bf16_bits(rb[1])) << 16;
-      }
-    } else {
-      if (is_q) {
-        x[i] = ra[0], x[i + half] = rb[0];
-      } else if (store) {
-        kc[cache_off + i] = bf16_bits(ra[0]);
-        kc[cache_off + i + half] = bf16_bits(rb[0]);
-      }
+    if (is_q) {
+      ew::store_f32<kPairs>(x + i, ra);
+      ew::store_f32<kPairs>(x + i + half, rb);
+    } else if (store) {
+      ew::store_bf16<kPairs>(kc + cache_off + i, ra);
+      ew::store_bf16<kPairs>(kc + cache_off + i + half, rb);
     }
   }
   if (store) {
     const float* v = x + (long long)nkv * hd;  // v head h - nh
-    if constexpr (kPairs == 2) {
-      for (int d = lane * 2; d < hd; d += 64) {
-        const float2 t = *reinterpret_cast<const float2*>(v + d);
-        *reinterpret_cast<uint32_t*>(vc + cache_off + d) = uint32_t(bf16_bits(t.x)) | uint32_t(bf16_bits(t.y)) << 16;
-      }
-    } else {
-      for (int d = lane; d < hd; d += 32) vc[cache_off + d] = bf16_bits(v[d]);
+    for (int d = lane * kPairs; d < hd; d += 32 * kPairs) {
+      float t[kPairs];
+      ew::load<kPairs>(v + d, t);
+      ew::store_bf16<kPairs>(vc + cache_off + d, t);
     }
   }
 }

@@ -85,6 +85,76 @@ __device__ __forceinline__ void store_row(void* out, size_t off, const float (*c
   }
 }
 
+// ---------------------------------------------------------------- online softmax of one m16 tile
+// For the 128-row and the wgmma prefill kernels. s[nt][e]: raw scores of rows g (e < 2) and g + 8
+// (e >= 2), keys k0 + 8nt + 2t + (e & 1). m: the rows' running maxima (scaled, log2 domain), l:
+// this thread's partial sums. Masks keys past each row's limit (need_mask), takes the quad's row
+// maxima of the raw scores (scale > 0), updates m and rescales l; gives each row's exp2 base and
+// the factor for its accumulators (exactly 1 where the maximum did not grow). Returns whether a
+// row's maximum grew.
+template <int kNT>
+__device__ __forceinline__ bool softmax_rescale(float (&s)[kNT][4], int k0, int t, bool need_mask, const int (&lim)[2],
+                                                float scale_log2, float (&m)[2], float (&l)[2], float (&base)[2],
+                                                float (&alpha)[2]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (need_mask) {
+        const int key = k0 + nt * 8 + 2 * t + (e & 1);
+        if (key > lim[e >> 1]) s[nt][e] = -INFINITY;
+      }
+      mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+    }
+  }
+  bool grew = false;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    // The 4 threads of a quad hold the same row: reduce over the quad.
+    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+    const float mn = fmaxf(m[hf], mx[hf] * scale_log2);
+    const float b = mn == -INFINITY ? 0.f : mn;
+    alpha[hf] = exp2f(m[hf] - b);  // exactly 1 when the max did not grow
+    grew |= mn > m[hf];
+    m[hf] = mn;
+    base[hf] = b;
+    l[hf] *= alpha[hf];
+  }
+  return grew;
+}
+
+// Accumulator rows g (c[i][0..1]) and g + 8 (c[i][2..3]) times their rescale factors.
+template <int N>
+__device__ __forceinline__ void rescale_rows(float (&c)[N][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    c[i][0] *= alpha[0];
+    c[i][1] *= alpha[0];
+    c[i][2] *= alpha[1];
+    c[i][3] *= alpha[1];
+  }
+}
+
+// The weights P = exp2(s·scale·log2e − base) of keys 16kk .. 16kk + 15, rounded to bf16 and packed
+// as the m16n8k16 A fragment (a0 / a2: row g, a1 / a3: row g + 8); the row sums use the rounded
+// values, so numerator and denominator weight each key identically.
+template <int kNT>
+__device__ __forceinline__ void softmax_weights(const float (&s)[kNT][4], int kk, float scale_log2,
+                                                const float (&base)[2], float (&l)[2], uint32_t (&pf)[4]) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const float* sv = s[2 * kk + hf];
+    const uint32_t pa = pack_bf16(exp2_ftz(fmaf(sv[0], scale_log2, -base[0])), exp2_ftz(fmaf(sv[1], scale_log2, -base[0])));
+    const uint32_t pb = pack_bf16(exp2_ftz(fmaf(sv[2], scale_log2, -base[1])), exp2_ftz(fmaf(sv[3], scale_log2, -base[1])));
+    l[0] += bf16_lo(pa) + bf16_hi(pa);
+    l[1] += bf16_lo(pb) + bf16_hi(pb);
+    pf[hf * 2 + 0] = pa;
+    pf[hf * 2 + 1] = pb;
+  }
+}
+
 // ---------------------------------------------------------------- host side
 inline bool aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 

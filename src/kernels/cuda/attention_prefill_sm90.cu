@@ -183,51 +183,12 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 
     const int k0 = kt * kWgKeys;
     const bool need_mask = k0 + kWgKeys - 1 > sq.pos0 + w0;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (need_mask && k0 + nt * 8 + 2 * t + (e & 1) > lim[e >> 1]) s[nt][e] = -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-      }
     float base[2], alpha[2];
-    bool grew = false;
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
-      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
-      const float mn = fmaxf(m[hf], mx[hf] * scale_log2);
-      base[hf] = mn == -INFINITY ? 0.f : mn;
-      alpha[hf] = exp2f(m[hf] - base[hf]);
-      grew |= mn > m[hf];
-      m[hf] = mn;
-      l[hf] *= alpha[hf];
-    }
-    if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        o[i][0] *= alpha[0];
-        o[i][1] *= alpha[0];
-        o[i][2] *= alpha[1];
-        o[i][3] *= alpha[1];
-      }
-    }
+    const bool grew = softmax_rescale(s, k0, t, need_mask, lim, scale_log2, m, l, base, alpha);
+    if (__any_sync(0xffffffffu, grew)) rescale_rows(o, alpha);
     uint32_t pf[4][4];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float* sv = s[2 * kk + hf];
-        const uint32_t pa = pack_bf16(exp2_ftz(fmaf(sv[0], scale_log2, -base[0])),
-                                      exp2_ftz(fmaf(sv[1], scale_log2, -base[0])));
-        const uint32_t pb = pack_bf16(exp2_ftz(fmaf(sv[2], scale_log2, -base[1])),
-                                      exp2_ftz(fmaf(sv[3], scale_log2, -base[1])));
-        l[0] += bf16_lo(pa) + bf16_hi(pa);
-        l[1] += bf16_lo(pb) + bf16_hi(pb);
-        pf[kk][hf * 2 + 0] = pa;  // a0 / a2: row g, keys 16kk + 8hf + 2t..
-        pf[kk][hf * 2 + 1] = pb;  // a1 / a3: row g + 8
-      }
+    for (int kk = 0; kk < 4; ++kk) softmax_weights(s, kk, scale_log2, base, l, pf[kk]);
     // The rescaled accumulators and the packed weights must be written before the fence (PTX):
     // pin them so the compiler cannot sink those writes past it.
     pin_regs(o);

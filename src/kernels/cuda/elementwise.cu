@@ -26,27 +26,6 @@ using namespace elementwise_detail;
 
 // ---------------------------------------------------------------- device helpers
 
-template <int V>
-__device__ __forceinline__ void load(const float* p, float (&v)[V]) {
-  if constexpr (V == 4) {
-    const float4 a = *reinterpret_cast<const float4*>(p);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-  } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) v[j] = p[j];
-  }
-}
-
-template <int V>
-__device__ __forceinline__ void store_f32(float* p, const float (&v)[V]) {
-  if constexpr (V == 4) {
-    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) p[j] = v[j];
-  }
-}
-
 // Writes V consecutive outputs at element index idx in the format of `o`; inv is the row's
 // int8 multiplier (used by I8 only). The vector stores need 16/8/4-byte alignment, checked on
 // the host before V = 4 is chosen.
@@ -55,26 +34,18 @@ __device__ __forceinline__ void store_out(const ActOut& o, int64_t idx, const fl
   if (o.fmt == ActFormat::F32) {
     store_f32<V>(static_cast<float*>(o.data) + idx, v);
   } else if (o.fmt == ActFormat::BF16) {
-    uint16_t* p = static_cast<uint16_t*>(o.data) + idx;
+    store_bf16<V>(static_cast<uint16_t*>(o.data) + idx, v);
+  } else {
+    int8_t* p = static_cast<int8_t*>(o.data) + idx;
     if constexpr (V == 4) {
-      const uint32_t lo = uint32_t(bf16_bits(v[0])) | (uint32_t(bf16_bits(v[1])) << 16);
-      const uint32_t hi = uint32_t(bf16_bits(v[2])) | (uint32_t(bf16_bits(v[3])) << 16);
-      *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+      uint32_t w = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) w |= uint32_t(uint8_t(quant_one(v[j], inv))) << (8 * j);
+      *reinterpret_cast<uint32_t*>(p) = w;
     } else {
 #pragma unroll
-      for (int j = 0; j < V; ++j) p[j] = bf16_bits(v[j]);
+      for (int j = 0; j < V; ++j) p[j] = quant_one(v[j], inv);
     }
-  } else {
-      int8_t* p = static_cast<int8_t*>(o.data) + idx;
-      if constexpr (V == 4) {
-        uint32_t w = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w |= uint32_t(uint8_t(quant_one(v[j], inv))) << (8 * j);
-        *reinterpret_cast<uint32_t*>(p) = w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) p[j] = quant_one(v[j], inv);
-      }
   }
 }
 

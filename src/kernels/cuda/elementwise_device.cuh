@@ -19,6 +19,46 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
   return uint16_t(u >> 16);
 }
 
+// V consecutive values at p: V = 4 as one 16-byte access, V = 2 as one 8-byte access (the caller
+// guarantees the alignment), otherwise element by element. store_bf16 writes the bits of bf16_bits.
+template <int V>
+__device__ __forceinline__ void load(const float* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  } else if constexpr (V == 2) {
+    const float2 a = *reinterpret_cast<const float2*>(p);
+    v[0] = a.x, v[1] = a.y;
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = p[j];
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_f32(float* p, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else if constexpr (V == 2) {
+    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = v[j];
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_bf16(uint16_t* p, const float (&v)[V]) {
+  if constexpr (V == 4) {
+    const uint32_t lo = uint32_t(bf16_bits(v[0])) | (uint32_t(bf16_bits(v[1])) << 16);
+    const uint32_t hi = uint32_t(bf16_bits(v[2])) | (uint32_t(bf16_bits(v[3])) << 16);
+    *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+  } else if constexpr (V == 2) {
+    *reinterpret_cast<uint32_t*>(p) = uint32_t(bf16_bits(v[0])) | (uint32_t(bf16_bits(v[1])) << 16);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) p[j] = bf16_bits(v[j]);
+  }
+}
+
 // bf16 halves of a packed pair (low half = the lower index) as exact floats.
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
