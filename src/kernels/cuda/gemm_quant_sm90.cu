@@ -1,42 +1,44 @@
-// EXPERIMENTAL sm_90a gemm_quant (gemm_quant_sm90.h): grouped-scale and int4 W*A8 GEMM on TMA +
-// wgmma, built from the pieces of gemm_w8a8_sm90.cu (sm90_gemm_common.cuh). Design notes:
-// docs/cuda-gemm-w8a8-sm90.md, "Grouped and int4 modes".
+// sm_90a gemm_quant (gemm_quant_sm90.h): grouped-scale and int4 W*A8 GEMM on TMA + wgmma, built
+// from the pieces of gemm_w8a8_sm90.cu (sm90_gemm_common.cuh). Design notes and the measured
+// steps: docs/cuda-gemm-w8a8-sm90.md, "Grouped and int4 modes".
 //
 // Y[M,N] = sa[m]·Σ_g sw[n,g]·(X[M,K]·W[N,K]ᵀ restricted to the k of group g) (+bias[n]).
 //   * Block tile 128×128, 128 k (bytes of X) per stage = one g128 group = two g64 groups.
 //     384 threads: warpgroup 0 = producer, warpgroups 1, 2 = consumers (64 rows × 128 columns
-//     each: 64 int32 accumulators + 64 fp32 accumulators per thread; a 256-wide tile would need
-//     256 accumulator registers, more than a thread has).
+//     of the accumulator each).
 //   * Producer warp 0 (one thread): TMA loads of the X tile (128-byte swizzle) and of the weight
-//     tile: int8 → straight into the 128-byte-swizzled B tile, int4 → the packed [128 rows × 64 B]
+//     tile: int8 → straight into its 128-byte-swizzled tile, int4 → the packed [128 rows × 64 B]
 //     tile into a staging buffer.
-//   * Producer warps 1-3 ("helpers", 96 threads): per stage, the group scales of the tile's 128
-//     columns into shared memory (prefetched one stage ahead into registers, so their L2 latency
-//     is off the critical path), permuted so that each consumer thread reads its 32 columns with 8
-//     16-byte loads; for int4 they also expand the packed tile into the swizzled int8 B tile:
-//     nibble v → byte 16·v (a mask, a shift, two byte permutes per 8 weights: no sign-extension
-//     arithmetic), so the MMA accumulates 16·acc; the 1/16 is folded into the scales in shared
-//     memory (exact: a power of two) and the I32 output shifts it back out (exact). The expanded
+//   * Producer warps 1-3 ("helpers", 96 threads): for int4, expand the packed tile into the
+//     swizzled int8 tile: nibble v → byte 16·v (a mask, a shift, two byte permutes per 8 weights:
+//     no sign-extension arithmetic), so the MMA accumulates 16·acc; the 1/16 is folded into the
+//     scales (exact: a power of two) and the I32 output shifts it back out (exact). The expanded
 //     tile is written through the generic proxy, so the helpers issue fence.proxy.async before
-//     arriving on the stage's "full" barrier, which the consumers' wgmma reads wait on.
-//   * Consumers: per stage (per 64-k half for g64) 4 (2) wgmma m64n128k32 s32.s8.s8, the first of
-//     a group with scale-d = 0 (clears the int32 accumulators), commit, wait 0, release the stage,
-//     then fold: facc += float(acc)·sw[n, g]. float(acc) is exact and cheap as
-//     __int_as_float(acc + 0x4B400000) - 12582912 (|acc| < 2^22 for one group of at most 128
-//     int8·int8 products, 16·int4·int8 too): an integer add and a float add instead of I2F, which
-//     runs at a quarter of the FP32 rate. While one consumer warpgroup folds, the other's wgmmas
-//     keep the tensor cores busy (the two drift into alternation by themselves).
-//     Per channel (w4a8, w8a8): one int32 accumulation over all of K, folded once with I2F.
-//   * Epilogue from the fp32 accumulators: y = facc·sa[m] + bias[n] (bf16: 16-byte stores after a
-//     quad transpose), or, for out = I32, the int32 partials are stored at each fold instead.
+//     arriving on the stage's "full" barrier, which the consumers' wgmma reads wait on. Per
+//     channel they also stage the tile's 128 column scales in shared memory.
+//   * Grouped modes (g128, g64; consume_grouped) swap the operands: the weight tile is wgmma's A
+//     operand (accumulator rows = output columns n) and the X tile its B operand (accumulator
+//     columns = tokens m). The fold's scale sw[n, g] then varies along a thread's two rows, not
+//     its 32 columns: two L1-cached loads per thread and group (one group ahead) instead of 8
+//     shared-memory 16-byte loads that eight lanes repeat — that crossbar traffic (~32 KiB a
+//     stage) kept the unswapped kernel shared-memory bound (Nsight: L1/shared 90%, tensor 28%).
+//     Per group 4 (g64: 2) wgmma m64n128k32 s32.s8.s8 into one of two int32 accumulator sets
+//     (the first with scale-d = 0), then the previous group is waited for (wait_group 1), its
+//     stage released and its accumulators folded: facc += float(acc)·sw[n, g] (I2FP + FFMA; the
+//     int32 partial never spans two groups: exact, and gemm_quant's fold order, so the fp32
+//     results are bitwise equal). The epilogue stores y[m, n] = facc·sa[m] + bias[n] transposed.
+//   * Per channel (w4a8, w8a8): the unswapped layout, one int32 accumulation over all of K,
+//     folded once; bf16 out leaves by 16-byte stores after a quad transpose. I32 out: the int32
+//     partials (per group) are stored at each fold instead.
 //   * Persistent grid, grouped tile order, TMA zero fill at the M / N / K edges: as gemm_w8a8_sm90.
 // No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (TMA thread) +
-// 96 helper arrives, empty 8 consumer-warp arrives, packed (int4) 1 arrive.expect_tx; all roles
-// walk the same (tile, k-stage) sequence.
+// 96 helper arrives (0 for grouped int8), empty 8 consumer-warp arrives, packed (int4) 1
+// arrive.expect_tx; all roles walk the same (tile, k-stage) sequence.
 #include <cuda_bf16.h>
 
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
@@ -55,13 +57,18 @@ constexpr int kHelpers = 96;  // producer warps 1-3
 constexpr int kGroupTiles = 8;
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 56·128 + 224·256 = 64,512 <= 65,536
 
-template <int kBits>
+// kSwap (the grouped modes): the weight tile is the wgmma A operand and the activations B, so the
+// accumulator's rows are output columns n and a thread's group scales are two values (its two
+// rows) rather than 32 (see the file comment).
+template <int kBits, bool kSwap>
 struct QCfg {
   static constexpr int kStages = kBits == 8 ? 6 : 5;
   static constexpr int kTileA = kBM * kBK;                   // 16 KiB
   static constexpr int kTileB = kBN * kBK;                   // 16 KiB (int8, swizzled)
   static constexpr int kTileP = kBits == 4 ? kBN * kBK / 2 : 0;  // 8 KiB packed int4 staging
-  static constexpr int kScaleFloats = 2 * kBN;               // up to two groups per stage
+  static constexpr int kScaleFloats = kSwap ? 0 : kBN;       // per channel: the tile's column scales
+  // Helper threads arrive on "full": they write scales (not kSwap) or expand int4.
+  static constexpr int kHelperArrivals = kSwap && kBits == 8 ? 0 : kHelpers;
   static constexpr int kStageBytes = kTileA + kTileB + kTileP + 4 * kScaleFloats;
   static constexpr int kBarrierBytes = 3 * kStages * 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + 1024;  // + alignment slack
@@ -75,6 +82,158 @@ __device__ __forceinline__ void expand_int4x16(uint32_t w, uint32_t& o0, uint32_
   o1 = __byte_perm(lo, hi, 0x7362);
 }
 
+#ifdef PERRY_WGMMA
+// The consumer warpgroups of the grouped modes (kSwap: accumulator rows = output columns n,
+// columns = tokens m). Two int32 accumulator sets: group gi's wgmmas are issued into one before
+// group gi-1's are waited for (wait_group 1) and folded from the other, so each warpgroup keeps
+// the tensor core fed through its own fold (one set: the tensor core idled while both
+// warpgroups folded — Nsight: tensor 37%, issue 45%, on the single-set kernel). Folds stay in
+// group order: the fp32 results are bitwise those of gemm_quant. 2·64 int32 + 64 fp32
+// accumulators + 2 scales per thread.
+template <int kBits, int kGS, int kOut, int S>
+__device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32_t bars, int cw, int warp, int lane,
+                                                const float* __restrict__ Sa, const float* __restrict__ Sw,
+                                                const float* __restrict__ bias, void* __restrict__ Y, int M, int N,
+                                                int K, int G) {
+  constexpr int kSub = kBK / kGS;   // groups per stage (1 or 2)
+  constexpr int kKK = 4 / kSub;     // k32 wgmmas per group
+  constexpr float kWMul = kBits == 4 ? 0.0625f : 1.0f;  // the int4 bytes hold 16·w: fold sw/16 (exact)
+  constexpr int kTile = kBM * kBK;  // A and B tiles are both 128 rows × 128 B
+  const int g = lane >> 2, tq = lane & 3;
+  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kBN - 1) / kBN;
+  const int num_tiles = tiles_m * tiles_n;
+  const int ngroups = (K + kBK - 1) / kBK * kSub;
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (S + s); };
+  int acc0[64], acc1[64];
+  float facc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0;
+  int s = 0;  // the stage slot of the group being issued
+  uint32_t phase = 0;
+  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    int m0, n0;
+    tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kBN, m0, n0);
+    const int r0 = n0 + cw * 64 + warp * 16 + g;  // this thread's output columns r0, r0 + 8
+#pragma unroll
+    for (int i = 0; i < 64; ++i) facc[i] = 0.f;
+    int ps = 0;  // the stage slot of the previous group
+    // The scales of this thread's two output columns for group gi, loaded one group ahead (an L1
+    // miss on them stalled the fold: Nsight, 31% of the warps' stall cycles on L1TEX).
+    auto load_scales = [&](int gi, float (&v)[2]) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        v[hh] = kOut != 2 && r0 + 8 * hh < N && gi < G ? __ldg(Sw + size_t(r0 + 8 * hh) * G + gi) * kWMul : 0.f;
+    };
+    float sw_cur[2], sw_next[2];
+    load_scales(0, sw_cur);
+    // Issue group gi (stage gi / kSub, k32 steps of its sub-range) into cur.
+    auto issue = [&](int (&cur)[64], int gi) {
+      const int sub = kSub == 1 ? 0 : gi % kSub;
+      if (sub == 0) mbar_wait(full(s), phase);
+      const uint64_t da = make_desc_sw128(sA + s * kTile + cw * 64 * kBK);
+      const uint64_t db = make_desc_sw128(sB + s * kTile);
+      fence_operands(cur);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kKK; ++kk)  // +32 B along K = +2 in the address field
+        wgmma_n128(cur, da + 2 * (sub * kKK + kk), db + 2 * (sub * kKK + kk), kk != 0);
+      wgmma_commit();
+    };
+    // Wait for group gi (the older pending group unless `last`), release its stage when it was the
+    // stage's last group, fold it.
+    // `last` (std::true_type / false_type) is a compile-time argument: every wgmma wait is a
+    // constant count on a straight-line path (a runtime choice between wait 0 and wait 1 gives
+    // ptxas merging paths with different numbers of groups in flight).
+    auto finish = [&](int (&done)[64], int gi, int slot, auto last) {
+      if constexpr (decltype(last)::value) {
+        wgmma_wait<0>();
+      } else {
+        load_scales(gi + 1, sw_next);
+        wgmma_wait<1>();
+      }
+      fence_operands(done);
+      if ((kSub == 1 || gi % kSub == kSub - 1) && lane == 0) mbar_arrive(empty(slot));
+      const float swr[2] = {sw_cur[0], sw_cur[1]};
+      sw_cur[0] = sw_next[0];
+      sw_cur[1] = sw_next[1];
+      if (gi >= G) return;  // (g64: the second half of a last stage past K)
+      if constexpr (kOut == 2) {
+        // y[(m·N + n)·G + gi], n = r0 + 8hh, m = m0 + 8j + 2tq + e.
+        const size_t row = size_t(N) * G;  // one token m further
+        int* ym = static_cast<int*>(Y) + size_t(m0 + 2 * tq) * row + size_t(r0) * G + gi;
+#pragma unroll
+        for (int j = 0; j < 16; ++j, ym += 8 * row)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+              if (m0 + 8 * j + 2 * tq + e < M && r0 + 8 * hh < N)
+                ym[e * row + 8 * hh * G] = done[4 * j + 2 * hh + e] >> (kBits == 4 ? 4 : 0);
+      } else {
+        // float(acc) is exact (|acc| < 2^24) and compiles to I2FP.F32.S32, one instruction: on
+        // the H200 it beat the integer-add trick (IADD + FADD) 817 vs 695 TOPS.
+#pragma unroll
+        for (int i = 0; i < 64; ++i) facc[i] = fmaf(float(done[i]), swr[(i >> 1) & 1], facc[i]);
+      }
+    };
+    auto advance = [&](int gi) {  // group gi issued: its slot becomes the previous group's
+      ps = s;
+      if (kSub == 1 || gi % kSub == kSub - 1) {
+        if (++s == S) { s = 0; phase ^= 1; }
+      }
+    };
+    const std::false_type more;
+    const std::true_type last;
+    // Even groups in acc0, odd in acc1; group gi is issued before group gi-1 is folded.
+    issue(acc0, 0);
+    advance(0);
+    int gi = 1;
+    for (; gi + 1 < ngroups; gi += 2) {
+      issue(acc1, gi);
+      finish(acc0, gi - 1, ps, more);
+      advance(gi);
+      issue(acc0, gi + 1);
+      finish(acc1, gi, ps, more);
+      advance(gi + 1);
+    }
+    if (gi < ngroups) {
+      issue(acc1, gi);
+      finish(acc0, gi - 1, ps, more);
+      advance(gi);
+      finish(acc1, gi, ps, last);
+    } else {
+      finish(acc0, gi - 1, ps, last);
+    }
+    if constexpr (kOut != 2) {  // (I32: the partials went out at the folds)
+      // y[m, n] = facc·sa[m] + bias[n] for n = r0 + 8hh, m = m0 + 8j + 2tq + e. Eight lanes (gq)
+      // store eight consecutive n of one row m: one 32-byte sector (f32) or half of one that the
+      // same thread's hh = 1 store completes (bf16); ~64 stores per thread against K/32 wgmmas,
+      // so no shared-memory transpose.
+      float bn[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) bn[hh] = bias && r0 + 8 * hh < N ? __ldg(bias + r0 + 8 * hh) : 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int m = m0 + 8 * j + 2 * tq + e;
+          if (m >= M) continue;
+          const float sam = __ldg(Sa + m);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            if (r0 + 8 * hh >= N) continue;
+            const float v = fmaf(facc[4 * j + 2 * hh + e], sam, bn[hh]);
+            const size_t o = size_t(m) * N + r0 + 8 * hh;
+            if constexpr (kOut == 1) static_cast<float*>(Y)[o] = v;
+            else static_cast<__nv_bfloat16*>(Y)[o] = __float2bfloat16_rn(v);
+          }
+        }
+    }
+  }
+}
+#endif  // PERRY_WGMMA
+
 template <int kBits, int kGS, int kOut>  // kGS: 0 (per channel), 64, 128; kOut: 0 bf16, 1 f32, 2 i32
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_quant_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
@@ -82,16 +241,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                             const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int G,
                             int vec_ok) {
 #ifdef PERRY_WGMMA
-  using C = QCfg<kBits>;
+  constexpr bool kSwap = kGS != 0;
+  using C = QCfg<kBits, kSwap>;
   constexpr int S = C::kStages;
-  constexpr int kSub = kGS == 64 ? 2 : 1;  // groups per stage
-  constexpr int kKK = 4 / kSub;            // k32 wgmmas per group (per stage when per channel)
+  constexpr float kWMul = kBits == 4 ? 0.0625f : 1.0f;  // the int4 bytes hold 16·w: fold sw/16 (exact)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const gbase = smem_raw + (base - raw);  // the same bytes, as a generic pointer
-  const uint32_t sA = base;                        // S × [128 × 128 B], swizzled
-  const uint32_t sB = sA + S * C::kTileA;          // S × [128 × 128 B], swizzled int8
+  const uint32_t sA = base;                        // S × [128 × 128 B], swizzled (kSwap: weights)
+  const uint32_t sB = sA + S * C::kTileA;          // S × [128 × 128 B], swizzled int8 (kSwap: X)
   const uint32_t sP = sB + S * C::kTileB;          // S × [128 × 64 B] packed int4 (kBits == 4)
   const uint32_t sS = sP + S * C::kTileP;          // S × [2 × 128] fp32 scales, permuted
   const uint32_t bars = sS + S * 4 * C::kScaleFloats;
@@ -109,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll 1
     for (int s = 0; s < S; ++s) {
-      mbar_init(full(s), 1 + kHelpers);
+      mbar_init(full(s), 1 + C::kHelperArrivals);
       mbar_init(empty(s), kConsumerWarps);
       mbar_init(packed(s), 1);
     }
@@ -130,13 +289,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kBN, m0, n0);
           for (int kt = 0; kt < ktiles; ++kt) {
             mbar_wait(empty(s), phase ^ 1);
+            // kSwap: X goes to the B operand tile, the (int8) weights to A.
+            const uint32_t xdst = kSwap ? sB + s * C::kTileB : sA + s * C::kTileA;
             if constexpr (kBits == 8) {
+              const uint32_t wdst = kSwap ? sA + s * C::kTileA : sB + s * C::kTileB;
               mbar_arrive_expect_tx(full(s), C::kTileA + C::kTileB);
-              tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
-              tma_load_2d(sB + s * C::kTileB, &tmB, kt * kBK, n0, full(s));
+              tma_load_2d(xdst, &tmA, kt * kBK, m0, full(s));
+              tma_load_2d(wdst, &tmB, kt * kBK, n0, full(s));
             } else {
               mbar_arrive_expect_tx(full(s), C::kTileA);
-              tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
+              tma_load_2d(xdst, &tmA, kt * kBK, m0, full(s));
               mbar_arrive_expect_tx(packed(s), C::kTileP);
               tma_load_2d(sP + s * C::kTileP, &tmB, kt * (kBK / 2), n0, packed(s));
             }
@@ -144,25 +306,22 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-    } else {
-      // ---------------- helpers: scales (+ int4 expansion) ----------------
+    } else if (C::kHelperArrivals > 0) {
+      // ---------------- helpers: scales (not kSwap) and int4 expansion ----------------
       const int h = threadIdx.x - 32;  // 0..95
-      // Scale slot i (< kSub·128): group sub = i / 128 of the stage, column c = i % 128, stored at
-      // sub·128 + p(c), p(c) = 32·((c/2) % 4) + 2·(c/8) + c % 2: consumer thread tq of a quad
-      // holds columns 8j + 2tq + e (j < 16, e < 2) and reads them as 32 consecutive floats.
-      constexpr int kSlots = (kSub * kBN + kHelpers - 1) / kHelpers;
-      constexpr float kWMul = kBits == 4 ? 0.0625f : 1.0f;  // the int4 bytes hold 16·w
+      // Per channel (not kSwap): scale slot i < 128 = column c, stored at p(c) = 32·((c/2) % 4) +
+      // 2·(c/8) + c % 2: consumer thread tq of a quad holds columns 8j + 2tq + e (j < 16, e < 2)
+      // and reads them as 32 consecutive floats.
+      constexpr int kSlots = (kBN + kHelpers - 1) / kHelpers;
       auto load_scales = [&](int t, int kt, float (&v)[kSlots]) {
         int m0, n0;
         tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kBN, m0, n0);
 #pragma unroll
         for (int q = 0; q < kSlots; ++q) {
-          const int i = h + q * kHelpers, sub = i / kBN, c = i % kBN;
-          const int k0 = kt * kBK + sub * 64, n = n0 + c;
-          const int g = kGS ? k0 / kGS : 0;
+          const int i = h + q * kHelpers, n = n0 + i;
           v[q] = 0.f;
-          if constexpr (kOut != 2)
-            if (i < kSub * kBN && n < N && k0 < K) v[q] = __ldg(Sw + size_t(n) * G + g) * kWMul;
+          if constexpr (kOut != 2 && !kSwap)
+            if (i < kBN && n < N) v[q] = __ldg(Sw + n) * kWMul;
         }
       };
       int s = 0;
@@ -176,16 +335,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         float nxt[kSlots];
         if (t2 < num_tiles) load_scales(t2, kt2, nxt);  // in flight while this stage is handled
         mbar_wait(empty(s), phase ^ 1);
-        float* ss = reinterpret_cast<float*>(gen(sS + s * 4 * C::kScaleFloats));
+        if constexpr (!kSwap) {
+          float* ss = reinterpret_cast<float*>(gen(sS + s * 4 * C::kScaleFloats));
 #pragma unroll
-        for (int q = 0; q < kSlots; ++q) {
-          const int i = h + q * kHelpers, c = i % kBN;
-          if (i < kSub * kBN) ss[(i / kBN) * kBN + 32 * ((c >> 1) & 3) + 2 * (c >> 3) + (c & 1)] = cur[q];
+          for (int q = 0; q < kSlots; ++q) {
+            const int c = h + q * kHelpers;
+            if (c < kBN) ss[32 * ((c >> 1) & 3) + 2 * (c >> 3) + (c & 1)] = cur[q];
+          }
         }
         if constexpr (kBits == 4) {
           mbar_wait(packed(s), phase);
           const uint8_t* src = gen(sP + s * C::kTileP);
-          uint8_t* dst = gen(sB + s * C::kTileB);
+          uint8_t* dst = gen(kSwap ? sA + s * C::kTileA : sB + s * C::kTileB);
 #pragma unroll 2
           for (int i = h; i < kBN * 4; i += kHelpers) {  // 16-byte packed chunk i: row i/4, k 32·(i%4)..+31
             const int r = i >> 2, c = i & 3;
@@ -214,132 +375,127 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
     const int cw = wg - 1;
     const int g = lane >> 2, tq = lane & 3;
-    int acc[64];
-    float facc[64];
+    if constexpr (kSwap) {
+      consume_grouped<kBits, kGS, kOut, S>(sA, sB, bars, cw, warp, lane, Sa, Sw, bias, Y, M, N, K, G);
+    } else {
+      int acc[64];
+      float facc[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0;
-    int s = 0;
-    uint32_t phase = 0;
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      int m0, n0;
-      tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kBN, m0, n0);
-      // m64n128 accumulator layout: warp w owns rows 16w..16w+15; acc[4j + 2hh + e] is row
-      // gq + 8hh, column 8j + 2tq + e (gq = lane/4).
-      const int r0 = m0 + cw * 64 + warp * 16 + g;
-#pragma unroll
-      for (int i = 0; i < 64; ++i) facc[i] = 0.f;
-      for (int kt = 0; kt < ktiles; ++kt) {
-        mbar_wait(full(s), phase);
-        const uint64_t da = make_desc_sw128(sA + s * C::kTileA + cw * 64 * kBK);
-        const uint64_t db = make_desc_sw128(sB + s * C::kTileB);
-        const float* ss = reinterpret_cast<const float*>(gen(sS + s * 4 * C::kScaleFloats));
-#pragma unroll
-        for (int sub = 0; sub < kSub; ++sub) {
+      for (int i = 0; i < 64; ++i) acc[i] = 0;
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int m0, n0;
+        tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kBN, m0, n0);
+        // m64n128 accumulator layout: warp w owns rows 16w..16w+15; acc[4j + 2hh + e] is row
+        // gq + 8hh, column 8j + 2tq + e (gq = lane/4).
+        const int r0 = m0 + cw * 64 + warp * 16 + g;
+        // Per channel: one int32 accumulation over all of K, folded once (I2F) at the last stage.
+        for (int kt = 0; kt < ktiles; ++kt) {
+          mbar_wait(full(s), phase);
+          const uint64_t da = make_desc_sw128(sA + s * C::kTileA + cw * 64 * kBK);
+          const uint64_t db = make_desc_sw128(sB + s * C::kTileB);
           fence_operands(acc);
           wgmma_fence();
 #pragma unroll
-          for (int kk = sub * kKK; kk < (sub + 1) * kKK; ++kk)  // +32 B along K = +2 in the address field
-            wgmma_n128(acc, da + 2 * kk, db + 2 * kk, kGS ? kk != sub * kKK : (kt | kk) != 0);
+          for (int kk = 0; kk < 4; ++kk)  // +32 B along K = +2 in the address field
+            wgmma_n128(acc, da + 2 * kk, db + 2 * kk, (kt | kk) != 0);
           wgmma_commit();
-          const bool fold = kGS ? true : kt == ktiles - 1;
-          const int grp = kGS ? (kt * kBK + sub * 64) / kGS : 0;
+          const bool last = kt == ktiles - 1;
           float4 sw4[8];  // this thread's 32 column scales (read while the wgmmas run)
           if constexpr (kOut != 2) {
-            if (fold) {
+            if (last) {
+              const float* ss = reinterpret_cast<const float*>(gen(sS + s * 4 * C::kScaleFloats));
 #pragma unroll
-              for (int q = 0; q < 8; ++q) sw4[q] = reinterpret_cast<const float4*>(ss + sub * kBN + 32 * tq)[q];
+              for (int q = 0; q < 8; ++q) sw4[q] = reinterpret_cast<const float4*>(ss + 32 * tq)[q];
             }
           }
           wgmma_wait<0>();
           fence_operands(acc);
-          if (sub == kSub - 1 && lane == 0) mbar_arrive(empty(s));
-          if (!fold || grp >= G) continue;  // (g64: the second half of a last stage past K)
+          if (lane == 0) mbar_arrive(empty(s));
+          if (++s == S) { s = 0; phase ^= 1; }
+          if (!last) continue;
           if constexpr (kOut == 2) {
-            // y[(r·N + c)·G + grp]: per row a base pointer, per column the offset (c - c0)·G.
+            // y[r·N + c] (G = 1): per row a base pointer.
             const int c0 = n0 + 2 * tq;
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
               if (r0 + 8 * hh >= M) continue;
-              int* yr = static_cast<int*>(Y) + (size_t(r0 + 8 * hh) * N + c0) * G + grp;
+              int* yr = static_cast<int*>(Y) + size_t(r0 + 8 * hh) * N + c0;
 #pragma unroll
               for (int j = 0; j < 16; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                  if (c0 + 8 * j + e < N) yr[(8 * j + e) * G] = acc[4 * j + 2 * hh + e] >> (kBits == 4 ? 4 : 0);
+                  if (c0 + 8 * j + e < N) yr[8 * j + e] = acc[4 * j + 2 * hh + e] >> (kBits == 4 ? 4 : 0);
             }
           } else {
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
               const float* w = reinterpret_cast<const float*>(&sw4[j / 2]) + 2 * (j % 2);
 #pragma unroll
-              for (int i2 = 0; i2 < 4; ++i2) {
-                const int i = 4 * j + i2;
-                const float a = kGS ? __int_as_float(acc[i] + 0x4B400000) - 12582912.0f : float(acc[i]);
-                facc[i] = fmaf(a, w[i2 & 1], facc[i]);
-              }
+              for (int i2 = 0; i2 < 4; ++i2) facc[4 * j + i2] = fmaf(float(acc[4 * j + i2]), w[i2 & 1], 0.f);
             }
           }
         }
-        if (++s == S) { s = 0; phase ^= 1; }
-      }
-      if constexpr (kOut == 2) continue;  // the partials went out at the folds
+        if constexpr (kOut == 2) continue;  // the raw accumulators went out at the last stage
 
-      // Epilogue: y = facc·sa[r] + bias[c].
-      float sa[2];
-      sa[0] = __ldg(Sa + min(r0, M - 1));
-      sa[1] = __ldg(Sa + min(r0 + 8, M - 1));
-      if constexpr (kOut == 0) {
-        if ((vec_ok & 2) && n0 + kBN <= N) {  // full-width tile, N % 8 == 0, Y 16-byte aligned
+        // Epilogue: y = facc·sa[r] + bias[c].
+        float sa[2];
+        sa[0] = __ldg(Sa + min(r0, M - 1));
+        sa[1] = __ldg(Sa + min(r0 + 8, M - 1));
+        if constexpr (kOut == 0) {
+          if ((vec_ok & 2) && n0 + kBN <= N) {  // full-width tile, N % 8 == 0, Y 16-byte aligned
 #pragma unroll
-          for (int q = 0; q < kBN / 32; ++q) {
-            float bb[4][2];
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-              const int c = n0 + 32 * q + 8 * jj + 2 * tq;
-              bb[jj][0] = bias ? __ldg(bias + c) : 0.f;
-              bb[jj][1] = bias ? __ldg(bias + c + 1) : 0.f;
-            }
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              uint32_t pk[4];
+            for (int q = 0; q < kBN / 32; ++q) {
+              float bb[4][2];
 #pragma unroll
               for (int jj = 0; jj < 4; ++jj) {
-                const int i = 4 * (4 * q + jj) + 2 * hh;
-                const __nv_bfloat162 v2 =
-                    __floats2bfloat162_rn(fmaf(facc[i], sa[hh], bb[jj][0]), fmaf(facc[i + 1], sa[hh], bb[jj][1]));
-                pk[jj] = *reinterpret_cast<const uint32_t*>(&v2);
+                const int c = n0 + 32 * q + 8 * jj + 2 * tq;
+                bb[jj][0] = bias ? __ldg(bias + c) : 0.f;
+                bb[jj][1] = bias ? __ldg(bias + c + 1) : 0.f;
               }
-              uint32_t got[4];
-              quad_exchange(pk, tq, got);
-              const int r = r0 + 8 * hh;
-              if (r < M)
-                *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) =
-                    quad_gather(got, tq);
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh) {
+                uint32_t pk[4];
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                  const int i = 4 * (4 * q + jj) + 2 * hh;
+                  const __nv_bfloat162 v2 =
+                      __floats2bfloat162_rn(fmaf(facc[i], sa[hh], bb[jj][0]), fmaf(facc[i + 1], sa[hh], bb[jj][1]));
+                  pk[jj] = *reinterpret_cast<const uint32_t*>(&v2);
+                }
+                uint32_t got[4];
+                quad_exchange(pk, tq, got);
+                const int r = r0 + 8 * hh;
+                if (r < M)
+                  *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) =
+                      quad_gather(got, tq);
+              }
             }
+            continue;
           }
-          continue;
         }
-      }
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int c = n0 + 8 * j + 2 * tq;
-        if (c >= N) continue;
-        const bool two = c + 1 < N;
-        const float b0 = bias ? __ldg(bias + c) : 0.f, b1 = bias && two ? __ldg(bias + c + 1) : 0.f;
+        for (int j = 0; j < 16; ++j) {
+          const int c = n0 + 8 * j + 2 * tq;
+          if (c >= N) continue;
+          const bool two = c + 1 < N;
+          const float b0 = bias ? __ldg(bias + c) : 0.f, b1 = bias && two ? __ldg(bias + c + 1) : 0.f;
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = r0 + 8 * hh;
-          if (r >= M) continue;
-          const float v0 = fmaf(facc[4 * j + 2 * hh], sa[hh], b0), v1 = fmaf(facc[4 * j + 2 * hh + 1], sa[hh], b1);
-          const size_t o = size_t(r) * N + c;
-          if constexpr (kOut == 1) {
-            float* y = static_cast<float*>(Y) + o;
-            if (two && (vec_ok & 1)) *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
-            else { y[0] = v0; if (two) y[1] = v1; }
-          } else {
-            __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
-            if (two && (vec_ok & 1)) *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
-            else { y[0] = __float2bfloat16_rn(v0); if (two) y[1] = __float2bfloat16_rn(v1); }
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = r0 + 8 * hh;
+            if (r >= M) continue;
+            const float v0 = fmaf(facc[4 * j + 2 * hh], sa[hh], b0), v1 = fmaf(facc[4 * j + 2 * hh + 1], sa[hh], b1);
+            const size_t o = size_t(r) * N + c;
+            if constexpr (kOut == 1) {
+              float* y = static_cast<float*>(Y) + o;
+              if (two && (vec_ok & 1)) *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
+              else { y[0] = v0; if (two) y[1] = v1; }
+            } else {
+              __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
+              if (two && (vec_ok & 1)) *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+              else { y[0] = __float2bfloat16_rn(v0); if (two) y[1] = __float2bfloat16_rn(v1); }
+            }
           }
         }
       }
@@ -354,7 +510,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int kBits, int kGS, int kOut>
 void launch(const int8_t* x, const float* sa, const void* w, const float* sw, const float* bias, void* y, int M,
             int N, int K, int G, int vec_ok, cudaStream_t stream, const char* name) {
-  using C = QCfg<kBits>;
+  using C = QCfg<kBits, kGS != 0>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
@@ -387,7 +543,10 @@ using quant_args::aligned;
 
 }  // namespace
 
-bool gemm_quant_wgmma_supported() { return sm90::device_is_sm90(); }
+bool gemm_quant_wgmma_supported() {
+  static const bool code = sm90::sm90_code_present(reinterpret_cast<const void*>(&gemm_quant_wgmma_kernel<8, 128, 0>));
+  return sm90::device_is_sm90() && code;
+}
 
 void gemm_quant_wgmma(QuantMode mode, const int8_t* x, const float* sa, const void* qweight, const float* scales,
                       const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {

@@ -1,5 +1,6 @@
-// EXPERIMENTAL sm_90a (H100/H200) version of gemm_quant (gemv_quant.h): the W*A8 GEMM with
-// grouped weight scales and/or int4 weights on TMA + wgmma (src/kernels/cuda/gemm_quant_sm90.cu,
+// The sm_90a (H100/H200) version of gemm_quant (gemv_quant.h), which CudaLinear runs above 128
+// rows there: the W*A8 GEMM with grouped weight scales and/or int4 weights on TMA + wgmma
+// (src/kernels/cuda/gemm_quant_sm90.cu,
 // design notes in docs/cuda-gemm-w8a8-sm90.md, section "Grouped and int4 modes").
 //
 // Same contract as gemm_quant: modes w8a8-g128, w8a8-g64, w4a8, w4a8-g128 (and plain w8a8, which

@@ -314,7 +314,10 @@ void dispatch(const int8_t* dX, const float* dSa, const int8_t* dW, const float*
 
 }  // namespace
 
-bool gemm_w8a8_wgmma_supported() { return device_is_sm90(); }  // sm_90a code runs on sm_90 only
+bool gemm_w8a8_wgmma_supported() {  // sm_90a code runs on sm_90 only
+  static const bool code = sm90_code_present(reinterpret_cast<const void*>(&gemm_w8a8_wgmma_kernel<0, 128>));
+  return device_is_sm90() && code;
+}
 
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
                      const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream) {

@@ -214,6 +214,14 @@ inline CUtensorMap make_map(const void* p, int rows, int row_bytes, int box_byte
   return m;
 }
 
+// Whether kernel `fn` runs sm_90 code on this device: a build without a 90a target (e.g.
+// PERRY_CUDA_ARCHITECTURES=80) JIT-compiles compute_80 PTX there, whose wgmma kernels only trap.
+// (cudaFuncGetAttributes launches nothing, so this is safe during stream capture.)
+inline bool sm90_code_present(const void* fn) {
+  cudaFuncAttributes a{};
+  return cudaFuncGetAttributes(&a, fn) == cudaSuccess && a.ptxVersion >= 90;
+}
+
 // True on an sm_90 device (sm_90a code runs there only).
 inline bool device_is_sm90() {
   int dev = 0, major = 0, minor = 0;
