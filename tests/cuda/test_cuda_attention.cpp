@@ -262,7 +262,7 @@ void run_prefill_case(const std::vector<Spec>& specs, Heads hc, int hd, int capa
     const double err = check_out(p, out, ref);
     EXPECT_LT(err, tc ? 1e-2 : 1e-4);
     std::printf("  prefill nh=%d nkv=%d hd=%d %s: rel L2 error %.3g\n", hc.nh, hc.nkv, hd, kernel_label(kern), err);
-    if (kern == pc::PrefillKernel::Wgmma) {  // the experimental kernel: every row on its own too
+    if (kern == pc::PrefillKernel::Wgmma) {  // the wgmma kernel: every row on its own too
       const double row_err = max_row_error(p, out, ref);
       EXPECT_LT(row_err, 3e-2) << "worst row";
       std::printf("    worst row: rel L2 error %.3g\n", row_err);
@@ -539,11 +539,11 @@ TEST(CudaAttention, PerfLlama8bShapes) {
   cudaEventDestroy(e1);
 }
 
-// The EXPERIMENTAL wgmma prefill kernel (hd 128, sm_90; not chosen by default), last in this
+// The wgmma prefill kernel (hd 128, sm_90; Auto's choice there for long prompts), last in this
 // program so that a fault in it cannot take the other tests down: every hd-128 prefill case above
 // against float64 (fp32 out; strided q + bf16 out bit-equal to f32_to_bf16 of it), then its time
 // at the Llama-3-8B shape next to the 128-row mma.sync kernel's.
-TEST(CudaAttention, PrefillWgmmaExperimental) {
+TEST(CudaAttention, PrefillWgmma) {
   REQUIRE_GPU();
   if (!pc::attention_prefill_wgmma_supported(128)) GTEST_SKIP() << "the wgmma kernel needs an sm_90 device";
   const std::vector<pc::PrefillKernel> wg = {pc::PrefillKernel::Wgmma};

