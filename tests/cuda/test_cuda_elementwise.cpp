@@ -333,31 +333,61 @@ TEST(CudaElementwise, RopeQOnlyAndBadPositionGivesNaNRow) {
   for (size_t i = size_t(nq) * hd; i < got.size(); ++i) EXPECT_TRUE(std::isnan(got[i])) << i;
 }
 
-// SwiGLU over gu [M, 2I]: CPU = ref::silu_mul(gate row, up row).
-void check_swiglu(int M, int I, bool misalign, std::mt19937& g) {
-  SCOPED_TRACE(::testing::Message() << "M=" << M << " I=" << I << " misalign=" << misalign);
+// SwiGLU over gu [M, 2I]: CPU = ref::silu_mul(gate row, up row). bf16_in: gu given to the GPU
+// as bf16 bits (a gate|up linear with bf16 output), the CPU reference on the same rounded values.
+void check_swiglu(int M, int I, bool misalign, std::mt19937& g, bool bf16_in = false) {
+  SCOPED_TRACE(::testing::Message() << "M=" << M << " I=" << I << " misalign=" << misalign << " bf16 in=" << bf16_in);
   auto gu = normal(size_t(M) * 2 * I, g, 3.f);
   gu[0] = -100.f;  // exp(100) overflows to inf: silu -> -0
   gu[1] = 100.f;
   gu[2] = 0.f;
   if (M > 1) std::fill(gu.begin() + 2 * I + I, gu.begin() + 4 * I, 0.f);  // row 1: up = 0 -> scale 0
+  std::vector<uint16_t> gu16(gu.size());
+  const std::vector<float> gu_f32 = gu;  // before rounding (the round_to_bf16 form's input)
+  if (bf16_in)
+    for (size_t i = 0; i < gu.size(); ++i) {
+      gu16[i] = perry::f32_to_bf16(gu[i]);
+      gu[i] = perry::bf16_to_f32(gu16[i]);  // the values the GPU sees
+    }
   std::vector<float> ref(size_t(M) * I);
   for (int m = 0; m < M; ++m)
     kc::ref::silu_mul(&gu[size_t(m) * 2 * I], &gu[size_t(m) * 2 * I + I], I, &ref[size_t(m) * I]);
   auto dgu = upload(gu, misalign);
+  auto dgu16 = upload(gu16, misalign);
   const float* in = dgu.p + (misalign ? 1 : 0);
+  const uint16_t* in16 = dgu16.p + (misalign ? 1 : 0);
+  auto run = [&](ActOut out) {
+    if (bf16_in) pc::swiglu(in16, M, I, out, nullptr);
+    else pc::swiglu(in, M, I, out, nullptr);
+  };
   Out<float> yf(ref.size(), NAN, misalign);
-  pc::swiglu(in, M, I, ActOut::f32(yf.p()), nullptr);
+  run(ActOut::f32(yf.p()));
   Out<uint16_t> yb(ref.size(), 0xffff, misalign);
-  pc::swiglu(in, M, I, ActOut::bf16(yb.p()), nullptr);
+  run(ActOut::bf16(yb.p()));
   Out<int8_t> yq(ref.size(), int8_t(-128), misalign);
   Out<float> ys(M, NAN, false);
-  pc::swiglu(in, M, I, ActOut::i8(yq.p(), ys.p()), nullptr);
+  run(ActOut::i8(yq.p(), ys.p()));
   device_sync();
   const auto y = yf.get();
   expect_f32_close(y, ref, 0.0, "swiglu f32");  // expf vs glibc: not bit-exact by design
   expect_bf16(yb.get(), y, ref, "swiglu bf16");
   expect_i8(yq.get(), ys.get(), y, ref, M, I, "swiglu i8");
+  if (bf16_in) {  // fp32 gate|up with round_to_bf16: the same bits as from the bf16 gate|up
+    auto d32 = upload(gu_f32, misalign);
+    const float* in32 = d32.p + (misalign ? 1 : 0);
+    Out<float> rf(ref.size(), NAN, misalign);
+    pc::swiglu(in32, M, I, ActOut::f32(rf.p()), nullptr, true);
+    Out<int8_t> rq(ref.size(), int8_t(-128), misalign);
+    Out<float> rs(M, NAN, false);
+    pc::swiglu(in32, M, I, ActOut::i8(rq.p(), rs.p()), nullptr, true);
+    device_sync();
+    const std::vector<float> a = rf.get(), as = rs.get(), bs = ys.get();
+    const std::vector<int8_t> aq = rq.get(), bq = yq.get();
+    size_t diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff += !same_float(a[i], y[i]) || aq[i] != bq[i];
+    for (int m = 0; m < M; ++m) diff += !same_float(as[m], bs[m]);
+    EXPECT_EQ(diff, 0u) << "round_to_bf16 vs bf16 input";
+  }
 }
 
 TEST(CudaElementwise, SwigluAllFormatsMatchCpu) {
@@ -370,6 +400,12 @@ TEST(CudaElementwise, SwigluAllFormatsMatchCpu) {
   check_swiglu(3, 4096, true, g);
   check_swiglu(3, 1001, true, g);
   check_swiglu(2, 5001, true, g);  // scalar, more than 4 elements a thread: multi-pass
+  // bf16 gate|up: the vector path (8-byte loads), a misaligned start (the scalar path), the
+  // Llama-3-8B width, multi-pass.
+  for (int I : kWidths) check_swiglu(3, I, false, g, true);
+  check_swiglu(3, 14336, false, g, true);
+  check_swiglu(3, 4096, true, g, true);
+  check_swiglu(2, 5001, true, g, true);
 }
 
 TEST(CudaElementwise, EmbeddingLookupExactAllDtypes) {
@@ -494,7 +530,8 @@ TEST(CudaElementwise, BadArgumentsThrow) {
   EXPECT_THROW(pc::rms_norm(a.p, w, -1.f, 1, 16, ActOut::f32(b.p), nullptr), perry::Error);
   EXPECT_THROW(pc::add_rms_norm(a.p, nullptr, w, 1e-6f, 1, 16, ActOut::f32(b.p), nullptr), perry::Error);
   EXPECT_THROW(pc::swiglu(a.p, 1, 0, ActOut::f32(b.p), nullptr), perry::Error);
-  EXPECT_THROW(pc::swiglu(nullptr, 1, 8, ActOut::f32(b.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::swiglu(static_cast<const float*>(nullptr), 1, 8, ActOut::f32(b.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::swiglu(static_cast<const uint16_t*>(nullptr), 1, 8, ActOut::f32(b.p), nullptr), perry::Error);
   EXPECT_THROW(pc::head_rms_norm(a.p, 8, 1, 1, 16, w, 1e-6f, nullptr), perry::Error);     // stride < hd
   EXPECT_THROW(pc::head_rms_norm(a.p, 2048, 1, 1, 2048, w, 1e-6f, nullptr), perry::Error);  // hd > 1024
   EXPECT_THROW(pc::embedding_lookup(a.p, DType::I8, 16, t.p, 1, b.p, nullptr), perry::Error);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -192,6 +193,46 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
         if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
         run_case(m, c, f.in, f.out, f.rows_per_warp, gen);
       }
+}
+
+// SwiGLU with round_gate_up (the CUDA backend's gate|up rule: bf16 values before SwiGLU) gives
+// the bits of the stored gate|up (DecodeOut::Store, the same per-row arithmetic) put through
+// swiglu(..., round_to_bf16 = true) — the separate kernels of a prefill or a batch — and differs
+// from the unrounded form somewhere (the flag acts).
+TEST(CudaGemvDecode, SwigluRoundGateUpMatchesSeparateKernels) {
+  REQUIRE_GPU();
+  std::mt19937 gen(77);
+  for (QuantMode mode : {QuantMode::BF16, QuantMode::W8A8, QuantMode::W4A8_G128, QuantMode::W8A16}) {
+    const int N = 2000, K = 4096, I = N / 2;
+    Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
+    const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
+    pc::DecodeLinearArgs a;
+    a.x = dx.p;
+    a.in = pc::DecodeIn::RmsNorm;
+    a.norm_w = dnw.p;
+    a.eps = 1e-5f;
+    const size_t n = static_cast<size_t>(N), half = static_cast<size_t>(I);
+    Dev<float> gu(n), fused(n), plain(n), sep(half);
+    a.y = gu.p;
+    a.out = pc::DecodeOut::Store;
+    ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
+    a.out = pc::DecodeOut::SwiGLU;
+    a.y = plain.p;
+    ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
+    a.y = fused.p;
+    a.round_gate_up = true;
+    ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
+    pc::swiglu(gu.p, 1, I, pc::ActOut::f32(sep.p), nullptr, true);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> f = fused.get(), pl = plain.get(), sp = sep.get();
+    int differ = 0, changed = 0;
+    for (int j = 0; j < I; ++j) {
+      differ += std::memcmp(&f[size_t(j)], &sp[size_t(j)], 4) != 0;
+      changed += f[size_t(j)] != pl[size_t(j)];
+    }
+    EXPECT_EQ(differ, 0) << perry::quant::quant_mode_name(mode);
+    EXPECT_GT(changed, 0) << perry::quant::quant_mode_name(mode) << ": rounding changed nothing";
+  }
 }
 
 // A W8A8 N×K linear (random weights, scales, input) with RMSNorm input, for argument checks.

@@ -23,6 +23,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "kernels/cuda/attention.h"
 #include "cuda/cuda_test_util.h"
 #include "golden_util.h"
 #include "model/model.h"
@@ -43,9 +44,11 @@ bool gpu_present() {
 #define REQUIRE_DEVICE() \
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device: GPU model tests skipped"
 
+// dir: a model directory, or "synthetic:PRESET" (random weights of a preset's shape).
 std::unique_ptr<model::Model> load(const std::string& dir, std::optional<quant::QuantMode> mode, bool cuda) {
   model::LoadOptions o;
-  o.dir = dir;
+  if (dir.rfind("synthetic:", 0) == 0) o.synthetic = dir.substr(10);
+  else o.dir = dir;
   o.quant = mode;
   o.pack_for_cpu = !cuda;
   auto m = model::Model::load(o);
@@ -332,6 +335,80 @@ TEST(CudaPrefillToggles, GiveTheSameLogits) {
     }
   }
   EXPECT_GE(dirs.size(), 1u);
+}
+
+// Prefill's gate|up rounded to bf16 (the default: bf16 output where its kernel has one — cuBLAS,
+// the tensor-core GEMMs — else rounded by SwiGLU) against PERRY_GATE_UP_F32=1: logits move by
+// about a bf16 rounding of the MLP input — rel L2 < 5e-3 in bf16; < 2e-2 in the W*A8 modes,
+// whose per-token int8 rounding of the SwiGLU output turns some of those roundings into whole
+// int8 steps on these tiny models (first GPU run: 0.012 on tiny-random-llama, 0.0077 on the
+// embedded model) — while a wrong layout or a missed row would move them by O(1). The 300-token
+// prompt takes the bf16 output, the 20-token chunk the fp32 small-M kernels (W*A8): both here.
+TEST(CudaPrefillToggles, GateUpBf16MatchesF32) {
+  REQUIRE_DEVICE();
+  for (const std::string& dir : toggle_models("gate-up-bf16")) {
+    const std::string name = std::filesystem::path(dir).filename().string();
+    for (const char* mode : {"bf16", "w8a8", "w4a8-g128"}) {
+      std::vector<float> b16, f32;
+      b16 = prefill_logits(dir, mode);
+      {
+        const ScopedEnv f("PERRY_GATE_UP_F32", "1");
+        f32 = prefill_logits(dir, mode);
+      }
+      ASSERT_EQ(b16.size(), f32.size());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < b16.size(); ++i) {
+        const double d = double(f32[i]) - b16[i];
+        num += d * d;
+        den += double(f32[i]) * f32[i];
+      }
+      const double rel = std::sqrt(num / den);
+      std::printf("[gate-up-bf16] %s %s: bf16 vs fp32 gate|up, logits rel L2 %.3g\n", name.c_str(), mode, rel);
+      EXPECT_GT(den, 0.0);
+      EXPECT_LT(rel, std::string(mode) == "bf16" ? 5e-3 : 2e-2) << name << " " << mode;
+    }
+  }
+}
+
+// The wgmma prefill attention (hd 128 on sm_90, the default there for long prompts) inside the
+// model: synthetic qwen3-0.6b (hd 128, q/k norm, GQA 16/8). Its logits agree with the 128-row
+// mma.sync kernel's to the rounding of the exponentials (first GPU run: bf16 bit for bit), and
+// in bf16 the separate q|k|v path gives the same bits as the fused one with it too. (w8a8 is not
+// bitwise repeatable here: the 20-token chunk's linears take gemm_small_m, whose split-K adds
+// partials with atomicAdd at this width — so only the tolerance there.)
+TEST(CudaPrefillToggles, WgmmaAttentionHd128) {
+  REQUIRE_DEVICE();
+  if (!cuda::attention_prefill_wgmma_supported(128)) GTEST_SKIP() << "not an sm_90 device: the wgmma attention is not used";
+  for (const char* mode : {"bf16", "w8a8"}) {
+    std::vector<float> rows128, wg, wg_separate;
+    {
+      const ScopedEnv attn("PERRY_PREFILL_ATTN", "128");
+      rows128 = prefill_logits("synthetic:qwen3-0.6b", mode);
+    }
+    {
+      const ScopedEnv attn("PERRY_PREFILL_ATTN", "wgmma");
+      wg = prefill_logits("synthetic:qwen3-0.6b", mode);
+      const ScopedEnv sep("PERRY_PREFILL_SEPARATE", "1");
+      wg_separate = prefill_logits("synthetic:qwen3-0.6b", mode);
+    }
+    if (std::string(mode) == "bf16") EXPECT_EQ(wg, wg_separate) << mode;
+    auto rel_l2 = [](const std::vector<float>& a, const std::vector<float>& b) {
+      EXPECT_EQ(a.size(), b.size());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+        const double d = double(a[i]) - b[i];
+        num += d * d;
+        den += double(a[i]) * a[i];
+      }
+      EXPECT_GT(den, 0.0);
+      return std::sqrt(num / den);
+    };
+    const double rel = rel_l2(rows128, wg), rel_sep = rel_l2(wg, wg_separate);
+    std::printf("[prefill-toggles] synthetic qwen3-0.6b %s: 128-row vs wgmma attention, logits rel L2 %.3g "
+                "(wgmma fused vs separate %.3g)\n", mode, rel, rel_sep);
+    EXPECT_LT(rel, 1e-2) << mode;
+    EXPECT_LT(rel_sep, 1e-2) << mode;
+  }
 }
 
 // The one-token decode path's A/B toggles give the same logits bit for bit as its plainest form

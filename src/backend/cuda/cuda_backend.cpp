@@ -116,8 +116,18 @@ class CudaBackend final : public model::ForwardBackend {
   // linears) instead of split_qkv, rope_apply, kv_cache_append and a conversion pass;
   // PERRY_PREFILL_SEPARATE=1 keeps the separate kernels for A/B runs.
   bool prefill_fused_ = true;
+  // The gate|up values are rounded to bf16 before SwiGLU, in every mode, step and M: where the
+  // layer's kernel can write bf16 (bf16_output: the tensor-core GEMMs, cuBLAS) it does — the
+  // [M, 2I] output is the largest activation of a prefill, written by the GEMM and read by
+  // SwiGLU, and bf16 halves both — and where it cannot (the small-M kernels, the fused one-token
+  // kernel) SwiGLU rounds, so a prompt gives the same values alone or in a batch, as a prefill or
+  // token by token. bf16 values are also what a bf16 model in transformers computes there.
+  // PERRY_GATE_UP_F32=1 keeps fp32 throughout (the CPU backend's values).
+  bool gate_up_bf16_ = true;
+  // Runs gate|up and SwiGLU over M rows into the MLP activation (act_out()).
+  void gate_up_swiglu(const Layer& L, const LinearInput& in, int M, int I);
   // The prefill attention kernel: the library's choice, or PERRY_PREFILL_ATTN=64 / 128 (rows a
-  // block) / wgmma (experimental, hd 128 on sm_90) for A/B runs.
+  // block) / wgmma (hd 128 on sm_90; what Auto takes there for long prompts) for A/B runs.
   PrefillKernel prefill_attn_ = PrefillKernel::Auto;
   DeviceBuffer embed_, final_norm_, rope_cos_, rope_sin_;
   DType embed_dtype_ = DType::BF16;
@@ -199,12 +209,13 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
+  gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");
   if (const char* e = std::getenv("PERRY_PREFILL_ATTN"); e && *e) {
     const std::string v = e;
     if (v == "64") prefill_attn_ = PrefillKernel::Rows64;
     else if (v == "128") prefill_attn_ = PrefillKernel::Rows128;
     else if (v == "wgmma") prefill_attn_ = PrefillKernel::Wgmma;
-    else throw Error("PERRY_PREFILL_ATTN='" + v + "': use 64 or 128 (rows a block) or wgmma (experimental)");
+    else throw Error("PERRY_PREFILL_ATTN='" + v + "': use 64 or 128 (rows a block) or wgmma (hd 128 on sm_90)");
   }
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -417,6 +428,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.rows_per_warp = rows_per_warp;
   a.bulk_stages = decode_bulk_stages_;
+  a.round_gate_up = gate_up_bf16_;
   if (rope_kv) a.rope_kv = *rope_kv;
   gemv_decode(l.decode_weights(), a, stream_);
 }
@@ -481,7 +493,6 @@ void CudaBackend::enqueue(const Step& st) {
   float* v = M == 1 ? qkv + Q + KV : v_.get<float>();
   float* attn = attn_.get<float>();
   float* delta = delta_.get<float>();
-  float* gu = gu_.get<float>();
   const float eps = float(cfg_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(float(hd));
   const LinearInput in = linear_in();
@@ -526,8 +537,7 @@ void CudaBackend::enqueue(const Step& st) {
     }
     L.o.forward(in, M, delta, lctx_);
     add_rms_norm(x, delta, L.post_norm.get<float>(), eps, M, H, act_out(), stream_);
-    L.gate_up.forward(in, M, gu, lctx_);
-    swiglu(gu, M, I, act_out(), stream_);
+    gate_up_swiglu(L, in, M, I);
     L.down.forward(in, M, delta, lctx_);
     if (l + 1 < layers_.size()) add_rms_norm(x, delta, layers_[l + 1].in_norm.get<float>(), eps, M, H, act_out(), stream_);
     else residual_add(x, delta, int64_t(M) * H, stream_);
@@ -556,6 +566,16 @@ void CudaBackend::enqueue(const Step& st) {
 // lm_head on one row), timed with CUDA events: what "time outside the GEMMs" is measured against.
 // Runs on the scratch buffers (whatever they hold: the values do not change the time of a GEMM
 // much, and they are the activations of the last real forward, not zeros).
+void CudaBackend::gate_up_swiglu(const Layer& L, const LinearInput& in, int M, int I) {
+  if (gate_up_bf16_ && L.gate_up.bf16_output(M)) {
+    L.gate_up.forward_bf16(in, M, gu_.get<uint16_t>(), lctx_);
+    swiglu(gu_.get<uint16_t>(), M, I, act_out(), stream_);
+  } else {
+    L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
+    swiglu(gu_.get<float>(), M, I, act_out(), stream_, gate_up_bf16_);
+  }
+}
+
 double CudaBackend::linears_ms(int M) {
   ensure_scratch(M, 1, 1, 256);
   const LinearInput in = linear_in();
@@ -563,7 +583,8 @@ double CudaBackend::linears_ms(int M) {
     for (const Layer& L : layers_) {
       L.qkv.forward(in, M, qkv_.get<float>(), lctx_);
       L.o.forward(in, M, delta_.get<float>(), lctx_);
-      L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
+      if (gate_up_bf16_ && L.gate_up.bf16_output(M)) L.gate_up.forward_bf16(in, M, gu_.get<uint16_t>(), lctx_);
+      else L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
       L.down.forward(in, M, delta_.get<float>(), lctx_);
     }
     lm_head_.forward(in, 1, logits_.get<float>(), lctx_);

@@ -106,16 +106,19 @@ CudaLinear CudaLinear::upload(DevicePool& pool, const std::vector<const model::L
 
 namespace {
 
-// y[M,N] (row-major, fp32) = x[M,K] (bf16) · w[N,K]ᵀ (bf16): column-major cuBLAS sees yᵀ = w · xᵀ.
-void gemm_bf16_cublas(const uint16_t* x, const uint16_t* w, float* y, int M, int N, int K, const float* bias,
-                      LinearContext& ctx) {
+// y[M,N] (row-major, fp32 or bf16) = x[M,K] (bf16) · w[N,K]ᵀ (bf16): column-major cuBLAS sees
+// yᵀ = w · xᵀ. A bias is added through beta = 1 on an fp32 y only (bf16_output() excludes it).
+void gemm_bf16_cublas(const uint16_t* x, const uint16_t* w, void* y, DType out, int M, int N, int K,
+                      const float* bias, LinearContext& ctx) {
   float alpha = 1.0f, beta = 0.0f;
   if (bias) {
-    broadcast_rows(bias, M, N, y, ctx.stream);  // y = bias, then y += x·wᵀ
+    PERRY_CHECK(out == DType::F32, "gemm_bf16_cublas: a bias needs the fp32 output");
+    broadcast_rows(bias, M, N, static_cast<float*>(y), ctx.stream);  // y = bias, then y += x·wᵀ
     beta = 1.0f;
   }
+  const cudaDataType_t yt = out == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   check_cublas(cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w, CUDA_R_16BF, K, x, CUDA_R_16BF,
-                            K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                            K, &beta, y, yt, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx (bf16 linear)");
 }
 
@@ -130,15 +133,35 @@ bool use_wgmma(int M) {
 }  // namespace
 
 void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const {
+  run(x, M, y, DType::F32, ctx);
+}
+
+void CudaLinear::forward_bf16(const LinearInput& x, int M, uint16_t* y, LinearContext& ctx) const {
+  PERRY_CHECK(bf16_output(M), "{}: no bf16-output kernel for M = {} ({})", name_, M, kernel_name(M));
+  run(x, M, y, DType::BF16, ctx);
+}
+
+bool CudaLinear::bf16_output(int M) const {
+  switch (path(M)) {
+    case Path::SmallM:
+    case Path::Gemv: return false;
+    case Path::CublasBf16:
+    case Path::DequantCublas: return bias_.get<float>() == nullptr;
+    default: return true;
+  }
+}
+
+void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearContext& ctx) const {
   PERRY_CHECK(M > 0, "{}: no rows", name_);
   const float* bias = bias_.get<float>();
+  float* yf = static_cast<float*>(y);  // the fp32-only paths (forward_bf16 never reaches them)
   switch (path(M)) {
     case Path::CublasBf16:
-      gemm_bf16_cublas(x.bf16, weight_.get<uint16_t>(), y, M, n_, k_, bias, ctx);
+      gemm_bf16_cublas(x.bf16, weight_.get<uint16_t>(), y, out, M, n_, k_, bias, ctx);
       return;
     case Path::SmallM:
       gemm_small_m(mode_, a8() ? static_cast<const void*>(x.i8) : static_cast<const void*>(x.bf16),
-                   a8() ? x.scale : nullptr, weight_.get(), scales_.get<float>(), bias, y, M, n_, k_, ctx.stream);
+                   a8() ? x.scale : nullptr, weight_.get(), scales_.get<float>(), bias, yf, M, n_, k_, ctx.stream);
       return;
     case Path::Gemv:
       // Blocks of at most 8 rows (also the fallback for K the tensor-core kernels cannot tile).
@@ -147,7 +170,7 @@ void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& c
         const void* xp = a8() ? static_cast<const void*>(x.i8 + size_t(m0) * k_)
                               : static_cast<const void*>(x.bf16 + size_t(m0) * k_);
         gemv_quant(mode_, xp, a8() ? x.scale + m0 : nullptr, weight_.get(), scales_.get<float>(), bias,
-                   y + size_t(m0) * n_, mb, n_, k_, ctx.stream);
+                   yf + size_t(m0) * n_, mb, n_, k_, ctx.stream);
       }
       return;
     case Path::DequantCublas:
@@ -155,21 +178,19 @@ void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& c
       ctx.dequant_scratch.ensure(*ctx.pool, size_t(n_) * size_t(k_) * 2, "dequantized weight scratch");
       dequantize_weight_bf16(weight_.get(), scales_.get<float>(), bits_, group_size_, n_, k_,
                              ctx.dequant_scratch.get<uint16_t>(), ctx.stream);
-      gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, M, n_, k_, bias, ctx);
+      gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, out, M, n_, k_, bias, ctx);
       return;
     case Path::Wgmma:
-      gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_,
-                      ctx.stream);
+      gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
       return;
     case Path::MmaSync:
-      gemm_w8a8(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
+      gemm_w8a8(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
       return;
     case Path::GemmQuant:
-      gemm_quant(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_, ctx.stream);
+      gemm_quant(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
       return;
     case Path::WgmmaQuant:
-      gemm_quant_wgmma(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, DType::F32, M, n_, k_,
-                       ctx.stream);
+      gemm_quant_wgmma(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
       return;
   }
 }

@@ -55,6 +55,12 @@ class CudaLinear {
 
   // y[M, N] fp32 = x · Wᵀ (+ bias). x in input_format(mode()).
   void forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const;
+  // The same rounded to bf16 (raw bits), where bf16_output(M): the GEMM epilogue writes half the
+  // bytes (the gate|up output of a prefill, read once more by SwiGLU, is the largest activation).
+  void forward_bf16(const LinearInput& x, int M, uint16_t* y, LinearContext& ctx) const;
+  // Whether forward_bf16 can run M rows: the tensor-core GEMMs and cuBLAS without a bias (the
+  // small-M kernels and the GEMV write fp32 only).
+  bool bf16_output(int M) const;
 
   // The layer as the fused one-token kernel (gemv_decode.h) sees it, and whether it can take it.
   DecodeWeights decode_weights() const;
@@ -75,6 +81,7 @@ class CudaLinear {
  private:
   enum class Path { CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant };
   Path path(int M) const;
+  void run(const LinearInput& x, int M, void* y, DType out, LinearContext& ctx) const;
   bool a8() const { return input_format() == ActFormat::I8; }
   quant::QuantMode mode_ = quant::QuantMode::BF16;
   int n_ = 0, k_ = 0, group_size_ = 0, bits_ = 16;

@@ -11,7 +11,9 @@
 #include <cuda_fp16.h>
 
 #include <climits>
+#include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/cuda/cuda_error.h"
@@ -172,17 +174,29 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
 // vectors, kept in registers between the absmax and the write pass (int8 output: one read of gu).
 // Launch bounds (1024, 2): at most 32 registers, so two blocks of up to 1024 threads share an SM
 // (at 38 registers and 896 threads one block did, idle through its absmax barrier).
-template <int V, int kCache>
-__global__ void __launch_bounds__(1024, 2) swiglu_kernel(const float* __restrict__ gu, int I, ActOut out) {
+// T: float, or uint16_t (bf16 bits: a gate|up linear that wrote bf16). round_bf16 (float only):
+// round each input to bf16 first — the values a bf16-output gate|up would have given.
+template <int V, int kCache, typename T>
+__global__ void __launch_bounds__(1024, 2)
+    swiglu_kernel(const T* __restrict__ gu, int I, ActOut out, bool round_bf16) {
   const int64_t row = blockIdx.x;
-  const float* g = gu + row * 2 * int64_t(I);
-  const float* u = g + I;
+  const T* g = gu + row * 2 * int64_t(I);
+  const T* u = g + I;
   const int step = int(blockDim.x) * V;
   const int i0 = int(threadIdx.x) * V;
   auto value = [&](int i, float (&y)[V]) {
     float gv[V], uv[V];
     load<V>(g + i, gv);
     load<V>(u + i, uv);
+    if constexpr (std::is_same_v<T, float>) {
+      if (round_bf16) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          gv[j] = bf16_round(gv[j]);
+          uv[j] = bf16_round(uv[j]);
+        }
+      }
+    }
 #pragma unroll
     for (int j = 0; j < V; ++j) y[j] = swiglu_one(gv[j], uv[j]);
   };
@@ -458,56 +472,66 @@ void rope_apply(float* q, int64_t q_stride, int n_q_heads, float* k, int64_t k_s
   check_launch(fn);
 }
 
-void swiglu(const float* gu, int M, int I, ActOut out, cudaStream_t stream) {
-  const char* fn = "swiglu";
+namespace {
+template <typename T>
+void launch_swiglu(const T* gu, int M, int I, ActOut out, cudaStream_t stream, bool round_bf16) {
+  const char* fn = std::is_same_v<T, float> ? "swiglu" : "swiglu(bf16 gate|up)";
   check_rows(fn, M, I);
   if (!gu) bad(fn, "null device pointer");
   const bool out_vec = check_out(fn, out);
   if (M == 0) return;
-  if (I % 4 == 0 && out_vec && aligned(gu, 16)) {
+  if (I % 4 == 0 && out_vec && aligned(gu, 4 * sizeof(T))) {
     const int t = row_threads(I / 4);
-    if (cacheable(I / 4, t)) swiglu_kernel<4, kRowCache><<<M, t, 0, stream>>>(gu, I, out);
-    else swiglu_kernel<4, 0><<<M, t, 0, stream>>>(gu, I, out);
+    if (cacheable(I / 4, t)) swiglu_kernel<4, kRowCache><<<M, t, 0, stream>>>(gu, I, out, round_bf16);
+    else swiglu_kernel<4, 0><<<M, t, 0, stream>>>(gu, I, out, round_bf16);
   } else {
-      const int t = row_threads(I);
-      if (cacheable(I, t)) swiglu_kernel<1, kRowCache><<<M, t, 0, stream>>>(gu, I, out);
-      else swiglu_kernel<1, 0><<<M, t, 0, stream>>>(gu, I, out);
-    }
-    check_launch(fn);
+    const int t = row_threads(I);
+    if (cacheable(I, t)) swiglu_kernel<1, kRowCache><<<M, t, 0, stream>>>(gu, I, out, round_bf16);
+    else swiglu_kernel<1, 0><<<M, t, 0, stream>>>(gu, I, out, round_bf16);
   }
+  check_launch(fn);
+}
+}  // namespace
 
-  namespace {
-  // Grid for the flat grid-stride kernels: enough blocks to fill an H200 several times over.
-  unsigned flat_blocks(int64_t n) {
-    const int64_t b = (n + 255) / 256;
-    return unsigned(b < 8192 ? b : 8192);
-  }
-  }  // namespace
+void swiglu(const float* gu, int M, int I, ActOut out, cudaStream_t stream, bool round_to_bf16) {
+  launch_swiglu(gu, M, I, out, stream, round_to_bf16);
+}
+void swiglu(const uint16_t* gu_bf16, int M, int I, ActOut out, cudaStream_t stream) {
+  launch_swiglu(gu_bf16, M, I, out, stream, false);
+}
 
-  void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream) {
-    if (n < 0) bad("residual_add", "negative size");
-    if (n == 0) return;
-    if (!x || !d) bad("residual_add", "null device pointer");
-    residual_add_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, d, n);
-    check_launch("residual_add");
-  }
+namespace {
+// Grid for the flat grid-stride kernels: enough blocks to fill an H200 several times over.
+unsigned flat_blocks(int64_t n) {
+  const int64_t b = (n + 255) / 256;
+  return unsigned(b < 8192 ? b : 8192);
+}
+}  // namespace
 
-  void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
-    if (n < 0) bad("f32_to_bf16", "negative size");
-    if (n == 0) return;
-    if (!x || !y) bad("f32_to_bf16", "null device pointer");
-    f32_to_bf16_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, y, n);
-    check_launch("f32_to_bf16");
-  }
+void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream) {
+  if (n < 0) bad("residual_add", "negative size");
+  if (n == 0) return;
+  if (!x || !d) bad("residual_add", "null device pointer");
+  residual_add_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, d, n);
+  check_launch("residual_add");
+}
 
-  void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream) {
-    const char* fn = "argmax_rows";
-    if (!logits || !out) bad(fn, "null device pointer");
-    if (rows < 0 || vocab <= 0 || vocab > INT_MAX)
-      bad(fn, "bad shape rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab));
-    if (rows == 0) return;
-    argmax_kernel<<<rows, kArgmaxThreads, 0, stream>>>(logits, int(vocab), out);
-    check_launch(fn);
-  }
+void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n < 0) bad("f32_to_bf16", "negative size");
+  if (n == 0) return;
+  if (!x || !y) bad("f32_to_bf16", "null device pointer");
+  f32_to_bf16_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, y, n);
+  check_launch("f32_to_bf16");
+}
 
-  }  // namespace perry::cuda
+void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream) {
+  const char* fn = "argmax_rows";
+  if (!logits || !out) bad(fn, "null device pointer");
+  if (rows < 0 || vocab <= 0 || vocab > INT_MAX)
+    bad(fn, "bad shape rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab));
+  if (rows == 0) return;
+  argmax_kernel<<<rows, kArgmaxThreads, 0, stream>>>(logits, int(vocab), out);
+  check_launch(fn);
+}
+
+}  // namespace perry::cuda

@@ -105,8 +105,12 @@ void rope_apply(float* q, int64_t q_stride, int n_q_heads, float* k, int64_t k_s
 
 // SwiGLU of the fused gate/up projection: gu [M, 2I] with gate in columns [0, I) and up in
 // [I, 2I); out[m, i] = silu(gate) * up, silu(g) = g / (1 + exp(-g)), written as `out` [M, I].
-// out.data must not alias gu.
-void swiglu(const float* gu, int M, int I, ActOut out, cudaStream_t stream);
+// out.data must not alias gu. round_to_bf16: each gate / up value is first rounded to bf16 (RNE)
+// — the same bits as the bf16-input form below on a gate|up that was written as bf16.
+void swiglu(const float* gu, int M, int I, ActOut out, cudaStream_t stream, bool round_to_bf16 = false);
+// The same from a bf16 gate|up ([M, 2I] bf16 bits: a linear layer that wrote bf16 halves the
+// bytes written and read between the two); each input is widened to fp32 exactly.
+void swiglu(const uint16_t* gu_bf16, int M, int I, ActOut out, cudaStream_t stream);
 
 // x[i] += d[i], n elements (may be 0).
 void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream);

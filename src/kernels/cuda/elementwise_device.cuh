@@ -63,6 +63,22 @@ __device__ __forceinline__ void store_bf16(uint16_t* p, const float (&v)[V]) {
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
 
+// V consecutive bf16 values at p as floats (exact): V = 4 as one 8-byte access, V = 2 as one
+// 4-byte access (alignment as for the fp32 load), otherwise element by element.
+template <int V>
+__device__ __forceinline__ void load(const uint16_t* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const uint2 a = *reinterpret_cast<const uint2*>(p);
+    v[0] = bf16_lo(a.x), v[1] = bf16_hi(a.x), v[2] = bf16_lo(a.y), v[3] = bf16_hi(a.y);
+  } else if constexpr (V == 2) {
+    const uint32_t a = *reinterpret_cast<const uint32_t*>(p);
+    v[0] = bf16_lo(a), v[1] = bf16_hi(a);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = __uint_as_float(uint32_t(p[j]) << 16);
+  }
+}
+
 struct SumOp {
   __device__ double operator()(double a, double b) const { return a + b; }
 };
@@ -91,6 +107,9 @@ __device__ T block_all_reduce(T v, Op op) {
 // The normalized value, written as two rounded fp32 multiplies like the CPU ((x * inv) * w);
 // __fmul_rn keeps the compiler from reassociating.
 __device__ __forceinline__ float norm_one(float x, float inv, float w) { return __fmul_rn(__fmul_rn(x, inv), w); }
+
+// f rounded to bf16 (the bits of bf16_bits), as a float.
+__device__ __forceinline__ float bf16_round(float f) { return __uint_as_float(uint32_t(bf16_bits(f)) << 16); }
 
 // silu(g) * u = g / (1 + exp(-g)) * u, in the CPU's order. expf is within 2 ulp (CUDA math
 // guide), glibc's within 1: the product differs from the CPU by a few ulp at most.

@@ -86,6 +86,9 @@ struct DecodeLinearArgs {
   // CUDA backend for A/B runs.
   int bulk_stages = -1;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
+  // DecodeOut::SwiGLU: round gate and up to bf16 before SwiGLU — the same bits as swiglu(...,
+  // round_to_bf16 = true) on the stored gate|up (the CUDA backend's gate|up rule).
+  bool round_gate_up = false;
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
