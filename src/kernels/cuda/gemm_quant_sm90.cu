@@ -5,7 +5,8 @@
 // Y[M,N] = sa[m]·Σ_g sw[n,g]·(X[M,K]·W[N,K]ᵀ restricted to the k of group g) (+bias[n]).
 //   * Block tile 128×128, 128 k (bytes of X) per stage = one g128 group = two g64 groups.
 //     384 threads: warpgroup 0 = producer, warpgroups 1, 2 = consumers (64 rows × 128 columns
-//     of the accumulator each).
+//     of the accumulator each). Grouped int4: 512 threads, three consumer warpgroups, 192
+//     weight rows a tile (kCons = 3: one accumulator set in 152 registers instead of two in 224).
 //   * Producer warp 0 (one thread): TMA loads of the X tile (128-byte swizzle) and of the weight
 //     tile: int8 → straight into its 128-byte-swizzled tile, int4 → the packed [128 rows × 64 B]
 //     tile into a staging buffer.
@@ -36,6 +37,7 @@
 // arrive.expect_tx; all roles walk the same (tile, k-stage) sequence.
 #include <cuda_bf16.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -50,29 +52,35 @@ namespace perry::cuda {
 namespace {
 using namespace sm90;
 
-constexpr int kBM = 128, kBN = 128, kBK = 128;  // tile rows, columns, k bytes of X per stage
-constexpr int kThreads = 384;
-constexpr int kConsumerWarps = 8;
+constexpr int kBM = 128, kBN = 128, kBK = 128;  // X rows (tokens), weight rows, k bytes of X per stage
 constexpr int kHelpers = 96;  // producer warps 1-3
 constexpr int kGroupTiles = 8;
-constexpr int kProducerRegs = 56, kConsumerRegs = 224;  // 56·128 + 224·256 = 64,512 <= 65,536
 
 // kSwap (the grouped modes): the weight tile is the wgmma A operand and the activations B, so the
 // accumulator's rows are output columns n and a thread's group scales are two values (its two
 // rows) rather than 32 (see the file comment).
-template <int kBits, bool kSwap>
+// kCons consumer warpgroups (grouped modes: 2 or 3, per channel: 2) of 64 accumulator rows each;
+// the weight tile has kWRows = 64·kCons rows when swapped (128 otherwise).
+template <int kBits, bool kSwap, int kCons = 2>
 struct QCfg {
-  static constexpr int kStages = kBits == 8 ? 6 : 5;
-  static constexpr int kTileA = kBM * kBK;                   // 16 KiB
-  static constexpr int kTileB = kBN * kBK;                   // 16 KiB (int8, swizzled)
-  static constexpr int kTileP = kBits == 4 ? kBN * kBK / 2 : 0;  // 8 KiB packed int4 staging
+  static constexpr int kThreads = 128 * (1 + kCons);
+  static constexpr int kConsumerWarps = 4 * kCons;
+  // setmaxnreg: 56·128 + 224·256 = 64,512 (two consumer warpgroups); 40·128 + 152·384 = 63,488.
+  static constexpr int kProducerRegs = kCons == 3 ? 40 : 56, kConsumerRegs = kCons == 3 ? 152 : 224;
+  static constexpr int kWRows = kSwap ? 64 * kCons : kBN;   // weight rows a tile (output columns)
+  static constexpr int kTileX = kBM * kBK;                   // 16 KiB of X
+  static constexpr int kTileW = kWRows * kBK;                // 16 / 24 KiB of int8 weights (swizzled)
+  static constexpr int kTileA = kSwap ? kTileW : kTileX;     // the wgmma A / B operand tiles
+  static constexpr int kTileB = kSwap ? kTileX : kTileW;
+  static constexpr int kTileP = kBits == 4 ? kWRows * kBK / 2 : 0;  // packed int4 staging
   static constexpr int kScaleFloats = kSwap ? 0 : kBN;       // per channel: the tile's column scales
   // Helper threads arrive on "full": they write scales (not kSwap) or expand int4.
   static constexpr int kHelperArrivals = kSwap && kBits == 8 ? 0 : kHelpers;
   static constexpr int kStageBytes = kTileA + kTileB + kTileP + 4 * kScaleFloats;
+  static constexpr int kStages = (225 * 1024) / kStageBytes < 6 ? (225 * 1024) / kStageBytes : 6;
   static constexpr int kBarrierBytes = 3 * kStages * 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + 1024;  // + alignment slack
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+  static_assert(kStages >= 3 && kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 };
 
 // 4 packed int4 bytes (byte i: k 2i low nibble, 2i+1 high) → 8 int8 = 16·value in k order.
@@ -84,13 +92,12 @@ __device__ __forceinline__ void expand_int4x16(uint32_t w, uint32_t& o0, uint32_
 
 #ifdef PERRY_WGMMA
 // The consumer warpgroups of the grouped modes (kSwap: accumulator rows = output columns n,
-// columns = tokens m). Two int32 accumulator sets: group gi's wgmmas are issued into one before
-// group gi-1's are waited for (wait_group 1) and folded from the other, so each warpgroup keeps
-// the tensor core fed through its own fold (one set: the tensor core idled while both
-// warpgroups folded — Nsight: tensor 37%, issue 45%, on the single-set kernel). Folds stay in
-// group order: the fp32 results are bitwise those of gemm_quant. 2·64 int32 + 64 fp32
-// accumulators + 2 scales per thread.
-template <int kBits, int kGS, int kOut, int S>
+// columns = tokens m). kCons = 2: two int32 accumulator sets — group gi's wgmmas are issued into
+// one before group gi-1's are waited for (wait_group 1) and folded from the other, so each
+// warpgroup keeps the tensor core fed through its own fold. kCons = 3: one set (the registers of
+// two do not fit three warpgroups); the other two warpgroups' wgmmas cover a fold. Folds stay in
+// group order: the fp32 results are bitwise those of gemm_quant.
+template <int kBits, int kGS, int kOut, int S, int kCons>
 __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32_t bars, int cw, int warp, int lane,
                                                 const float* __restrict__ Sa, const float* __restrict__ Sw,
                                                 const float* __restrict__ bias, void* __restrict__ Y, int M, int N,
@@ -98,22 +105,27 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
   constexpr int kSub = kBK / kGS;   // groups per stage (1 or 2)
   constexpr int kKK = 4 / kSub;     // k32 wgmmas per group
   constexpr float kWMul = kBits == 4 ? 0.0625f : 1.0f;  // the int4 bytes hold 16·w: fold sw/16 (exact)
-  constexpr int kTile = kBM * kBK;  // A and B tiles are both 128 rows × 128 B
+  using C = QCfg<kBits, true, kCons>;
+  constexpr int kNStep = C::kWRows;  // output columns a tile
+  // Two consumer warpgroups: two accumulator sets each (224 registers); three: one set (152).
+  constexpr bool kTwoSets = kCons == 2;
   const int g = lane >> 2, tq = lane & 3;
-  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kBN - 1) / kBN;
+  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kNStep - 1) / kNStep;
   const int num_tiles = tiles_m * tiles_n;
   const int ngroups = (K + kBK - 1) / kBK * kSub;
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (S + s); };
-  int acc0[64], acc1[64];
+  int acc0[64], acc1[kTwoSets ? 64 : 1];
   float facc[64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0;
+  for (int i = 0; i < 64; ++i) acc0[i] = 0;
+#pragma unroll
+  for (int i = 0; i < (kTwoSets ? 64 : 1); ++i) acc1[i] = 0;
   int s = 0;  // the stage slot of the group being issued
   uint32_t phase = 0;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
     int m0, n0;
-    tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kBN, m0, n0);
+    tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kNStep, m0, n0);
     const int r0 = n0 + cw * 64 + warp * 16 + g;  // this thread's output columns r0, r0 + 8
 #pragma unroll
     for (int i = 0; i < 64; ++i) facc[i] = 0.f;
@@ -131,8 +143,8 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
     auto issue = [&](int (&cur)[64], int gi) {
       const int sub = kSub == 1 ? 0 : gi % kSub;
       if (sub == 0) mbar_wait(full(s), phase);
-      const uint64_t da = make_desc_sw128(sA + s * kTile + cw * 64 * kBK);
-      const uint64_t db = make_desc_sw128(sB + s * kTile);
+      const uint64_t da = make_desc_sw128(sA + s * C::kTileA + cw * 64 * kBK);
+      const uint64_t db = make_desc_sw128(sB + s * C::kTileB);
       fence_operands(cur);
       wgmma_fence();
 #pragma unroll
@@ -146,12 +158,9 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
     // constant count on a straight-line path (a runtime choice between wait 0 and wait 1 gives
     // ptxas merging paths with different numbers of groups in flight).
     auto finish = [&](int (&done)[64], int gi, int slot, auto last) {
-      if constexpr (decltype(last)::value) {
-        wgmma_wait<0>();
-      } else {
-        load_scales(gi + 1, sw_next);
-        wgmma_wait<1>();
-      }
+      load_scales(gi + 1, sw_next);  // (0 past the last group)
+      if constexpr (decltype(last)::value) wgmma_wait<0>();
+      else wgmma_wait<1>();
       fence_operands(done);
       if ((kSub == 1 || gi % kSub == kSub - 1) && lane == 0) mbar_arrive(empty(slot));
       const float swr[2] = {sw_cur[0], sw_cur[1]};
@@ -159,6 +168,7 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
       sw_cur[1] = sw_next[1];
       if (gi >= G) return;  // (g64: the second half of a last stage past K)
       if constexpr (kOut == 2) {
+        (void)swr;
         // y[(m·N + n)·G + gi], n = r0 + 8hh, m = m0 + 8j + 2tq + e.
         const size_t row = size_t(N) * G;  // one token m further
         int* ym = static_cast<int*>(Y) + size_t(m0 + 2 * tq) * row + size_t(r0) * G + gi;
@@ -185,25 +195,35 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
     };
     const std::false_type more;
     const std::true_type last;
-    // Even groups in acc0, odd in acc1; group gi is issued before group gi-1 is folded.
-    issue(acc0, 0);
-    advance(0);
-    int gi = 1;
-    for (; gi + 1 < ngroups; gi += 2) {
-      issue(acc1, gi);
-      finish(acc0, gi - 1, ps, more);
-      advance(gi);
-      issue(acc0, gi + 1);
-      finish(acc1, gi, ps, more);
-      advance(gi + 1);
-    }
-    if (gi < ngroups) {
-      issue(acc1, gi);
-      finish(acc0, gi - 1, ps, more);
-      advance(gi);
-      finish(acc1, gi, ps, last);
+    if constexpr (kTwoSets) {
+      // Even groups in acc0, odd in acc1; group gi is issued before group gi-1 is folded.
+      issue(acc0, 0);
+      advance(0);
+      int gi = 1;
+      for (; gi + 1 < ngroups; gi += 2) {
+        issue(acc1, gi);
+        finish(acc0, gi - 1, ps, more);
+        advance(gi);
+        issue(acc0, gi + 1);
+        finish(acc1, gi, ps, more);
+        advance(gi + 1);
+      }
+      if (gi < ngroups) {
+        issue(acc1, gi);
+        finish(acc0, gi - 1, ps, more);
+        advance(gi);
+        finish(acc1, gi, ps, last);
+      } else {
+        finish(acc0, gi - 1, ps, last);
+      }
     } else {
-      finish(acc0, gi - 1, ps, last);
+      // One set: each group waited for and folded before the next is issued; the other two
+      // warpgroups' wgmmas keep the tensor core busy meanwhile.
+      for (int gi = 0; gi < ngroups; ++gi) {
+        issue(acc0, gi);
+        advance(gi);
+        finish(acc0, gi, ps, last);
+      }
     }
     if constexpr (kOut != 2) {  // (I32: the partials went out at the folds)
       // y[m, n] = facc·sa[m] + bias[n] for n = r0 + 8hh, m = m0 + 8j + 2tq + e. Eight lanes (gq)
@@ -234,15 +254,18 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
 }
 #endif  // PERRY_WGMMA
 
-template <int kBits, int kGS, int kOut>  // kGS: 0 (per channel), 64, 128; kOut: 0 bf16, 1 f32, 2 i32
-__global__ void __launch_bounds__(kThreads, 1)
+// kGS: 0 (per channel), 64, 128; kOut: 0 bf16, 1 f32, 2 i32; kCons: consumer warpgroups
+template <int kBits, int kGS, int kOut, int kCons = 2>
+__global__ void __launch_bounds__(128 * (1 + kCons), 1)
     gemm_quant_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                             const float* __restrict__ Sa, const float* __restrict__ Sw,
                             const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int G,
                             int vec_ok) {
 #ifdef PERRY_WGMMA
   constexpr bool kSwap = kGS != 0;
-  using C = QCfg<kBits, kSwap>;
+  static_assert(kCons == 2 || (kSwap && kCons == 3), "three consumer warpgroups: grouped modes only");
+  using C = QCfg<kBits, kSwap, kCons>;
+  constexpr int kNStep = C::kWRows;  // output columns a tile
   constexpr int S = C::kStages;
   constexpr float kWMul = kBits == 4 ? 0.0625f : 1.0f;  // the int4 bytes hold 16·w: fold sw/16 (exact)
   extern __shared__ uint8_t smem_raw[];
@@ -261,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kBN - 1) / kBN;
+  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kNStep - 1) / kNStep;
   const int num_tiles = tiles_m * tiles_n;
   const int ktiles = (K + kBK - 1) / kBK;
 
@@ -269,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 1
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), 1 + C::kHelperArrivals);
-      mbar_init(empty(s), kConsumerWarps);
+      mbar_init(empty(s), C::kConsumerWarps);
       mbar_init(packed(s), 1);
     }
     mbar_init_fence();
@@ -277,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kProducerRegs) : "memory");
     if (warp == 0) {
       // ---------------- TMA issuer ----------------
       if (lane == 0) {
@@ -286,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         uint32_t phase = 0;
         for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
           int m0, n0;
-          tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kBN, m0, n0);
+          tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kNStep, m0, n0);
           for (int kt = 0; kt < ktiles; ++kt) {
             mbar_wait(empty(s), phase ^ 1);
             // kSwap: X goes to the B operand tile, the (int8) weights to A.
@@ -297,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               tma_load_2d(xdst, &tmA, kt * kBK, m0, full(s));
               tma_load_2d(wdst, &tmB, kt * kBK, n0, full(s));
             } else {
-              mbar_arrive_expect_tx(full(s), C::kTileA);
+              mbar_arrive_expect_tx(full(s), C::kTileX);
               tma_load_2d(xdst, &tmA, kt * kBK, m0, full(s));
               mbar_arrive_expect_tx(packed(s), C::kTileP);
               tma_load_2d(sP + s * C::kTileP, &tmB, kt * (kBK / 2), n0, packed(s));
@@ -348,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint8_t* src = gen(sP + s * C::kTileP);
           uint8_t* dst = gen(kSwap ? sA + s * C::kTileA : sB + s * C::kTileB);
 #pragma unroll 2
-          for (int i = h; i < kBN * 4; i += kHelpers) {  // 16-byte packed chunk i: row i/4, k 32·(i%4)..+31
+          for (int i = h; i < C::kWRows * 4; i += kHelpers) {  // 16-byte packed chunk i: row i/4, k 32·(i%4)..+31
             const int r = i >> 2, c = i & 3;
             const uint4 p = *reinterpret_cast<const uint4*>(src + r * 64 + c * 16);
             uint4 a, b;
@@ -372,11 +395,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ---------------- consumers ----------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs) : "memory");
     const int cw = wg - 1;
     const int g = lane >> 2, tq = lane & 3;
     if constexpr (kSwap) {
-      consume_grouped<kBits, kGS, kOut, S>(sA, sB, bars, cw, warp, lane, Sa, Sw, bias, Y, M, N, K, G);
+      consume_grouped<kBits, kGS, kOut, S, kCons>(sA, sB, bars, cw, warp, lane, Sa, Sw, bias, Y, M, N, K, G);
     } else {
       int acc[64];
       float facc[64];
@@ -507,31 +530,47 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---------------------------------------------------------------- host side
-template <int kBits, int kGS, int kOut>
+template <int kBits, int kGS, int kOut, int kCons = 2>
 void launch(const int8_t* x, const float* sa, const void* w, const float* sw, const float* bias, void* y, int M,
             int N, int K, int G, int vec_ok, cudaStream_t stream, const char* name) {
-  using C = QCfg<kBits, kGS != 0>;
+  using C = QCfg<kBits, kGS != 0, kCons>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gemm_quant_wgmma_kernel<kBits, kGS, kOut>,
+    attr_err = cudaFuncSetAttribute(gemm_quant_wgmma_kernel<kBits, kGS, kOut, kCons>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   });
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap ta = make_map(x, M, K, kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B, name);
-  const CUtensorMap tb = kBits == 8 ? make_map(w, N, K, kBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B, name)
-                                    : make_map(w, N, K / 2, kBK / 2, kBN, CU_TENSOR_MAP_SWIZZLE_NONE, name);
-  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + kBN - 1) / kBN);
+  const CUtensorMap tb = kBits == 8 ? make_map(w, N, K, kBK, C::kWRows, CU_TENSOR_MAP_SWIZZLE_128B, name)
+                                    : make_map(w, N, K / 2, kBK / 2, C::kWRows, CU_TENSOR_MAP_SWIZZLE_NONE, name);
+  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + C::kWRows - 1) / C::kWRows);
   const int sms = sm_count();
   const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  gemm_quant_wgmma_kernel<kBits, kGS, kOut><<<grid, kThreads, C::kSmemBytes, stream>>>(ta, tb, sa, sw, bias, y, M, N,
-                                                                                      K, G, vec_ok);
+  gemm_quant_wgmma_kernel<kBits, kGS, kOut, kCons><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
+      ta, tb, sa, sw, bias, y, M, N, K, G, vec_ok);
   check_launch(name);
 }
 
 template <int kBits, int kGS>
 void launch_out(DType out, const int8_t* x, const float* sa, const void* w, const float* sw, const float* bias,
                 void* y, int M, int N, int K, int G, int vec_ok, cudaStream_t s) {
+  // Grouped modes: three consumer warpgroups (192 × 128 tiles, one accumulator set) for int4,
+  // two (two sets) for int8 — H200 lab, M 4096 N 14336 K 4096, same run: w4a8-g128 598 vs 562
+  // TOPS, w8a8-g128 780 vs 787. PERRY_GEMM_QUANT_WG=2|3 forces one for A/B runs.
+  static const int wg_env = [] {
+    const char* e = std::getenv("PERRY_GEMM_QUANT_WG");
+    return e && std::string(e) == "3" ? 3 : e && std::string(e) == "2" ? 2 : 0;
+  }();
+  if constexpr (kGS != 0) {
+    if (wg_env == 3 || (wg_env == 0 && kBits == 4)) {
+      switch (out) {
+        case DType::I32: return launch<kBits, kGS, 2, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<i32>");
+        case DType::F32: return launch<kBits, kGS, 1, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<f32>");
+        default: return launch<kBits, kGS, 0, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<bf16>");
+      }
+    }
+  }
   switch (out) {
     case DType::I32: return launch<kBits, kGS, 2>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma<i32>");
     case DType::F32: return launch<kBits, kGS, 1>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma<f32>");
