@@ -615,7 +615,10 @@ std::string CudaBackend::kernel_summary() const {
   std::string s = "  device: " + name_ + "\n";
   s += "  attention/mlp linears: M=1 → " + g.kernel_name(1) + ", M=512 → " + g.kernel_name(512) + "\n";
   s += "  lm_head: M=1 → " + lm_head_.kernel_name(1) + ", M=512 → " + lm_head_.kernel_name(512) + "\n";
-  s += "  attention: prefill → attention_prefill (tensor cores, online softmax), decode → attention_decode (split-KV)\n";
+  s += std::string("  attention: prefill → ") + attention_prefill_kernel_name(int(cfg_.head_dim)) +
+       ", online softmax; decode → attention_decode (split-KV)\n";
+  s += gate_up_bf16_ ? "  MLP: gate|up rounded to bf16 before SwiGLU (bf16 GEMM output where the kernel has one)\n"
+                     : "  MLP: gate|up kept in fp32 (PERRY_GATE_UP_F32)\n";
   s += fused_decode_ ? "  one-token decode: gemv_decode (RMSNorm / SwiGLU / residual add fused into the linears), "
                        "rope_append_qkv, programmatic dependent launch\n"
                      : "  one-token decode: separate kernels (PERRY_NO_FUSED_DECODE or a layer gemv_decode cannot take)\n";
