@@ -528,8 +528,7 @@ PrefillKernel attention_prefill_choice(PrefillKernel want, int hd, int n_seqs, i
   const long long blocks = (long long)((max_new + kBM2 - 1) / kBM2) * nh * n_seqs;
   if (blocks < 2LL * sm_count()) return PrefillKernel::Rows64;
   // The same 128-row blocks on Hopper's warpgroup MMAs: 378 vs 290 TFLOP/s at T = 8192 (H200).
-  static const bool wgmma = attention_prefill_wgmma_supported(128);
-  return hd == 128 && wgmma ? PrefillKernel::Wgmma : PrefillKernel::Rows128;
+  return hd == 128 && attention_prefill_wgmma_supported(128) ? PrefillKernel::Wgmma : PrefillKernel::Rows128;
 }
 
 void attention_prefill(const PrefillIo& io, const AttnSeq* d_seqs, int n_seqs, int max_new, int max_ctx,

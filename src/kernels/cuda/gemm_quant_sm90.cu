@@ -33,8 +33,8 @@
 //     partials (per group) are stored at each fold instead.
 //   * Persistent grid, grouped tile order, TMA zero fill at the M / N / K edges: as gemm_w8a8_sm90.
 // No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (TMA thread) +
-// 96 helper arrives (0 for grouped int8), empty 8 consumer-warp arrives, packed (int4) 1
-// arrive.expect_tx; all roles walk the same (tile, k-stage) sequence.
+// 96 helper arrives (0 for grouped int8), empty 4·kCons consumer-warp arrives (8 or 12), packed
+// (int4) 1 arrive.expect_tx; all roles walk the same (tile, k-stage) sequence.
 #include <cuda_bf16.h>
 
 #include <cstdlib>
@@ -583,8 +583,9 @@ using quant_args::aligned;
 }  // namespace
 
 bool gemm_quant_wgmma_supported() {
+  if (!sm90::device_is_sm90()) return false;
   static const bool code = sm90::sm90_code_present(reinterpret_cast<const void*>(&gemm_quant_wgmma_kernel<8, 128, 0>));
-  return sm90::device_is_sm90() && code;
+  return code;
 }
 
 void gemm_quant_wgmma(QuantMode mode, const int8_t* x, const float* sa, const void* qweight, const float* scales,

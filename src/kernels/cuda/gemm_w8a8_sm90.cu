@@ -315,8 +315,9 @@ void dispatch(const int8_t* dX, const float* dSa, const int8_t* dW, const float*
 }  // namespace
 
 bool gemm_w8a8_wgmma_supported() {  // sm_90a code runs on sm_90 only
+  if (!device_is_sm90()) return false;
   static const bool code = sm90_code_present(reinterpret_cast<const void*>(&gemm_w8a8_wgmma_kernel<0, 128>));
-  return device_is_sm90() && code;
+  return code;
 }
 
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,

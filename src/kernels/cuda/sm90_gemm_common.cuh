@@ -21,6 +21,11 @@
 #define PERRY_WGMMA 1
 #endif
 #endif
+// Plain sm_90 code (no "a") would run on an H100/H200 with every wgmma kernel compiled to a trap,
+// and nothing at run time can tell it from sm_90a: refuse to build it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "perry's Hopper kernels need the sm_90a target: set PERRY_CUDA_ARCHITECTURES to 90a (not 90)"
+#endif
 
 namespace perry::cuda::sm90 {
 
@@ -219,7 +224,11 @@ inline CUtensorMap make_map(const void* p, int rows, int row_bytes, int box_byte
 // (cudaFuncGetAttributes launches nothing, so this is safe during stream capture.)
 inline bool sm90_code_present(const void* fn) {
   cudaFuncAttributes a{};
-  return cudaFuncGetAttributes(&a, fn) == cudaSuccess && a.ptxVersion >= 90;
+  if (cudaFuncGetAttributes(&a, fn) != cudaSuccess) {
+    (void)cudaGetLastError();  // no image for this device: not an error for the next launch to report
+    return false;
+  }
+  return a.ptxVersion >= 90;
 }
 
 // True on an sm_90 device (sm_90a code runs there only).
