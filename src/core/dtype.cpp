@@ -1,6 +1,7 @@
 #include "core/dtype.h"
 
 #include <cmath>
+#include <limits>
 
 namespace perry {
 
@@ -77,6 +78,34 @@ uint16_t f32_to_f16(float f) {
   uint32_t r = uint32_t(exp) << 10 | man >> 13, rest = man & 0x1fff;
   if (rest > 0x1000 || (rest == 0x1000 && (r & 1))) ++r;
   return uint16_t(sign | r);
+}
+
+float e4m3_to_f32(uint8_t b) {
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  const int exp = (b >> 3) & 0xf, man = b & 0x7;
+  if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  if (exp == 0) return sign * std::ldexp(float(man), -9);  // subnormal: man/8 · 2^-6
+  return sign * std::ldexp(float(8 + man), exp - 10);      // (1 + man/8) · 2^(exp-7)
+}
+
+uint8_t f32_to_e4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  if (std::isnan(f)) return uint8_t(sign | 0x7f);
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return uint8_t(sign | 0x7e);  // satfinite (ties above 448 round to it too)
+  if (a < std::ldexp(1.0f, -6)) {
+    // Subnormal range: multiples of 2^-9, nearest-even (rint in the default rounding mode); 8 is
+    // the smallest normal, whose encoding 0x08 the same expression gives.
+    return uint8_t(sign | uint8_t(std::nearbyint(std::ldexp(a, 9))));
+  }
+  int e2 = 0;
+  std::frexp(a, &e2);  // a = f·2^e2, f in [0.5, 1): the unbiased exponent is e2 - 1
+  int e = e2 - 1;
+  int man = int(std::nearbyint(std::ldexp(a, 3 - e))) - 8;  // 3 fraction bits, nearest-even
+  if (man == 8) { man = 0; ++e; }
+  const int be = e + 7;
+  if (be > 15 || (be == 15 && man == 7)) return uint8_t(sign | 0x7e);  // (cannot happen below 448)
+  return uint8_t(sign | uint8_t(be << 3) | uint8_t(man));
 }
 
 }  // namespace perry

@@ -30,4 +30,12 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+// FP8 E4M3 (the OCP "e4m3fn" format of Hopper's fp8 tensor cores): 1 sign, 4 exponent (bias 7),
+// 3 mantissa bits; no infinities; S.1111.111 is NaN; largest finite ±448, smallest ±2^-9.
+float e4m3_to_f32(uint8_t b);
+// Round-to-nearest-even with saturation to ±448 (±inf too), NaN → 0x7F with the sign: the rule
+// of the GPU's cvt.rn.satfinite.e4m3x2.f32, so host-quantized weights and device-quantized
+// activations follow one rule.
+uint8_t f32_to_e4m3(float f);
+
 }  // namespace perry

@@ -20,6 +20,10 @@ namespace perry::cuda {
 // dX: [M,K] fp32 (in = DType::F32) or bf16 (DType::BF16); dQ int8 [M,K]; dScale fp32 [M].
 void quantize_per_token(const void* dX, DType in, int M, int K, int8_t* dQ, float* dScale,
                         cudaStream_t stream);
+// The e4m3 form for gemm_fp8_wgmma: scale = amax/448, inv = 448/amax (0 as above), q = the e4m3
+// byte of x·inv rounded to nearest even and saturated to ±448 (perry::f32_to_e4m3 on the host).
+void quantize_per_token_fp8(const void* dX, DType in, int M, int K, uint8_t* dQ, float* dScale,
+                            cudaStream_t stream);
 
 // Y[M,N] = X[M,K] · W[N,K]ᵀ on int8 tensor cores (mma.sync m16n8k32, int32 accumulation), then
 //   out = BF16 or F32: y = float(acc)·dSa[m]·dSw[n] (+ dBias[n] when dBias != nullptr);
@@ -48,4 +52,12 @@ namespace perry::cuda {
 bool gemm_w8a8_wgmma_supported();
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
                      const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream);
+
+// PREPARED, NOT YET RUN ON A GPU — the kernel side of the comparison mode w8a8-fp8 (issue 6): the
+// same kernel with e4m3 operands (wgmma m64nNk32 f32.e4m3.e4m3, fp32 accumulators):
+// y[m, n] = (Σ_k x[m,k]·w[n,k])·sa[m]·sw[n] (+bias[n]), x and w e4m3 bytes ([M,K], [N,K], K-major,
+// the codec of core/dtype.h: f32_to_e4m3 / quantize_per_token_fp8), out BF16 or F32. Same
+// shape and alignment rules as gemm_w8a8_wgmma (runs where gemm_w8a8_wgmma_supported()).
+void gemm_fp8_wgmma(const uint8_t* dX, const float* dSa, const uint8_t* dW, const float* dSw, const float* dBias,
+                    void* dY, DType out, int M, int N, int K, cudaStream_t stream);
 }  // namespace perry::cuda

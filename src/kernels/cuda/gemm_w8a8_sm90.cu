@@ -61,12 +61,21 @@ struct Cfg {
 };
 
 
-template <int kOut, int BN>  // kOut: 0 = bf16, 1 = f32, 2 = i32
+// An accumulator register's value: the int32 of an s8 wgmma, or the fp32 bits of an e4m3 one.
+template <bool kFp8>
+__device__ __forceinline__ float acc_value(int a) {
+  if constexpr (kFp8) return __int_as_float(a);
+  else return float(a);
+}
+
+// kOut: 0 = bf16, 1 = f32, 2 = i32 (int8 only); kFp8: e4m3 operands, fp32 accumulators.
+template <int kOut, int BN, bool kFp8 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
                            const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok) {
 #ifdef PERRY_WGMMA
+  static_assert(!(kFp8 && kOut == 2), "e4m3 accumulates in fp32: no int32 output");
   using C = Cfg<BN>;
   constexpr int S = C::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -136,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 32; ++kk)  // +32 B along K = +2 in the address field
-          wgmma_tile<BN>(acc, da + 2 * kk, db + 2 * kk, (kt | kk) != 0);
+          wgmma_tile<BN, kFp8>(acc, da + 2 * kk, db + 2 * kk, (kt | kk) != 0);
         wgmma_commit();
         wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
         fence_operands(acc);
@@ -179,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
               for (int jj = 0; jj < 4; ++jj) {
                 const int j = 4 * q + jj;
-                const float v0 = float(acc[4 * j + 2 * h]) * (sa[h] * sw0[jj]) + b0[jj];
-                const float v1 = float(acc[4 * j + 2 * h + 1]) * (sa[h] * sw1[jj]) + b1[jj];
+                const float v0 = acc_value<kFp8>(acc[4 * j + 2 * h]) * (sa[h] * sw0[jj]) + b0[jj];
+                const float v1 = acc_value<kFp8>(acc[4 * j + 2 * h + 1]) * (sa[h] * sw1[jj]) + b1[jj];
                 const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
                 pk[jj] = *reinterpret_cast<const uint32_t*>(&b2);
               }
@@ -237,8 +246,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (pair) y[1] = a1;
               }
             } else {
-              const float v0 = float(a0) * (sa[h] * sw0[jj]) + b0[jj];
-              const float v1 = float(a1) * (sa[h] * sw1[jj]) + b1[jj];
+              const float v0 = acc_value<kFp8>(a0) * (sa[h] * sw0[jj]) + b0[jj];
+              const float v1 = acc_value<kFp8>(a1) * (sa[h] * sw1[jj]) + b1[jj];
               if constexpr (kOut == 1) {
                 float* y = static_cast<float*>(Y) + o;
                 if (pair && vec_ok) {
@@ -269,22 +278,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- host side
 
-template <int kOut, int BN>
-void launch(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias, void* dY,
+template <int kOut, int BN, bool kFp8>
+void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
             int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name) {
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    Cfg<BN>::kSmemBytes);
+    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN, kFp8>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<BN>::kSmemBytes);
   });
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap ta = make_map(dX, M, K, kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma"),
                     tb = make_map(dW, N, K, kBK, BN, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
   const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + BN - 1) / BN);
   const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  gemm_w8a8_wgmma_kernel<kOut, BN><<<grid, kThreads, Cfg<BN>::kSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias, dY, M,
-                                                                                    N, K, vec_ok);
+  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8><<<grid, kThreads, Cfg<BN>::kSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias, dY,
+                                                                                          M, N, K, vec_ok);
   check_launch(name);
 }
 
@@ -302,14 +311,34 @@ int pick_bn(int M, int N, int sms) {
   return eff(128) > 1.1 * eff(256) ? 128 : 256;
 }
 
-template <int kOut>
-void dispatch(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias, void* dY,
+template <int kOut, bool kFp8 = false>
+void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
               int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name) {
   const int sms = sm_count();
   if (pick_bn(M, N, sms) == 256)
-    launch<kOut, 256>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+    launch<kOut, 256, kFp8>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else
-    launch<kOut, 128>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+    launch<kOut, 128, kFp8>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+}
+
+// The argument checks gemm_w8a8_wgmma and gemm_fp8_wgmma share; returns vec_ok (bit 0: pair
+// stores, N even and Y aligned to 2 elements; bit 1: 16-byte stores of 8 bf16, N % 8 == 0).
+int check_args(const char* fn, const void* dX, const float* dSa, const void* dW, const float* dSw, const void* dY,
+               DType out, int M, int N, int K) {
+  const std::string where = std::string(fn) + " (M=" + std::to_string(M) + ", N=" + std::to_string(N) +
+                            ", K=" + std::to_string(K) + ")";
+  if (!gemm_w8a8_wgmma_supported()) throw Error(where + ": needs an sm_90 device (H100/H200)");
+  if (M <= 0 || N <= 0 || K <= 0) throw Error(where + ": M, N and K must be positive");
+  if (K % 16 != 0) throw Error(where + ": K must be a multiple of 16; pad with zero columns");
+  if (!dX || !dW || !dY) throw Error(where + ": null X, W or Y pointer");
+  if ((reinterpret_cast<uintptr_t>(dX) | reinterpret_cast<uintptr_t>(dW)) % 16 != 0)
+    throw Error(where + ": X and W must be 16-byte aligned");
+  if (out != DType::I32 && (!dSa || !dSw)) throw Error(where + ": null scale pointer");
+  const size_t es = out == DType::BF16 ? 2 : 4;
+  if (reinterpret_cast<uintptr_t>(dY) % es != 0) throw Error(where + ": Y not aligned to its element size");
+  int vec_ok = (N % 2 == 0 && reinterpret_cast<uintptr_t>(dY) % (2 * es) == 0) ? 1 : 0;
+  if (out == DType::BF16 && N % 8 == 0 && reinterpret_cast<uintptr_t>(dY) % 16 == 0) vec_ok |= 2;
+  return vec_ok;
 }
 
 }  // namespace
@@ -322,27 +351,21 @@ bool gemm_w8a8_wgmma_supported() {  // sm_90a code runs on sm_90 only
 
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
                      const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream) {
-  const std::string dims =
-      " (M=" + std::to_string(M) + ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")";
-  if (!gemm_w8a8_wgmma_supported()) throw Error("gemm_w8a8_wgmma: needs an sm_90 device (H100/H200)");
-  if (M <= 0 || N <= 0 || K <= 0) throw Error("gemm_w8a8_wgmma: M, N and K must be positive" + dims);
-  if (K % 16 != 0) throw Error("gemm_w8a8_wgmma: K must be a multiple of 16; pad with zero columns" + dims);
-  if (!dX || !dW || !dY) throw Error("gemm_w8a8_wgmma: null X, W or Y pointer" + dims);
-  if ((reinterpret_cast<uintptr_t>(dX) | reinterpret_cast<uintptr_t>(dW)) % 16 != 0)
-    throw Error("gemm_w8a8_wgmma: X and W must be 16-byte aligned" + dims);
-  if (out != DType::I32 && (!dSa || !dSw)) throw Error("gemm_w8a8_wgmma: null scale pointer" + dims);
-  const size_t es = out == DType::BF16 ? 2 : 4;
-  if (reinterpret_cast<uintptr_t>(dY) % es != 0) throw Error("gemm_w8a8_wgmma: Y not aligned to its element size" + dims);
-  // Bit 0: pair stores (2 elements): N even and Y aligned to 2 elements.
-  // Bit 1: 16-byte stores of 8 consecutive bf16 (N % 8 == 0, Y 16-byte aligned).
-  int vec_ok = (N % 2 == 0 && reinterpret_cast<uintptr_t>(dY) % (2 * es) == 0) ? 1 : 0;
-  if (out == DType::BF16 && N % 8 == 0 && reinterpret_cast<uintptr_t>(dY) % 16 == 0) vec_ok |= 2;
+  const int vec_ok = check_args("gemm_w8a8_wgmma", dX, dSa, dW, dSw, dY, out, M, N, K);
   switch (out) {
     case DType::BF16: dispatch<0>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<bf16>"); return;
     case DType::F32: dispatch<1>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<f32>"); return;
     case DType::I32: dispatch<2>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<i32>"); return;
     default: throw Error("gemm_w8a8_wgmma: output dtype must be BF16, F32 or I32");
   }
+}
+
+void gemm_fp8_wgmma(const uint8_t* dX, const float* dSa, const uint8_t* dW, const float* dSw, const float* dBias,
+                    void* dY, DType out, int M, int N, int K, cudaStream_t stream) {
+  if (out != DType::BF16 && out != DType::F32) throw Error("gemm_fp8_wgmma: output dtype must be BF16 or F32");
+  const int vec_ok = check_args("gemm_fp8_wgmma", dX, dSa, dW, dSw, dY, out, M, N, K);
+  if (out == DType::BF16) dispatch<0, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_fp8_wgmma<bf16>");
+  else dispatch<1, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_fp8_wgmma<f32>");
 }
 
 }  // namespace perry::cuda
