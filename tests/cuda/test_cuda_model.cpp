@@ -294,6 +294,19 @@ std::vector<float> prefill_logits(const std::string& dir, const char* mode) {
   return all;
 }
 
+// ‖got − ref‖ / ‖ref‖ over two logit vectors of the same length (and ‖ref‖ > 0).
+double logits_rel_l2(const std::vector<float>& ref, const std::vector<float>& got) {
+  EXPECT_EQ(ref.size(), got.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    const double d = double(got[i]) - ref[i];
+    num += d * d;
+    den += double(ref[i]) * ref[i];
+  }
+  EXPECT_GT(den, 0.0);
+  return std::sqrt(num / den);
+}
+
 // The prefill path's toggles: PERRY_PREFILL_SEPARATE=1 (split_qkv, rope_apply, kv_cache_append,
 // an fp32 attention output and a conversion pass) gives the same logits bit for bit as the fused
 // path (rope_append_qkv, attention reading q in place and writing the bf16 / fp32 linear input)
@@ -322,14 +335,7 @@ TEST(CudaPrefillToggles, GiveTheSameLogits) {
         EXPECT_EQ(fused, separate) << name << " " << mode << " rows " << (k == 0 ? 64 : 128);
         by_kernel[k] = fused;
       }
-      ASSERT_EQ(by_kernel[0].size(), by_kernel[1].size());
-      double num = 0, den = 0;
-      for (size_t i = 0; i < by_kernel[0].size(); ++i) {
-        const double d = double(by_kernel[0][i]) - by_kernel[1][i];
-        num += d * d;
-        den += double(by_kernel[0][i]) * by_kernel[0][i];
-      }
-      const double rel = std::sqrt(num / den);
+      const double rel = logits_rel_l2(by_kernel[0], by_kernel[1]);
       std::printf("[prefill-toggles] %s %s: 64- vs 128-row attention, logits rel L2 %.3g\n", name.c_str(), mode, rel);
       EXPECT_LT(rel, 1e-2) << name << " " << mode;
     }
@@ -359,16 +365,8 @@ TEST(CudaPrefillToggles, GateUpBf16MatchesF32) {
         const ScopedEnv f("PERRY_GATE_UP_F32", "1");
         f32 = prefill_logits(dir, mode);
       }
-      ASSERT_EQ(b16.size(), f32.size());
-      double num = 0, den = 0;
-      for (size_t i = 0; i < b16.size(); ++i) {
-        const double d = double(f32[i]) - b16[i];
-        num += d * d;
-        den += double(f32[i]) * f32[i];
-      }
-      const double rel = std::sqrt(num / den);
+      const double rel = logits_rel_l2(f32, b16);
       std::printf("[gate-up-bf16] %s %s: bf16 vs fp32 gate|up, logits rel L2 %.3g\n", name.c_str(), mode, rel);
-      EXPECT_GT(den, 0.0);
       EXPECT_GT(rel, 0.0) << name << " " << mode << ": the switch changed nothing";
       EXPECT_LT(rel, std::string(mode) == "bf16" ? 5e-3 : 2e-2) << name << " " << mode;
     }
@@ -397,19 +395,10 @@ TEST(CudaPrefillToggles, WgmmaAttentionHd128) {
       const ScopedEnv sep("PERRY_PREFILL_SEPARATE", "1");
       wg_separate = prefill_logits("synthetic:qwen3-0.6b", mode);
     }
-    if (std::string(mode) == "bf16") EXPECT_EQ(wg, wg_separate) << mode;
-    auto rel_l2 = [](const std::vector<float>& a, const std::vector<float>& b) {
-      EXPECT_EQ(a.size(), b.size());
-      double num = 0, den = 0;
-      for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-        const double d = double(a[i]) - b[i];
-        num += d * d;
-        den += double(a[i]) * a[i];
-      }
-      EXPECT_GT(den, 0.0);
-      return std::sqrt(num / den);
-    };
-    const double rel = rel_l2(rows128, wg), rel_sep = rel_l2(wg, wg_separate);
+    if (std::string(mode) == "bf16") {
+      EXPECT_EQ(wg, wg_separate) << mode;
+    }
+    const double rel = logits_rel_l2(rows128, wg), rel_sep = logits_rel_l2(wg, wg_separate);
     std::printf("[prefill-toggles] synthetic qwen3-0.6b %s: 128-row vs wgmma attention, logits rel L2 %.3g "
                 "(wgmma fused vs separate %.3g)\n", mode, rel, rel_sep);
     EXPECT_LT(rel, 1e-2) << mode;

@@ -109,37 +109,33 @@ __device__ __forceinline__ void fence_operands(int (&d)[R]) {
   "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), \
   "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
 
+// One wgmma.mma_async with the scale-d predicate from `accumulate` (PRED: its operand number).
+#define PERRY_WGMMA_ASM(SHAPE_TYPES, REGS, OPS, PRED, DESCS, TAIL)                                       \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                        \
+               "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {" REGS "}, " DESCS ", p" TAIL ";\n}\n" \
+               : OPS                                                                                   \
+               : "l"(da), "l"(db), "r"(accumulate))
+
 // D[64x128] (+)= A[64x32]·B[128x32]ᵀ from shared memory (descriptors): int8 inputs and s32
 // accumulators, or (kFp8) e4m3 inputs and f32 accumulators held as their bits in the same int
 // registers (PTX .b32 registers serve .f32 operands; read them with __int_as_float).
 template <bool kFp8 = false>
 __device__ __forceinline__ void wgmma_n128(int (&d)[64], uint64_t da, uint64_t db, int accumulate) {
   if constexpr (kFp8)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" PERRY_WGMMA_REGS64 "}, %64, %65, p, 1, 1;\n}\n"
-                 : PERRY_WGMMA_D64
-                 : "l"(da), "l"(db), "r"(accumulate));
+    PERRY_WGMMA_ASM("m64n128k32.f32.e4m3.e4m3", PERRY_WGMMA_REGS64, PERRY_WGMMA_D64, "%66", "%64, %65", ", 1, 1");
   else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {" PERRY_WGMMA_REGS64 "}, %64, %65, p;\n}\n"
-                 : PERRY_WGMMA_D64
-                 : "l"(da), "l"(db), "r"(accumulate));
+    PERRY_WGMMA_ASM("m64n128k32.s32.s8.s8", PERRY_WGMMA_REGS64, PERRY_WGMMA_D64, "%66", "%64, %65", "");
 }
 
 // D[64x256] (+)= A[64x32]·B[256x32]ᵀ, as wgmma_n128.
 template <bool kFp8 = false>
 __device__ __forceinline__ void wgmma_n256(int (&d)[128], uint64_t da, uint64_t db, int accumulate) {
   if constexpr (kFp8)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" PERRY_WGMMA_REGS128 "}, %128, %129, p, 1, 1;\n}\n"
-                 : PERRY_WGMMA_D128
-                 : "l"(da), "l"(db), "r"(accumulate));
+    PERRY_WGMMA_ASM("m64n256k32.f32.e4m3.e4m3", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%130", "%128, %129", ", 1, 1");
   else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8 {" PERRY_WGMMA_REGS128 "}, %128, %129, p;\n}\n"
-                 : PERRY_WGMMA_D128
-                 : "l"(da), "l"(db), "r"(accumulate));
+    PERRY_WGMMA_ASM("m64n256k32.s32.s8.s8", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%130", "%128, %129", "");
 }
+#undef PERRY_WGMMA_ASM
 #undef PERRY_WGMMA_REGS64
 #undef PERRY_WGMMA_REGS128
 #undef PERRY_WGMMA_D64
