@@ -82,6 +82,9 @@ grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -90 | sed "s/^/   
 [ -f "$OUT/perry.log" ] && say "" && say "## perry on the GPU (perry.log)" && grep -E "^\[perry\]|ppl|exit|runs on|CUDA:" "$OUT/perry.log" | head -20 | sed 's/^/    /' | tee -a "$S"
 fi
 
+# Whether test program $1 ran into its timeout above (a later step that would hang the same way is skipped).
+hung() { [ "$(cat "$T/rc-$1" 2>/dev/null || echo 0)" = 124 ]; }
+
 # 3. Benchmarks.
 bench() {  # name preset modes...
   local name=$1 preset=$2
@@ -202,7 +205,7 @@ prefill_ab() {
     # [preset/]mode:variant, e.g. qwen3-8b/bf16:base (the preset defaults to llama3-8b).
     m=${mv%%:*} v=${mv#*:} preset=llama3-8b
     [[ $m == */* ]] && preset=${m%%/*} m=${m#*/}
-    if [[ $m == *-g* || $m == w4a8* ]] && [ "$(cat "$T/rc-test_cuda_quant_linear" 2>/dev/null || echo 0)" = 124 ]; then
+    if [[ $m == *-g* || $m == w4a8* ]] && hung test_cuda_quant_linear; then
       say "- $mv skipped: test_cuda_quant_linear hung (gemm_quant_wgmma)"; continue
     fi
     env=()
@@ -241,7 +244,7 @@ prefill_ab() {
   # The grouped / int4 wgmma GEMM (gemm_quant_wgmma): the lab's --wgmma table (kernel TOPS against
   # the per-channel kernel and mma.sync, L2 flushed), then the same sections for one of its
   # launches: skip 4 = the first timed launch of w8a8-g128 at M 4096, N 14336, K 4096 (--quick).
-  if [ "${GROUPED_GEMM_LAB:-0}" = 1 ] && [ "$(cat "$T/rc-test_cuda_quant_linear" 2>/dev/null || echo 0)" = 124 ]; then
+  if [ "${GROUPED_GEMM_LAB:-0}" = 1 ] && hung test_cuda_quant_linear; then
     say "- grouped GEMM lab skipped: test_cuda_quant_linear hung"
   elif [ "${GROUPED_GEMM_LAB:-0}" = 1 ]; then
     timeout 200 "$T/bin/lab_cuda_gemm_w8a8" "$OUT" --wgmma --quick > "$T/lab-wgmma.log" 2>&1

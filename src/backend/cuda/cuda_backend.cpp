@@ -124,6 +124,9 @@ class CudaBackend final : public model::ForwardBackend {
   // token by token. bf16 values are also what a bf16 model in transformers computes there.
   // PERRY_GATE_UP_F32=1 keeps fp32 throughout (the CPU backend's values).
   bool gate_up_bf16_ = true;
+  // Whether gate|up writes bf16 for M rows (else fp32, rounded by SwiGLU when gate_up_bf16_).
+  bool gate_up_writes_bf16(const Layer& L, int M) const;
+  void gate_up(const Layer& L, const LinearInput& in, int M);
   // Runs gate|up and SwiGLU over M rows into the MLP activation (act_out()).
   void gate_up_swiglu(const Layer& L, const LinearInput& in, int M, int I);
   // The prefill attention kernel: the library's choice, or PERRY_PREFILL_ATTN=64 / 128 (rows a
@@ -562,20 +565,26 @@ void CudaBackend::enqueue(const Step& st) {
                                    stream_));
 }
 
+bool CudaBackend::gate_up_writes_bf16(const Layer& L, int M) const {
+  return gate_up_bf16_ && L.gate_up.bf16_output(M);
+}
+
+// gate|up into gu_ (bf16 where gate_up_writes_bf16, else fp32), without SwiGLU.
+void CudaBackend::gate_up(const Layer& L, const LinearInput& in, int M) {
+  if (gate_up_writes_bf16(L, M)) L.gate_up.forward_bf16(in, M, gu_.get<uint16_t>(), lctx_);
+  else L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
+}
+
+void CudaBackend::gate_up_swiglu(const Layer& L, const LinearInput& in, int M, int I) {
+  gate_up(L, in, M);
+  if (gate_up_writes_bf16(L, M)) swiglu(gu_.get<uint16_t>(), M, I, act_out(), stream_);
+  else swiglu(gu_.get<float>(), M, I, act_out(), stream_, gate_up_bf16_);
+}
+
 // The linear layers of one forward of M rows alone (every layer's q, k, v, o, gate|up, down and
 // lm_head on one row), timed with CUDA events: what "time outside the GEMMs" is measured against.
 // Runs on the scratch buffers (whatever they hold: the values do not change the time of a GEMM
 // much, and they are the activations of the last real forward, not zeros).
-void CudaBackend::gate_up_swiglu(const Layer& L, const LinearInput& in, int M, int I) {
-  if (gate_up_bf16_ && L.gate_up.bf16_output(M)) {
-    L.gate_up.forward_bf16(in, M, gu_.get<uint16_t>(), lctx_);
-    swiglu(gu_.get<uint16_t>(), M, I, act_out(), stream_);
-  } else {
-    L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
-    swiglu(gu_.get<float>(), M, I, act_out(), stream_, gate_up_bf16_);
-  }
-}
-
 double CudaBackend::linears_ms(int M) {
   ensure_scratch(M, 1, 1, 256);
   const LinearInput in = linear_in();
@@ -583,8 +592,7 @@ double CudaBackend::linears_ms(int M) {
     for (const Layer& L : layers_) {
       L.qkv.forward(in, M, qkv_.get<float>(), lctx_);
       L.o.forward(in, M, delta_.get<float>(), lctx_);
-      if (gate_up_bf16_ && L.gate_up.bf16_output(M)) L.gate_up.forward_bf16(in, M, gu_.get<uint16_t>(), lctx_);
-      else L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
+      gate_up(L, in, M);
       L.down.forward(in, M, delta_.get<float>(), lctx_);
     }
     lm_head_.forward(in, 1, logits_.get<float>(), lctx_);

@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
       // 2·(c/8) + c % 2: consumer thread tq of a quad holds columns 8j + 2tq + e (j < 16, e < 2)
       // and reads them as 32 consecutive floats.
       constexpr int kSlots = (kBN + kHelpers - 1) / kHelpers;
-      auto load_scales = [&](int t, int kt, float (&v)[kSlots]) {
+      auto load_scales = [&](int t, float (&v)[kSlots]) {  // the tile's scales (the same every stage)
         int m0, n0;
         tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kBN, m0, n0);
 #pragma unroll
@@ -351,12 +351,12 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
       uint32_t phase = 0;
       int t = blockIdx.x, kt = 0;
       float cur[kSlots];
-      if (t < num_tiles) load_scales(t, 0, cur);
+      if (t < num_tiles) load_scales(t, cur);
       while (t < num_tiles) {
         int t2 = t, kt2 = kt + 1;
         if (kt2 == ktiles) { kt2 = 0; t2 += gridDim.x; }
         float nxt[kSlots];
-        if (t2 < num_tiles) load_scales(t2, kt2, nxt);  // in flight while this stage is handled
+        if (t2 < num_tiles) load_scales(t2, nxt);  // in flight while this stage is handled
         mbar_wait(empty(s), phase ^ 1);
         if constexpr (!kSwap) {
           float* ss = reinterpret_cast<float*>(gen(sS + s * 4 * C::kScaleFloats));
