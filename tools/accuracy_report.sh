@@ -34,7 +34,7 @@ out=docs/perf/accuracy-cpu.md
 base=$(ppl "$MODEL" --quant bf16)
 sbase=$(ppl "$STRESSED" --quant bf16)
 rel() { python3 -c "print(f'{100*($1/$2-1):+.2f}%')"; }
-for mode in bf16 w8a16 w4a16 w8a8 w8a8-g128 w8a8-g64 w4a8 w4a8-g128; do
+for mode in bf16 w8a16 w4a16 w8a8 w8a8-g128 w8a8-g64 w4a8 w4a8-g128 w8a8-fp8; do
   p=$(ppl "$MODEL" --quant "$mode"); s=$(ppl "$STRESSED" --quant "$mode")
   case "$mode" in
     w*a8*) ss=$(ppl "$STRESSED" --quant "$mode" --smooth 0.5 --calib "$CALIB"); ssr=$(rel "$ss" "$sbase") ;;

@@ -260,7 +260,8 @@ int run_bench_op(const BenchOpOptions& o) {
     for (auto qm : qmodes) {
       auto lin = std::make_unique<pq::QuantizedLinear>(pq::quantize_weight(w.data(), N, K, qm));
       const auto sc = pq::quant_scheme(qm);
-      const double wbytes = double(N) * K * sc.weight_bits / 8.0;
+      // w8a8-fp8 on the CPU streams its weights decoded to bf16 (kernels/cpu/qgemm.h, PackedFp8).
+      const double wbytes = double(N) * K * (sc.fp8 ? 2.0 : sc.weight_bits / 8.0);
       pq::QuantizedLinear* lp = lin.get();
       vars.push_back({std::string(pq::quant_mode_name(qm)), "quant", wbytes,
                       [lp](const float* x, int64_t M, float* y) { lp->forward(x, M, y); }, ""});

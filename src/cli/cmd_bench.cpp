@@ -51,7 +51,8 @@ Command register_bench(CLI::App& root) {
   auto* a = new BenchArgs();
   CLI::App* app = root.add_subcommand("bench", "End-to-end prefill/decode speed per quantization mode");
   add_model_flags(app, &a->m);
-  app->add_option("--modes", a->modes, "Modes to compare, e.g. --modes bf16 w8a8 w4a8-g128 (default bf16 w8a8)");
+  app->add_option("--modes", a->modes, "Modes to compare, e.g. --modes bf16 w8a8 w4a8-g128 (default bf16 w8a8; any of " +
+                                           quant::quant_mode_names() + ")");
   app->add_option("-p,--prompt-lengths", a->prompts, "Prompt lengths for prefill (default 128 512 1024)");
   app->add_option("-n,--decode-tokens", a->decode, "Tokens to decode per measurement (default 32)");
   app->add_option("-r,--repeats", a->repeats, "Repetitions per measurement; the median is reported (default 3)");

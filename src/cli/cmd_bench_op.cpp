@@ -34,7 +34,7 @@ Command register_bench_op(CLI::App& root) {
   auto* no_wgmma = new bool(false);
   CLI::App* app = root.add_subcommand(
       "bench-op", "Linear-layer latency of every mode vs bf16/fp32 and oneDNN/OpenBLAS (or, --device cuda, cuBLAS/cuBLASLt)");
-  app->add_option("--modes", o->modes, "Quantized modes to measure (default: all)");
+  app->add_option("--modes", o->modes, "Quantized modes to measure (default: all; --device cpu runs w8a8-fp8 only when named)");
   app->add_option("-M,--m", o->ms, "Row counts M (default cpu: 1 16 128 512 1024 4096; cuda: 1 16 128 512 1024 2048 4096 8192)");
   app->add_option("--shapes", *shapes, "Weight shapes NxK, e.g. 14336x4096 4096x14336 (default: Llama-3-8B / 4B-class set)")
       ->delimiter(',');

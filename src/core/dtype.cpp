@@ -9,7 +9,7 @@ size_t dtype_bits(DType t) {
   switch (t) {
     case DType::F32: case DType::I32: return 32;
     case DType::F16: case DType::BF16: return 16;
-    case DType::I8: case DType::U8: return 8;
+    case DType::I8: case DType::U8: case DType::F8_E4M3: return 8;
     case DType::I64: return 64;
     case DType::I4x2: return 4;
   }
@@ -26,6 +26,7 @@ std::string_view dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::I4x2: return "I4x2";
+    case DType::F8_E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -33,7 +34,7 @@ std::string_view dtype_name(DType t) {
 bool parse_safetensors_dtype(std::string_view s, DType* out) {
   struct { std::string_view n; DType t; } table[] = {
       {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16}, {"I8", DType::I8},
-      {"U8", DType::U8},   {"I32", DType::I32}, {"I64", DType::I64}};
+      {"U8", DType::U8},   {"I32", DType::I32}, {"I64", DType::I64}, {"F8_E4M3", DType::F8_E4M3}};
   for (auto& e : table)
     if (e.n == s) { *out = e.t; return true; }
   return false;

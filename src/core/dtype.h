@@ -6,7 +6,8 @@
 
 namespace perry {
 
-enum class DType : uint8_t { F32, F16, BF16, I8, U8, I32, I64, I4x2 /* two int4 per byte */ };
+// F8_E4M3: one fp8 e4m3fn byte per element (safetensors' "F8_E4M3"; the codec is below).
+enum class DType : uint8_t { F32, F16, BF16, I8, U8, I32, I64, I4x2 /* two int4 per byte */, F8_E4M3 };
 
 size_t dtype_bits(DType t);
 std::string_view dtype_name(DType t);

@@ -59,7 +59,11 @@ Linear Linear::from_quantized(quant::QuantMode mode, const io::TensorView& qweig
   qw.mode = mode;
   qw.N = N;
   qw.K = K;
-  if (s.weight_bits == 8) {
+  if (s.fp8) {
+    PERRY_CHECK(qweight.dtype == DType::F8_E4M3 && qweight.shape == std::vector<int64_t>({N, K}),
+                "tensor '{}': expected F8_E4M3 [{}, {}] for mode {}, got {} {}", qweight.name, N, K,
+                quant::quant_mode_name(mode), dtype_name(qweight.dtype), qweight.shape_str());
+  } else if (s.weight_bits == 8) {
     PERRY_CHECK(qweight.dtype == DType::I8 && qweight.shape == std::vector<int64_t>({N, K}),
                 "tensor '{}': expected I8 {} for mode {}, got {} {}", qweight.name, "[" + std::to_string(N) + ", " + std::to_string(K) + "]",
                 quant::quant_mode_name(mode), dtype_name(qweight.dtype), qweight.shape_str());
@@ -79,7 +83,11 @@ Linear Linear::from_quantized(quant::QuantMode mode, const io::TensorView& qweig
   l.n_ = N;
   l.k_ = K;
   if (bias) l.bias_ = to_f32(*bias);
-  l.q_ = std::make_shared<quant::QuantizedLinear>(std::move(qw), pack_for_cpu);
+  try {
+    l.q_ = std::make_shared<quant::QuantizedLinear>(std::move(qw), pack_for_cpu);  // validates the values
+  } catch (const Error& e) {
+    fail("tensor '{}': {}", qweight.name, e.what());  // a bad file: say which tensor
+  }
   return l;
 }
 
@@ -117,7 +125,8 @@ size_t Linear::weight_bytes() const {
   // From the scheme, not canonical(): that rebuilds (and caches) an unpacked copy.
   const auto s = quant::quant_scheme(mode_);
   const int64_t groups = s.group_size ? (k_ + s.group_size - 1) / s.group_size : 1;
-  const int64_t wbytes = s.weight_bits == 8 ? n_ * k_ : n_ * ((k_ + 1) / 2);
+  // w8a8-fp8 on the CPU streams its weights decoded to bf16 (kernels/cpu/qgemm.h, PackedFp8).
+  const int64_t wbytes = s.fp8 ? 2 * n_ * k_ : s.weight_bits == 8 ? n_ * k_ : n_ * ((k_ + 1) / 2);
   return size_t(wbytes + n_ * groups * 4);
 }
 

@@ -18,7 +18,8 @@ class Linear {
   // mode quantizes it now. bias may be null.
   static Linear from_float(const io::TensorView& w, const io::TensorView* bias, quant::QuantMode mode,
                            bool pack_for_cpu = true);
-  // From a perry-quantized checkpoint: qweight (I8 [N,K] or U8 [N,ceil(K/2)]) + scales (F32 [N,G]).
+  // From a perry-quantized checkpoint: qweight (I8 [N,K], U8 [N,ceil(K/2)] packed int4, or
+  // F8_E4M3 [N,K] for w8a8-fp8) + scales (F32 [N,G]). The weights are validated (QuantizedLinear).
   static Linear from_quantized(quant::QuantMode mode, const io::TensorView& qweight, const io::TensorView& scales,
                                const io::TensorView* bias, int64_t N, int64_t K, bool pack_for_cpu = true);
 

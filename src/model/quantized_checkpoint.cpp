@@ -28,7 +28,8 @@ void save_quantized_checkpoint(const Model& model, const std::string& in, const 
       const auto& c = q->canonical();
       const auto s = quant::quant_scheme(c.mode);
       const int64_t groups = int64_t(c.scales.size()) / c.N;
-      if (s.weight_bits == 8) w.add(name + ".qweight", DType::I8, {c.N, c.K}, c.qweight.data(), c.qweight.size());
+      if (s.fp8) w.add(name + ".qweight", DType::F8_E4M3, {c.N, c.K}, c.qweight.data(), c.qweight.size());
+      else if (s.weight_bits == 8) w.add(name + ".qweight", DType::I8, {c.N, c.K}, c.qweight.data(), c.qweight.size());
       else w.add(name + ".qweight", DType::U8, {c.N, (c.K + 1) / 2}, c.qweight.data(), c.qweight.size());
       w.add(name + ".scales", DType::F32, {c.N, groups}, c.scales.data(), c.scales.size() * 4);
       modules[name] = std::string(quant::quant_mode_name(c.mode));

@@ -1,6 +1,7 @@
 // perry's quantized checkpoint format (what `perry quantize` writes; Model::load reads it back
 // without re-quantizing). For each quantized linear X: `X.qweight` (I8 [N,K], or U8 [N,ceil(K/2)]
-// packed int4, low nibble = even k, two's complement) and `X.scales` (F32 [N, groups]); `X.bias`
+// packed int4, low nibble = even k, two's complement, or F8_E4M3 [N,K] e4m3fn codes for
+// w8a8-fp8) and `X.scales` (F32 [N, groups]); `X.bias`
 // stays float. Everything else (embeddings, norms, float linears) is copied unchanged, except
 // norms changed by SmoothQuant, which are written in F32. config.json gets
 // quantization_config = {quant_method: "perry", format_version: 1, mode, lm_head_quantized,

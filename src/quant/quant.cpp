@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -17,17 +19,49 @@ struct ModeInfo {
   QuantScheme scheme;
 };
 constexpr ModeInfo kModes[] = {
-    {QuantMode::F32, "f32", {32, 0, false}},
-    {QuantMode::BF16, "bf16", {16, 0, false}},
-    {QuantMode::F16, "f16", {16, 0, false}},
-    {QuantMode::W8A16, "w8a16", {8, 128, false}},
-    {QuantMode::W4A16, "w4a16", {4, 128, false}},
-    {QuantMode::W8A8, "w8a8", {8, 0, true}},
-    {QuantMode::W8A8_G128, "w8a8-g128", {8, 128, true}},
-    {QuantMode::W8A8_G64, "w8a8-g64", {8, 64, true}},
-    {QuantMode::W4A8, "w4a8", {4, 0, true}},
-    {QuantMode::W4A8_G128, "w4a8-g128", {4, 128, true}},
+    {QuantMode::F32, "f32", {32, 0, false, false}},
+    {QuantMode::BF16, "bf16", {16, 0, false, false}},
+    {QuantMode::F16, "f16", {16, 0, false, false}},
+    {QuantMode::W8A16, "w8a16", {8, 128, false, false}},
+    {QuantMode::W4A16, "w4a16", {4, 128, false, false}},
+    {QuantMode::W8A8, "w8a8", {8, 0, true, false}},
+    {QuantMode::W8A8_G128, "w8a8-g128", {8, 128, true, false}},
+    {QuantMode::W8A8_G64, "w8a8-g64", {8, 64, true, false}},
+    {QuantMode::W4A8, "w4a8", {4, 0, true, false}},
+    {QuantMode::W4A8_G128, "w4a8-g128", {4, 128, true, false}},
+    {QuantMode::W8A8_FP8, "w8a8-fp8", {8, 0, false, true}},
 };
+
+// f32_to_e4m3 of core/dtype.h (round to nearest even, saturate to ±448, NaN → NaN code) by
+// integer operations on the fp32 bits: the same byte for every float (tested against it), but
+// without frexp/ldexp, which made the per-token quantization cost more than the GEMM after it.
+uint8_t e4m3_rne(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return uint8_t(sign | 0x7F);  // NaN
+  if (a >= 0x43E00000u) return uint8_t(sign | 0x7E);  // >= 448 (and inf): satfinite
+  if (a < 0x3C800000u) {
+    // Below 2^-6, the smallest normal: e4m3 subnormals are multiples of 2^-9, and v·2^9 < 8 is
+    // exact; nearbyint rounds half to even (8 is the smallest normal's code, 0x08).
+    float v;
+    std::memcpy(&v, &a, 4);
+    return uint8_t(sign | uint8_t(std::nearbyint(v * 512.0f)));
+  }
+  // Normal: keep 3 of the 23 mantissa bits, the 20 dropped ones rounded half to even (a carry
+  // moves into the exponent by itself). Below 448 the result is at most 448, so the e4m3 code
+  // is the rounded bits' exponent and 3 mantissa bits re-biased: (r >> 20) - ((127 - 7) << 3).
+  const uint32_t r = (a + 0x7FFFFu + ((a >> 20) & 1u)) & ~0xFFFFFu;
+  return uint8_t(sign | uint8_t((r >> 20) - (120u << 3)));
+}
+
+// scale and inv of one row of the e4m3 rule (quantize_row_fp8_ref), from its amax.
+void fp8_row_params(float amax, float& scale, float& inv) {
+  inv = amax > 0 ? 448.0f / amax : 0.0f;
+  scale = amax / 448.0f;
+  if (!std::isfinite(inv) || !std::isfinite(amax)) inv = scale = 0;
+}
 const ModeInfo& info(QuantMode m) {
   for (const auto& i : kModes)
     if (i.mode == m) return i;
@@ -68,10 +102,17 @@ int64_t QuantizedWeight::row_bytes() const {
 }
 
 int QuantizedWeight::weight(int64_t n, int64_t k) const {
+  PERRY_CHECK(!quant_scheme(mode).fp8, "QuantizedWeight::weight: {} stores e4m3 codes, not integers (use weight_value)",
+              quant_mode_name(mode));
   if (quant_scheme(mode).weight_bits == 8) return qweight[size_t(n * K + k)];
   uint8_t b = uint8_t(qweight[size_t(n * row_bytes() + k / 2)]);
   int nib = (k & 1) ? (b >> 4) : (b & 0xF);
   return nib >= 8 ? nib - 16 : nib;
+}
+
+float QuantizedWeight::weight_value(int64_t n, int64_t k) const {
+  if (quant_scheme(mode).fp8) return e4m3_to_f32(uint8_t(qweight[size_t(n * K + k)]));
+  return float(weight(n, k));
 }
 
 void QuantizedWeight::validate() const {
@@ -89,8 +130,26 @@ void QuantizedWeight::validate() const {
   for (float s : scales)
     PERRY_CHECK(std::isfinite(s) && s >= 0, "QuantizedWeight ({}): scale {} is not finite and >= 0",
                 quant_mode_name(mode), s);
-  // The kernels rely on |q| <= 127 (int8) / 7 (int4): -128 or -8 would overflow their sums.
   // (Scanned in parallel: an 8B model has ~7e9 weight bytes.)
+  if (quant_scheme(mode).fp8) {
+    // e4m3 has no infinities; S.1111.111 (0x7F, 0xFF) is NaN, which the quantizer never writes
+    // for a finite weight: such a byte means a corrupt or foreign file.
+    std::atomic<int64_t> first_nan{-1};
+    thread_pool().parallel_for(qweight.size(), 1 << 20, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i)
+        if ((uint8_t(qweight[i]) & 0x7F) == 0x7F) {
+          int64_t cur = first_nan.load();
+          while ((cur < 0 || int64_t(i) < cur) && !first_nan.compare_exchange_weak(cur, int64_t(i))) {
+          }
+          return;
+        }
+    });
+    if (const int64_t i = first_nan.load(); i >= 0)
+      fail("QuantizedWeight ({}): weight [{}, {}] is the e4m3 NaN code 0x{:02X} (fp8 weights must be finite)",
+           quant_mode_name(mode), i / K, i % K, uint8_t(qweight[size_t(i)]));
+    return;
+  }
+  // The kernels rely on |q| <= 127 (int8) / 7 (int4): -128 or -8 would overflow their sums.
   const bool int8 = quant_scheme(mode).weight_bits == 8;
   std::atomic<bool> bad{false};
   thread_pool().parallel_for(qweight.size(), 1 << 20, [&](size_t b, size_t e) {
@@ -124,19 +183,28 @@ QuantizedWeight quantize_weight(const float* w, int64_t N, int64_t K, QuantMode 
   // Rows are independent: quantized in parallel (an 8B model has ~7e9 weights). A non-finite
   // weight is recorded (lowest index wins) and reported after the parallel region.
   std::atomic<int64_t> bad{-1};
+  auto note_bad = [&](int64_t i) {
+    int64_t cur = bad.load();
+    while ((cur < 0 || i < cur) && !bad.compare_exchange_weak(cur, i)) {
+    }
+  };
   thread_pool().parallel_for(size_t(N), 16, [&](size_t n_begin, size_t n_end) {
     std::vector<int8_t> row(static_cast<size_t>(K));
     for (int64_t n = int64_t(n_begin); n < int64_t(n_end); ++n) {
       const float* wr = w + n * K;
+      if (sc.fp8) {
+        // Per output channel, by the activations' own rule (one function for both, which the
+        // GPU's quantize_per_token_fp8 matches bit for bit).
+        for (int64_t k = 0; k < K; ++k)
+          if (!std::isfinite(wr[k])) note_bad(n * K + k);
+        q.scales[size_t(n)] = quantize_row_fp8_ref(wr, K, reinterpret_cast<uint8_t*>(q.qweight.data() + n * K));
+        continue;
+      }
       for (int g = 0; g < G; ++g) {
         int64_t k0 = g * gs, k1 = std::min(K, k0 + gs);
         float amax = 0;
         for (int64_t k = k0; k < k1; ++k) {
-          if (!std::isfinite(wr[k])) {
-            int64_t cur = bad.load();
-            while ((cur < 0 || n * K + k < cur) && !bad.compare_exchange_weak(cur, n * K + k)) {
-            }
-          }
+          if (!std::isfinite(wr[k])) note_bad(n * K + k);
           amax = std::max(amax, std::fabs(wr[k]));
         }
         float scale = amax / qmax;
@@ -173,7 +241,7 @@ std::vector<float> dequantize_weight(const QuantizedWeight& w) {
   for (int64_t n = 0; n < w.N; ++n)
     for (int64_t k = 0; k < w.K; ++k) {
       int g = gs == 0 ? 0 : int(k / gs);
-      out[size_t(n * w.K + k)] = float(w.weight(n, k)) * w.scales[size_t(n * G + g)];
+      out[size_t(n * w.K + k)] = w.weight_value(n, k) * w.scales[size_t(n * G + g)];
     }
   return out;
 }
@@ -189,6 +257,15 @@ float quantize_row_ref(const float* x, int64_t K, int8_t* q) {
     v = std::min(std::max(v, -127.0f), 127.0f);
     q[k] = v == v ? int8_t(v) : int8_t(0);
   }
+  return scale;
+}
+
+float quantize_row_fp8_ref(const float* x, int64_t K, uint8_t* q) {
+  float amax = 0;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));  // a NaN element is skipped
+  float scale, inv;
+  fp8_row_params(amax, scale, inv);
+  for (int64_t k = 0; k < K; ++k) q[k] = e4m3_rne(x[k] * inv);
   return scale;
 }
 

@@ -22,7 +22,7 @@ struct Scratch {
   AlignedBuffer<float> sa;
   AlignedBuffer<int32_t> act_corr;
   AlignedBuffer<uint16_t> xb;
-  AlignedBuffer<float> xf;
+  AlignedBuffer<float> xf;  // also w8a8-fp8's decoded activations
 };
 Scratch& scratch() {
   thread_local Scratch s;
@@ -39,7 +39,8 @@ prof::Counter& quantize_counter() {  // PERRY_PROFILE: the online activation qua
   return c;
 }
 
-enum class Family { Reference, IntAvx512, IntAvx2, WoAvx512, WoAvx2 };
+// Fp8Float: w8a8-fp8's emulation on the float GEMM (it picks its own ISA).
+enum class Family { Reference, IntAvx512, IntAvx2, WoAvx512, WoAvx2, Fp8Float };
 }  // namespace
 
 void set_quant_force_reference(bool on) { g_force_reference = on; }
@@ -55,7 +56,8 @@ struct LinearImpl {
   mutable QuantizedWeight w;
   const QuantizedWeight& canon() const {
     std::call_once(canon_once, [this] {
-      w = scheme.int8_activations ? kernels::q::unpack_int(pint, mode) : kernels::q::unpack_wo(pwo, mode);
+      if (scheme.fp8) w = kernels::q::unpack_fp8(pfp8);
+      else w = scheme.int8_activations ? kernels::q::unpack_int(pint, mode) : kernels::q::unpack_wo(pwo, mode);
     });
     return w;
   }
@@ -65,11 +67,15 @@ struct LinearImpl {
   mutable std::once_flag pack_once;
   mutable kernels::q::PackedInt pint;
   mutable kernels::q::PackedWo pwo;
+  mutable kernels::q::PackedFp8 pfp8;
   void ensure_packed() const {
-    std::call_once(pack_once, [this] {
-      if (scheme.int8_activations) pint = kernels::q::pack_int(w);
-      else pwo = kernels::q::pack_wo(w);
-    });
+    std::call_once(pack_once, [this] { pack(w); });
+  }
+  // Exactly one packed form per mode (fp8 first: its scheme also reads as 8-bit, float activations).
+  void pack(const QuantizedWeight& from) const {
+    if (scheme.fp8) pfp8 = kernels::q::pack_fp8(from);
+    else if (scheme.int8_activations) pint = kernels::q::pack_int(from);
+    else pwo = kernels::q::pack_wo(from);
   }
   // M <= gemv_max_m runs the matrix-vector kernel. Measured with `perry bench-op` on the Zen 4
   // dev VM (docs/perf/cpu-quant-kernels.md): the GEMM's register tile wins from 2 rows on.
@@ -78,6 +84,7 @@ struct LinearImpl {
   // Evaluated per call so PERRY_FORCE_ISA / set_max_isa / set_quant_force_reference apply at once.
   Family family() const {
     if (g_force_reference) return Family::Reference;
+    if (scheme.fp8) return Family::Fp8Float;
     if (scheme.int8_activations) {
       if (supports_avx512_vnni()) return Family::IntAvx512;
       if (supports_avx2()) return Family::IntAvx2;
@@ -97,8 +104,7 @@ QuantizedLinear::QuantizedLinear(QuantizedWeight w, bool pack_for_cpu) : impl_(s
   impl_->N = w.N;
   impl_->K = w.K;
   if (pack_for_cpu) {
-    if (impl_->scheme.int8_activations) impl_->pint = kernels::q::pack_int(w);
-    else impl_->pwo = kernels::q::pack_wo(w);
+    impl_->pack(w);
     std::call_once(impl_->pack_once, [] {});
   } else {
     // Canonical only (a device backend uploads it); packed lazily if the CPU ever runs it.
@@ -124,6 +130,7 @@ std::string QuantizedLinear::kernel_name(int64_t M) const {
     case Family::IntAvx2: return fmt::format("{}:{}_avx2", mode, gemv ? "gemv" : "gemm");
     case Family::WoAvx512: return fmt::format("{}:{}_avx512_bf16", mode, gemv ? "gemv" : "gemm");
     case Family::WoAvx2: return fmt::format("{}:gemm_avx2", mode);  // one loop for every M
+    case Family::Fp8Float: return kernels::q::fp8_kernel_name(impl_->N, impl_->K, M);
     case Family::Reference: break;
   }
   return fmt::format("{}:reference", mode);
@@ -174,8 +181,20 @@ void QuantizedLinear::forward(const float* x, int64_t M, float* y, const float* 
       kq::avx2::wo_forward(I.pwo, xf, M, y, bias);
       return;
     }
+    case Family::Fp8Float: {
+      float* xq = grow(s.xf, size_t(M * K));
+      float* sa = grow(s.sa, size_t(M));
+      {
+        prof::Scope t(quantize_counter());
+        kq::quantize_rows_fp8(x, M, K, xq, sa);
+      }
+      kq::fp8_forward(I.pfp8, xq, sa, M, y, bias);
+      return;
+    }
     case Family::Reference:
-      if (I.scheme.int8_activations) {
+      if (I.scheme.fp8) {
+        kq::ref::fp8_forward(I.canon(), x, M, y, bias);
+      } else if (I.scheme.int8_activations) {
         kq::ref::int_forward(I.canon(), x, M, y, bias);
       } else {
         kq::ref::wo_forward(I.canon(), x, M, y, bias);

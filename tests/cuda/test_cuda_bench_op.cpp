@@ -15,7 +15,9 @@
 #include "backend/cuda/bench_op_cuda.h"
 #include "backend/cuda/bench_op_cuda_ops.h"
 #include "cuda/cuda_test_util.h"
+#include "core/dtype.h"
 #include "kernels/cuda/bench_peers.h"
+#include "kernels/cuda/gemm_w8a8.h"
 #include "quant/quant.h"
 
 namespace {
@@ -51,6 +53,88 @@ TEST(CudaBenchOp, ReferenceMatchesCpuQuantizer) {
   }
 }
 
+// w8a8-fp8's row in the op table: e4m3 weights with one fp32 scale per channel, its own e4m3
+// activation quantization (skipped by the GEMM-alone timing, timed alone as quantize-fp8), and
+// never mistaken for an int8-activation mode (its scheme has int8_activations false).
+TEST(CudaBenchOp, Fp8OpTable) {
+  const OpInfo& i = op_info(Op::W8A8Fp8);
+  EXPECT_STREQ(i.name, "w8a8-fp8");
+  EXPECT_EQ(i.kind, Kind::Perry);
+  EXPECT_EQ(i.fmt, WFmt::E4M3);
+  EXPECT_EQ(i.mode, pq::QuantMode::W8A8_FP8);
+  EXPECT_EQ(perry_op(pq::QuantMode::W8A8_FP8), Op::W8A8Fp8);
+  EXPECT_EQ(perry_op(*pq::parse_quant_mode("w8a8-fp8")), Op::W8A8Fp8);
+  EXPECT_TRUE(has_weight_scales(Op::W8A8Fp8));
+  EXPECT_EQ(scale_group(Op::W8A8Fp8), 0);
+  EXPECT_FALSE(reads_int8_activations(Op::W8A8Fp8));
+  EXPECT_TRUE(quantizes_activations(Op::W8A8Fp8));
+  EXPECT_EQ(quantize_op(Op::W8A8Fp8), Op::QuantizeFp8);
+  EXPECT_EQ(output_dtype(Op::W8A8Fp8), perry::DType::F32);
+  EXPECT_EQ(weight_row_bytes(WFmt::E4M3, 1000), 1000u);  // 1 byte a weight (+ N scales)
+  EXPECT_EQ(op_info(Op::QuantizeFp8).kind, Kind::Quantize);
+  // The others keep their roles.
+  for (Op op : {Op::W8A8, Op::W8A8Wgmma, Op::W8A8G128, Op::W8A8G64, Op::W4A8, Op::W4A8G128}) {
+    EXPECT_TRUE(quantizes_activations(op)) << op_info(op).name;
+    EXPECT_EQ(quantize_op(op), Op::Quantize) << op_info(op).name;
+  }
+  for (Op op : {Op::Bf16, Op::W8A16, Op::W4A16, Op::CublasBf16, Op::LtI8I32, Op::LtE4M3, Op::Quantize})
+    EXPECT_FALSE(quantizes_activations(op)) << op_info(op).name;
+  EXPECT_FALSE(has_weight_scales(Op::LtE4M3));
+}
+
+// reference() of w8a8-fp8 against a sum computed independently of the code under test: the
+// activation codes from core/dtype.h's f32_to_e4m3 (not quant.cpp's bit-level encoder), the values
+// from e4m3_to_f32 and QuantizedWeight::weight_value (not the bench's e4m3_to_double), and
+// quantize_weight's own per-channel scales. It must read the row's own codes (xf8 / sf8), not
+// the fp8 peer's x8, which the benchmark fills with unrelated bytes.
+TEST(CudaBenchOp, Fp8ReferenceMatchesIndependentSum) {
+  const int N = 12, K = 640;
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> w(size_t(N) * K);
+  for (auto& v : w) v = 0.02f * nd(rng);
+  w[5] = 0.5f;  // an outlier sets row 0's scale: its other weights get small codes
+  w[K + 7] = 0.0f;
+  const pq::QuantizedWeight qw = pq::quantize_weight(w.data(), N, K, pq::QuantMode::W8A8_FP8);
+  ASSERT_EQ(qw.n_groups(), 1);
+  ASSERT_EQ(qw.row_bytes(), K);
+  for (int row = 0; row < 3; ++row) {
+    std::vector<float> x(K);
+    for (auto& v : x) v = perry::bf16_to_f32(perry::f32_to_bf16(nd(rng) * (row == 2 ? 1e-3f : 1.0f)));
+    if (row == 1) x[3] = 40.0f;  // most codes far below 448
+    // The host rule, as the benchmark calls it.
+    std::vector<uint8_t> xf8(K);
+    const float sf8 = pq::quantize_row_fp8_ref(x.data(), K, xf8.data());
+    // The same, independently: amax/448 and the codec of x·(448/amax).
+    float amax = 0;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    const float inv = 448.0f / amax;
+    EXPECT_EQ(sf8, amax / 448.0f) << "row " << row;
+    for (int k = 0; k < K; ++k) ASSERT_EQ(xf8[size_t(k)], perry::f32_to_e4m3(x[size_t(k)] * inv)) << "row " << row << " k=" << k;
+    std::vector<uint8_t> peer(K, 0x38);  // the peer's bytes (all 1.0): must not be read
+    const HostAct a{x.data(), nullptr, 0, peer.data(), xf8.data(), sf8};
+    for (int n = 0; n < N; ++n) {
+      double acc = 0, mag = 0;
+      for (int k = 0; k < K; ++k) {
+        const double p = double(perry::e4m3_to_f32(xf8[size_t(k)])) * double(qw.weight_value(n, k));
+        acc += p;
+        mag += std::fabs(p);
+      }
+      const double s = double(sf8) * double(qw.scales[size_t(n)]);
+      const HostRow r{reinterpret_cast<const uint8_t*>(qw.qweight.data()) + size_t(n) * K, &qw.scales[size_t(n)]};
+      // e4m3 products are exact in float64; only the order of additions may differ.
+      EXPECT_NEAR(reference(Op::W8A8Fp8, r, a, K, 1.0f), acc * s, 1e-12 * mag * s) << "row " << row << " n=" << n;
+      // And close to the unquantized product (e4m3 keeps 3 mantissa bits: a loose bound).
+      double exact = 0, exact_mag = 0;
+      for (int k = 0; k < K; ++k) {
+        exact += double(x[size_t(k)]) * w[size_t(n) * K + k];
+        exact_mag += std::fabs(double(x[size_t(k)]) * w[size_t(n) * K + k]);
+      }
+      EXPECT_NEAR(acc * s, exact, 0.1 * exact_mag) << "row " << row << " n=" << n;
+    }
+  }
+}
+
 TEST(CudaBenchOp, E4M3Decode) {
   EXPECT_EQ(e4m3_to_double(0x38), 1.0);
   EXPECT_EQ(e4m3_to_double(0xb8), -1.0);
@@ -68,6 +152,9 @@ TEST(CudaBenchOp, Judge) {
   EXPECT_FALSE(judge(Op::W8A8, {0, 0}, {0, 0}).ok);  // an all-zero reference proves nothing
   EXPECT_TRUE(judge(Op::LtI8I8, {1, 2, 3}, {1, 2, 4}).ok);
   EXPECT_FALSE(judge(Op::LtI8I32, {1, 2, 3}, {1, 2, 4}).ok);
+  // w8a8-fp8 is a float output: the relative limit, not exactness.
+  EXPECT_TRUE(judge(Op::W8A8Fp8, {1, 2, 3.02}, {1, 2, 3}).ok);
+  EXPECT_FALSE(judge(Op::W8A8Fp8, {1, 2, 3.2}, {1, 2, 3}).ok);
 }
 
 // The cuBLASLt peers against exact results at a small, odd-M shape.
@@ -104,8 +191,9 @@ TEST(CudaBenchOp, LtPeers) {
   cublasLtDestroy(lt);
 }
 
-// A tiny end-to-end run: every row (every perry mode, the peers, the quantization) passes its
-// output check and gets a time, and the files are written.
+// A tiny end-to-end run: every row (every perry mode, the peers, the quantizations) passes its
+// output check and gets a time, and the files are written. On sm_90 that includes w8a8-fp8 and
+// quantize-fp8 (default modes), and their startup checks.
 TEST(CudaBenchOp, TinyRunPasses) {
   REQUIRE_GPU();
   pc::CudaBenchOpOptions o;
@@ -119,15 +207,23 @@ TEST(CudaBenchOp, TinyRunPasses) {
   const auto j = nlohmann::json::parse(f);
   EXPECT_EQ(j["failures"], 0);
   EXPECT_GT(j["copy_bandwidth_gbs"].get<double>(), 100.0);
-  int rows = 0;
+  int rows = 0, fp8_rows = 0, fp8_startup = 0;
+  for (const auto& c : j["startup_checks"]) fp8_startup += c["variant"] == "w8a8-fp8";
   for (const auto& r : j["results"]) {
     ++rows;
+    fp8_rows += r["variant"] == "w8a8-fp8" || r["variant"] == "quantize-fp8";
     EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
     if (r["kind"] != "peer") {
       EXPECT_GT(r["ms"].get<double>(), 0.0) << r.dump();
     }
   }
   EXPECT_GE(rows, 2 * 12);  // quantize + 8 perry modes + >= 3 peers, at both M
+  if (pc::gemm_w8a8_wgmma_supported()) {
+    EXPECT_EQ(fp8_rows, 2 * 2);
+    EXPECT_EQ(fp8_startup, 5);  // M = 1, 5, 8, 16, 100
+  } else {
+    EXPECT_EQ(fp8_rows, 0);
+  }
   std::remove((o.common.out_prefix + ".json").c_str());
   std::remove((o.common.out_prefix + ".md").c_str());
 }

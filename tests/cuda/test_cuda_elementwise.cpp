@@ -161,9 +161,14 @@ std::vector<float> norm_input(int M, int H, std::mt19937& g) {
   return x;
 }
 
+// How add_rms_norm gets its delta: fp32, fp32 with round_delta, or bf16 bits (a residual linear
+// that wrote bf16). The last two must give the same bits: the CPU side rounds delta to bf16 first.
+enum class DeltaForm { F32, F32Rounded, Bf16 };
+
 // Runs (add_)rms_norm in all three formats and checks each against the CPU reference.
-void check_norm(int M, int H, bool fused_add, bool misalign, std::mt19937& g) {
-  SCOPED_TRACE(::testing::Message() << "M=" << M << " H=" << H << " add=" << fused_add << " misalign=" << misalign);
+void check_norm(int M, int H, bool fused_add, bool misalign, std::mt19937& g, DeltaForm form = DeltaForm::F32) {
+  SCOPED_TRACE(::testing::Message() << "M=" << M << " H=" << H << " add=" << fused_add << " misalign=" << misalign
+                                    << " delta form " << int(form));
   const float eps = 1e-6f;
   auto x = norm_input(M, H, g);
   auto delta = normal(x.size(), g, 0.5f);
@@ -171,17 +176,25 @@ void check_norm(int M, int H, bool fused_add, bool misalign, std::mt19937& g) {
   for (auto& v : w) v += 1.f;
   // CPU: x (+ delta) then ref::rms_norm (double sums, like the GPU).
   std::vector<float> xs = x;
-  if (fused_add) kc::ref::add_inplace(xs.data(), delta.data(), int64_t(xs.size()));
+  std::vector<uint16_t> delta_bf16(delta.size());
+  for (size_t i = 0; i < delta.size(); ++i) delta_bf16[i] = perry::f32_to_bf16(delta[i]);
+  std::vector<float> delta_used = delta;
+  if (form != DeltaForm::F32)
+    for (size_t i = 0; i < delta.size(); ++i) delta_used[i] = perry::bf16_to_f32(delta_bf16[i]);
+  if (fused_add) kc::ref::add_inplace(xs.data(), delta_used.data(), int64_t(xs.size()));
   std::vector<float> ref(x.size());
   kc::ref::rms_norm(xs.data(), w.data(), eps, M, H, ref.data());
 
   auto dw = upload(w, misalign);
   auto dd = upload(delta, misalign);
+  auto ddb = upload(delta_bf16, misalign);
   const size_t o = misalign ? 1 : 0;
   auto run = [&](ActOut out) {
     auto dx = upload(x, misalign);
-    if (fused_add)
-      pc::add_rms_norm(dx.p + o, dd.p + o, dw.p + o, eps, M, H, out, nullptr);
+    if (fused_add && form == DeltaForm::Bf16)
+      pc::add_rms_norm(dx.p + o, ddb.p + o, dw.p + o, eps, M, H, out, nullptr);
+    else if (fused_add)
+      pc::add_rms_norm(dx.p + o, dd.p + o, dw.p + o, eps, M, H, out, nullptr, form == DeltaForm::F32Rounded);
     else
       pc::rms_norm(dx.p + o, dw.p + o, eps, M, H, out, nullptr);
     device_sync();
@@ -229,6 +242,13 @@ TEST(CudaElementwise, AddRmsNormAllFormatsMatchCpu) {
   check_norm(3, 4096, true, true, g);
   check_norm(2, 20000, true, false, g);  // multi-pass (see above)
   check_norm(2, 5001, true, true, g);
+  // The bf16-delta forms (residual deltas rounded to bf16): vector, scalar and multi-pass paths.
+  for (DeltaForm f : {DeltaForm::F32Rounded, DeltaForm::Bf16}) {
+    for (int M : kRows) check_norm(M, 4096, true, false, g, f);
+    check_norm(3, 4096, true, true, g, f);
+    check_norm(2, 20000, true, false, g, f);
+    check_norm(2, 5001, true, true, g, f);
+  }
 }
 
 TEST(CudaElementwise, HeadRmsNormInPlaceWithStride) {
@@ -468,16 +488,27 @@ TEST(CudaElementwise, ResidualAddAndBf16ConversionExact) {
     Dev<uint16_t> db(std::vector<uint16_t>(size_t(n), 0xffff));
     pc::f32_to_bf16(dx.p, db.p, n, nullptr);
     pc::residual_add(dx.p, dd.p, n, nullptr);
+    // The bf16-delta forms: fp32 delta rounded by the add, and bf16 bits; both x + bf16(d).
+    std::vector<uint16_t> d16(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) d16[size_t(i)] = perry::f32_to_bf16(d[size_t(i)]);
+    Dev<float> dx_r(x), dx_b(x);
+    Dev<uint16_t> dd16(d16);
+    pc::residual_add(dx_r.p, dd.p, n, nullptr, true);
+    pc::residual_add(dx_b.p, dd16.p, n, nullptr);
     device_sync();
     auto b = db.get();
     auto s = dx.get();
-    size_t bad_b = 0, bad_s = 0;
+    auto sr = dx_r.get(), sb = dx_b.get();
+    size_t bad_b = 0, bad_s = 0, bad_r = 0;
     for (int64_t i = 0; i < n; ++i) {
       bad_b += b[i] != perry::f32_to_bf16(x[i]);
       bad_s += !same_float(s[i], x[i] + d[i]);
+      const float want = x[i] + perry::bf16_to_f32(d16[size_t(i)]);
+      bad_r += !same_float(sr[i], want) + !same_float(sb[i], want);
     }
     EXPECT_EQ(bad_b, 0u) << "n=" << n;
     EXPECT_EQ(bad_s, 0u) << "n=" << n;
+    EXPECT_EQ(bad_r, 0u) << "n=" << n << " (bf16 delta forms)";
   }
 }
 
@@ -528,7 +559,11 @@ TEST(CudaElementwise, BadArgumentsThrow) {
   EXPECT_THROW(pc::rms_norm(a.p, w, 1e-6f, 1, 16, ActOut::i8(q.p, nullptr), nullptr), perry::Error);
   EXPECT_THROW(pc::rms_norm(a.p, w, 1e-6f, 1, 16, ActOut{}, nullptr), perry::Error);
   EXPECT_THROW(pc::rms_norm(a.p, w, -1.f, 1, 16, ActOut::f32(b.p), nullptr), perry::Error);
-  EXPECT_THROW(pc::add_rms_norm(a.p, nullptr, w, 1e-6f, 1, 16, ActOut::f32(b.p), nullptr), perry::Error);
+  EXPECT_THROW(pc::add_rms_norm(a.p, static_cast<const float*>(nullptr), w, 1e-6f, 1, 16, ActOut::f32(b.p), nullptr),
+               perry::Error);
+  EXPECT_THROW(pc::add_rms_norm(a.p, static_cast<const uint16_t*>(nullptr), w, 1e-6f, 1, 16, ActOut::f32(b.p),
+                                nullptr),
+               perry::Error);
   EXPECT_THROW(pc::swiglu(a.p, 1, 0, ActOut::f32(b.p), nullptr), perry::Error);
   EXPECT_THROW(pc::swiglu(static_cast<const float*>(nullptr), 1, 8, ActOut::f32(b.p), nullptr), perry::Error);
   EXPECT_THROW(pc::swiglu(static_cast<const uint16_t*>(nullptr), 1, 8, ActOut::f32(b.p), nullptr), perry::Error);

@@ -195,7 +195,7 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
       }
 }
 
-// SwiGLU with round_gate_up (the CUDA backend's gate|up rule: bf16 values before SwiGLU) gives
+// SwiGLU with round_bf16 (the CUDA backend's gate|up rule: bf16 values before SwiGLU) gives
 // the bits of the stored gate|up (DecodeOut::Store, the same per-row arithmetic) put through
 // swiglu(..., round_to_bf16 = true) — the separate kernels of a prefill or a batch — and differs
 // from the unrounded form somewhere (the flag acts).
@@ -220,7 +220,7 @@ TEST(CudaGemvDecode, SwigluRoundGateUpMatchesSeparateKernels) {
     a.y = plain.p;
     ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
     a.y = fused.p;
-    a.round_gate_up = true;
+    a.round_bf16 = true;
     ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
     pc::swiglu(gu.p, 1, I, pc::ActOut::f32(sep.p), nullptr, true);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -229,6 +229,45 @@ TEST(CudaGemvDecode, SwigluRoundGateUpMatchesSeparateKernels) {
     for (int j = 0; j < I; ++j) {
       differ += std::memcmp(&f[size_t(j)], &sp[size_t(j)], 4) != 0;
       changed += f[size_t(j)] != pl[size_t(j)];
+    }
+    EXPECT_EQ(differ, 0) << perry::quant::quant_mode_name(mode);
+    EXPECT_GT(changed, 0) << perry::quant::quant_mode_name(mode) << ": rounding changed nothing";
+  }
+}
+
+// Accumulate with round_bf16 (the residual-delta rule: o_proj / down_proj outputs rounded to bf16
+// before the residual add) gives the bits of the stored output put through residual_add(...,
+// round_d = true) — what a prefill or a batch does — and differs from the unrounded add.
+TEST(CudaGemvDecode, AccumulateRoundMatchesSeparateKernels) {
+  REQUIRE_GPU();
+  std::mt19937 gen(78);
+  for (QuantMode mode : {QuantMode::BF16, QuantMode::W8A8, QuantMode::W4A8_G128, QuantMode::W8A16}) {
+    const int N = 1536, K = 4096;
+    const std::vector<float> x0 = rand_f(size_t(N), gen, -3.f, 3.f);
+    Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f));
+    const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
+    pc::DecodeLinearArgs a;
+    a.x = dx.p;
+    a.in = pc::DecodeIn::Plain;
+    const size_t n = static_cast<size_t>(N);
+    // The layer's output alone: Accumulate into zeros (0 + v = v exactly; Plain + Store is not a
+    // built combination).
+    Dev<float> stored(std::vector<float>(n, 0.0f)), fused(x0), plain(x0), sep(x0);
+    a.out = pc::DecodeOut::Accumulate;
+    a.y = stored.p;
+    ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
+    a.y = plain.p;
+    ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
+    a.y = fused.p;
+    a.round_bf16 = true;
+    ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
+    pc::residual_add(sep.p, stored.p, int64_t(N), nullptr, true);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> f = fused.get(), pl = plain.get(), sp = sep.get();
+    int differ = 0, changed = 0;
+    for (size_t j = 0; j < n; ++j) {
+      differ += std::memcmp(&f[j], &sp[j], 4) != 0;
+      changed += f[j] != pl[j];
     }
     EXPECT_EQ(differ, 0) << perry::quant::quant_mode_name(mode);
     EXPECT_GT(changed, 0) << perry::quant::quant_mode_name(mode) << ": rounding changed nothing";
@@ -426,6 +465,32 @@ TEST(CudaDecodeRopeAppend, EqualsTheSeparateKernels) {
         }
       EXPECT_EQ(f_k.get(), s_kc.get()) << "k cache, norm " << qk_norm << " pos " << pos_b;
       EXPECT_EQ(f_v.get(), s_vc.get()) << "v cache, norm " << qk_norm << " pos " << pos_b;
+
+      // The bf16 forms (the q|k|v-in-bf16 rule): fp32 rows with round_to_bf16, and bf16 rows (q
+      // written back as bf16) give the same caches, and q = f32_to_bf16 of the rounded form's q.
+      std::vector<uint16_t> qkv16(qkv.size());
+      for (size_t i = 0; i < qkv.size(); ++i) qkv16[i] = perry::f32_to_bf16(qkv[i]);
+      Dev<float> r_qkv(qkv);
+      Dev<uint16_t> b_qkv(qkv16), r_k(cache0), r_v(cache0), b_k(cache0), b_v(cache0);
+      pc::rope_append_qkv(r_qkv.p, stride, dseq.p, 2, M, nh, nkv, hd, qk_norm ? dqn.p : nullptr,
+                          qk_norm ? dkn.p : nullptr, 1e-6f, rope.view(), cap, r_k.p, r_v.p, nullptr, true);
+      pc::rope_append_qkv(b_qkv.p, stride, dseq.p, 2, M, nh, nkv, hd, qk_norm ? dqn.p : nullptr,
+                          qk_norm ? dkn.p : nullptr, 1e-6f, rope.view(), cap, b_k.p, b_v.p, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> rq = r_qkv.get();
+      const std::vector<uint16_t> bq = b_qkv.get();
+      size_t bad_q = 0;
+      for (int m = 0; m < M; ++m)
+        for (int i = 0; i < Q; ++i) {
+          const size_t at = size_t(m) * stride + size_t(i);
+          const uint16_t want = perry::f32_to_bf16(rq[at]);
+          bad_q += bq[at] != want && !(std::isnan(rq[at]) && (bq[at] & 0x7fff) > 0x7f80);
+        }
+      EXPECT_EQ(bad_q, 0u) << "bf16 q, norm " << qk_norm << " pos " << pos_b;
+      const std::vector<uint16_t> rk = r_k.get();
+      EXPECT_EQ(b_k.get(), rk) << "k cache (bf16 form), norm " << qk_norm << " pos " << pos_b;
+      EXPECT_EQ(b_v.get(), r_v.get()) << "v cache (bf16 form), norm " << qk_norm << " pos " << pos_b;
+      EXPECT_NE(rk, f_k.get()) << "rounding the inputs changed no k";
     }
   }
 }

@@ -213,8 +213,12 @@ TEST(CudaFp8, QuantizePerTokenMatchesHostRuleExactly) {
 }
 
 // gemm_fp8_wgmma against float64 on the decoded e4m3 values: y = Σ x·w ·sa·sw (+bias). The
-// products are exact in fp32; the tensor core's accumulation of them is not specified to be
-// IEEE, so the bound is relative to Σ|x·w| (1e-3: an fp32 sum is ~1e-6; a 13-bit one ~1e-4).
+// products are exact in fp32; the tensor core's accumulation of them is not IEEE, so the bound is
+// relative to Σ|x·w|. Measured on the H200 (eighth session, run 1): up to 1.6e-3, worst at K =
+// 144 — Hopper's fp8 MMA aligns a k-step's products to the largest exponent and keeps ~13 bits
+// (DeepSeek-V3's report finds the same ~14-bit accumulation on H800), and random e4m3 codes span
+// 2^-9..448, so small products lose their low bits. 4e-3 keeps a margin; a fragment-layout or
+// scale bug gives errors of order 1.
 // Unaligned shapes, both tile widths, bf16 and f32 out; then its time next to the int8 kernel's.
 TEST(CudaFp8, WgmmaGemmMatchesFloat64) {
   REQUIRE_GPU();
@@ -256,7 +260,7 @@ TEST(CudaFp8, WgmmaGemmMatchesFloat64) {
           worst = std::max(worst, std::fabs(f[size_t(m) * N + n] - ref) / den);
           worst_b = std::max(worst_b, std::fabs(perry::bf16_to_f32(b[size_t(m) * N + n]) - ref) / den);
         }
-      EXPECT_LT(worst, 1e-3);
+      EXPECT_LT(worst, 4e-3);
       EXPECT_LT(worst_b, 1e-2);  // + the bf16 rounding of the output
     }
   }

@@ -155,7 +155,7 @@ TEST_P(CudaModeVsCpu, PerplexityLogitsAndGreedyMatchCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, CudaModeVsCpu,
                          ::testing::Values("bf16", "w8a16", "w4a16", "w8a8", "w8a8-g128", "w8a8-g64", "w4a8",
-                                           "w4a8-g128"),
+                                           "w4a8-g128", "w8a8-fp8"),
                          param_name);
 
 // Several sequences of different lengths in one forward equal each sequence alone (prefill),
@@ -343,34 +343,38 @@ TEST(CudaPrefillToggles, GiveTheSameLogits) {
   EXPECT_GE(dirs.size(), 1u);
 }
 
-// Prefill's gate|up rounded to bf16 (the default: bf16 output where its kernel has one — cuBLAS,
-// the tensor-core GEMMs — else rounded by SwiGLU) against PERRY_GATE_UP_F32=1: logits move by
-// about a bf16 rounding of the MLP input — rel L2 < 5e-3 in bf16; < 2e-2 in the W*A8 modes,
-// whose per-token int8 rounding of the SwiGLU output turns some of those roundings into whole
-// int8 steps on these tiny models (first GPU run: 0.012 on tiny-random-llama, 0.0077 on the
-// embedded model) — while a wrong layout or a missed row would move them by O(1). The 300-token
-// prompt takes the bf16 output, the 20-token chunk the fp32 small-M kernels (W*A8): both here.
-TEST(CudaPrefillToggles, GateUpBf16MatchesF32) {
+// Prefill's bf16 intermediates (the defaults: bf16 output where the kernel has one — cuBLAS, the
+// tensor-core GEMMs — else rounded by the consumer) against their fp32 switches, one at a time:
+// gate|up (PERRY_GATE_UP_F32=1), the residual deltas of o_proj / down_proj (PERRY_DELTA_F32=1)
+// and q|k|v (PERRY_QKV_F32=1).
+// Logits move by about a bf16 rounding of those values — rel L2 < 5e-3 in bf16; < 2e-2 in the
+// W*A8 modes, whose per-token int8 rounding of the next input turns some of those roundings into
+// whole int8 steps on these tiny models (gate|up, first GPU run: 0.012 on tiny-random-llama,
+// 0.0077 on the embedded model) — while a wrong layout or a missed row would move them by O(1).
+// The 300-token prompt takes the bf16 outputs, the 20-token chunk the fp32 small-M kernels
+// (W*A8): both here.
+TEST(CudaPrefillToggles, Bf16IntermediatesMatchF32) {
   REQUIRE_DEVICE();
-  const std::vector<std::string> dirs = toggle_models("gate-up-bf16");
-  for (const std::string& dir : dirs) {
-    const std::string name = std::filesystem::path(dir).filename().string();
-    for (const char* mode : {"bf16", "w8a8", "w4a8-g128"}) {
-      std::vector<float> b16, f32;
-      {
-        const ScopedEnv f("PERRY_GATE_UP_F32", nullptr);
-        b16 = prefill_logits(dir, mode);
+  const std::vector<std::string> dirs = toggle_models("bf16-intermediates");
+  for (const char* sw : {"PERRY_GATE_UP_F32", "PERRY_DELTA_F32", "PERRY_QKV_F32"})
+    for (const std::string& dir : dirs) {
+      const std::string name = std::filesystem::path(dir).filename().string();
+      for (const char* mode : {"bf16", "w8a8", "w4a8-g128"}) {
+        std::vector<float> b16, f32;
+        {
+          const ScopedEnv f(sw, nullptr);
+          b16 = prefill_logits(dir, mode);
+        }
+        {
+          const ScopedEnv f(sw, "1");
+          f32 = prefill_logits(dir, mode);
+        }
+        const double rel = logits_rel_l2(f32, b16);
+        std::printf("[bf16-intermediates] %s %s %s: bf16 vs fp32, logits rel L2 %.3g\n", sw, name.c_str(), mode, rel);
+        EXPECT_GT(rel, 0.0) << sw << " " << name << " " << mode << ": the switch changed nothing";
+        EXPECT_LT(rel, std::string(mode) == "bf16" ? 5e-3 : 2e-2) << sw << " " << name << " " << mode;
       }
-      {
-        const ScopedEnv f("PERRY_GATE_UP_F32", "1");
-        f32 = prefill_logits(dir, mode);
-      }
-      const double rel = logits_rel_l2(f32, b16);
-      std::printf("[gate-up-bf16] %s %s: bf16 vs fp32 gate|up, logits rel L2 %.3g\n", name.c_str(), mode, rel);
-      EXPECT_GT(rel, 0.0) << name << " " << mode << ": the switch changed nothing";
-      EXPECT_LT(rel, std::string(mode) == "bf16" ? 5e-3 : 2e-2) << name << " " << mode;
     }
-  }
   EXPECT_GE(dirs.size(), 1u);
 }
 

@@ -53,11 +53,15 @@ TEST(Safetensors, RoundTripThroughWriter) {
   w.add("layer.a", DType::BF16, {6, 7}, a.data(), a.size() * 2);
   w.add("b", DType::F32, {5}, b.data(), b.size() * 4);
   w.add("c.qweight", DType::I8, {3, 4}, c.data(), c.size());
+  w.add("d.qweight", DType::F8_E4M3, {4, 3}, c.data(), c.size());  // fp8 e4m3 codes (w8a8-fp8)
   w.set_metadata("format", "pt");
   const std::string p = tmp_path("roundtrip.safetensors");
   w.write(p);
   SafetensorsFile f(p);
-  ASSERT_EQ(f.tensors().size(), 3u);
+  ASSERT_EQ(f.tensors().size(), 4u);
+  EXPECT_EQ(f.tensors().at("d.qweight").dtype, DType::F8_E4M3);
+  EXPECT_EQ(f.tensors().at("d.qweight").nbytes, c.size());
+  EXPECT_EQ(std::memcmp(f.tensors().at("d.qweight").data, c.data(), c.size()), 0);
   EXPECT_EQ(f.metadata().at("format"), "pt");
   const auto& ta = f.tensors().at("layer.a");
   EXPECT_EQ(ta.dtype, DType::BF16);

@@ -18,7 +18,7 @@ TEST(QuantMode, NamesRoundTrip) {
   const pq::QuantMode all[] = {pq::QuantMode::F32,       pq::QuantMode::BF16,     pq::QuantMode::F16,
                                pq::QuantMode::W8A16,     pq::QuantMode::W4A16,    pq::QuantMode::W8A8,
                                pq::QuantMode::W8A8_G128, pq::QuantMode::W8A8_G64, pq::QuantMode::W4A8,
-                               pq::QuantMode::W4A8_G128};
+                               pq::QuantMode::W4A8_G128, pq::QuantMode::W8A8_FP8};
   for (auto m : all) {
     auto parsed = pq::parse_quant_mode(pq::quant_mode_name(m));
     ASSERT_TRUE(parsed.has_value()) << pq::quant_mode_name(m);
@@ -207,7 +207,7 @@ TEST(QuantizedLinear, ErrorVersusFloatIsBounded) {
   const Case cases[] = {{pq::QuantMode::W8A8, 0.02},      {pq::QuantMode::W8A8_G128, 0.02},
                         {pq::QuantMode::W8A8_G64, 0.02},  {pq::QuantMode::W4A8, 0.25},
                         {pq::QuantMode::W4A8_G128, 0.20}, {pq::QuantMode::W8A16, 0.01},
-                        {pq::QuantMode::W4A16, 0.20}};
+                        {pq::QuantMode::W4A16, 0.20},     {pq::QuantMode::W8A8_FP8, 0.075}};
   std::vector<float> y(size_t(M * N));
   for (const auto& c : cases) {
     pq::QuantizedLinear lin(pq::quantize_weight(w.data(), N, K, c.mode));

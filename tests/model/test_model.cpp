@@ -159,7 +159,8 @@ TEST(QuantizedCheckpoint, SaveAndReloadGivesIdenticalLogits) {
   LoadOptions o;
   o.dir = test_util::write_tiny_checkpoint("qsave_src", cfg, 4);
   auto a = tokens(12, int(cfg.vocab_size), 6);
-  for (auto mode : {quant::QuantMode::W8A8, quant::QuantMode::W4A8_G128, quant::QuantMode::W8A16}) {
+  for (auto mode : {quant::QuantMode::W8A8, quant::QuantMode::W4A8_G128, quant::QuantMode::W8A16,
+                    quant::QuantMode::W8A8_FP8}) {
     o.quant = mode;
     auto m = Model::load(o);
     const std::string out = (std::filesystem::temp_directory_path() / "perry_test_models" /
@@ -179,5 +180,51 @@ TEST(QuantizedCheckpoint, SaveAndReloadGivesIdenticalLogits) {
     // Asking to convert a quantized checkpoint to another mode is a clear error.
     r.quant = quant::QuantMode::W8A8_G64;
     EXPECT_THROW(Model::load(r), Error);
+  }
+}
+
+// w8a8-fp8 checkpoints store the codes as F8_E4M3 tensors. A NaN code in one (a corrupt or
+// foreign file: the quantizer never writes it) is refused at load, naming the tensor.
+TEST(QuantizedCheckpoint, Fp8NanCodeInTheFileIsRejected) {
+  auto cfg = test_util::tiny_config(io::Architecture::Llama);
+  LoadOptions o;
+  o.dir = test_util::write_tiny_checkpoint("qfp8_src", cfg, 4);
+  o.quant = quant::QuantMode::W8A8_FP8;
+  auto m = Model::load(o);
+  const std::string out = (std::filesystem::temp_directory_path() / "perry_test_models" / "qsave_fp8_nan").string();
+  std::filesystem::remove_all(out);
+  save_quantized_checkpoint(*m, o.dir, out);
+  const std::string file = out + "/model.safetensors";
+  std::string target;
+  {
+    io::SafetensorsFile f(file);
+    io::SafetensorsWriter w;
+    std::vector<std::vector<uint8_t>> copies;
+    copies.reserve(f.tensors().size());
+    for (const auto& [name, t] : f.tensors()) {
+      copies.emplace_back(t.data, t.data + t.nbytes);
+      if (name.ends_with(".qweight")) {
+        EXPECT_EQ(t.dtype, DType::F8_E4M3) << name;
+        if (target.empty() && name.find("down_proj") != std::string::npos) {
+          target = name;
+          copies.back()[5] = 0x7F;
+        }
+      }
+      w.add(name, t.dtype, t.shape, copies.back().data(), t.nbytes);
+    }
+    for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
+    w.write(file + ".tmp");
+  }
+  ASSERT_FALSE(target.empty());
+  std::filesystem::rename(file + ".tmp", file);
+  LoadOptions r;
+  r.dir = out;
+  try {
+    Model::load(r);
+    FAIL() << "a NaN weight code must not load";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("NaN"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(target), std::string::npos) << msg;
   }
 }

@@ -3,7 +3,9 @@
 // (the full-text table is docs/perf/accuracy-cpu.md, made by tools/accuracy_report.sh).
 // Bounds are the project's accuracy goals: w8a8 ≤ +1%, w8a8-g128 ≤ +0.5%, w4a8-g128 ≤ +5%;
 // the others get bounds from the same reasoning (finer groups ≤ coarser; 4-bit per-channel is
-// the coarsest) — each measured well inside its bound.
+// the coarsest) — each measured well inside its bound. w8a8-fp8 (e4m3: ~2 bits less precision
+// per element than int8 near the row's amax, but no small values crushed to 0) gets w8a8's
+// +1%; measured +0.26%.
 #include <gtest/gtest.h>
 
 #include "core/mapped_file.h"
@@ -37,7 +39,7 @@ TEST(QuantAccuracy, EmbeddedModelPerplexityPerMode) {
   for (Bound b : {Bound{quant::QuantMode::W8A8, 0.01}, Bound{quant::QuantMode::W8A8_G128, 0.005},
                   Bound{quant::QuantMode::W8A8_G64, 0.005}, Bound{quant::QuantMode::W8A16, 0.005},
                   Bound{quant::QuantMode::W4A8_G128, 0.05}, Bound{quant::QuantMode::W4A16, 0.05},
-                  Bound{quant::QuantMode::W4A8, 0.08}}) {
+                  Bound{quant::QuantMode::W4A8, 0.08}, Bound{quant::QuantMode::W8A8_FP8, 0.01}}) {
     const double p = ppl_of(dir, b.mode, ids);
     std::printf("[accuracy] %-10s ppl %.4f vs bf16 %.4f (%+.2f%%)\n", std::string(quant::quant_mode_name(b.mode)).c_str(), p,
                 base, 100 * (p / base - 1));

@@ -1,6 +1,11 @@
 #include "backend/cuda/backend_kernels.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/elementwise_device.cuh"
 
 namespace perry::cuda {
 
@@ -9,26 +14,46 @@ __global__ void broadcast_rows_kernel(const float* __restrict__ bias, long long 
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
     y[i] = bias[i % N];
 }
-__global__ void split_qkv_kernel(const float* __restrict__ qkv, long long total, int Q, int KV, float* __restrict__ q,
-                                 float* __restrict__ k, float* __restrict__ v) {
+// T: float, or uint16_t (bf16 bits, widened exactly); round (float only): each value rounded to
+// bf16 first — the values a bf16-output projection would have given.
+template <typename T>
+__global__ void split_qkv_kernel(const T* __restrict__ qkv, long long total, int Q, int KV, bool round,
+                                 float* __restrict__ q, float* __restrict__ k, float* __restrict__ v) {
   const int W = Q + 2 * KV;
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
     const long long m = i / W;
     const int c = int(i - m * W);
-    const float x = qkv[i];
+    float x;
+    if constexpr (std::is_same_v<T, float>) {
+      x = qkv[i];
+      if (round) x = elementwise_detail::bf16_round(x);
+    } else {
+      x = __uint_as_float(uint32_t(qkv[i]) << 16);
+    }
     if (c < Q) q[m * Q + c] = x;
     else if (c < Q + KV) k[m * KV + (c - Q)] = x;
     else v[m * KV + (c - Q - KV)] = x;
   }
 }
-}  // namespace
 
-void split_qkv(const float* qkv, int M, int Q, int KV, float* q, float* k, float* v, cudaStream_t stream) {
+template <typename T>
+void launch_split_qkv(const T* qkv, int M, int Q, int KV, bool round, float* q, float* k, float* v,
+                      cudaStream_t stream) {
   const long long total = (long long)M * (Q + 2 * KV);
+  if (total == 0) return;
   const int threads = 256;
   const int blocks = int(std::min<long long>((total + threads - 1) / threads, 8192));
-  split_qkv_kernel<<<blocks, threads, 0, stream>>>(qkv, total, Q, KV, q, k, v);
+  split_qkv_kernel<<<blocks, threads, 0, stream>>>(qkv, total, Q, KV, round, q, k, v);
   check_launch("split_qkv");
+}
+}  // namespace
+
+void split_qkv(const float* qkv, int M, int Q, int KV, float* q, float* k, float* v, cudaStream_t stream,
+               bool round_to_bf16) {
+  launch_split_qkv(qkv, M, Q, KV, round_to_bf16, q, k, v, stream);
+}
+void split_qkv(const uint16_t* qkv_bf16, int M, int Q, int KV, float* q, float* k, float* v, cudaStream_t stream) {
+  launch_split_qkv(qkv_bf16, M, Q, KV, false, q, k, v, stream);
 }
 
 void broadcast_rows(const float* bias, int M, int N, float* y, cudaStream_t stream) {

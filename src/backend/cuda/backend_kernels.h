@@ -2,13 +2,19 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace perry::cuda {
 
 // y[m, :] = bias for every row m < M (cuBLAS then accumulates the product on top with beta = 1).
 void broadcast_rows(const float* bias, int M, int N, float* y, cudaStream_t stream);
 
 // The fused q|k|v projection's rows [M, Q + 2·KV] split into contiguous q [M, Q], k [M, KV],
-// v [M, KV] (what RoPE, the KV append and attention read). One launch.
-void split_qkv(const float* qkv, int M, int Q, int KV, float* q, float* k, float* v, cudaStream_t stream);
+// v [M, KV] (what RoPE, the KV append and attention read). One launch. round_to_bf16: each value
+// rounded to bf16 (RNE) on the way — the same floats as the bf16 form below on a projection that
+// wrote bf16.
+void split_qkv(const float* qkv, int M, int Q, int KV, float* q, float* k, float* v, cudaStream_t stream,
+               bool round_to_bf16 = false);
+void split_qkv(const uint16_t* qkv_bf16, int M, int Q, int KV, float* q, float* k, float* v, cudaStream_t stream);
 
 }  // namespace perry::cuda

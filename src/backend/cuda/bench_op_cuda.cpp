@@ -9,8 +9,9 @@
 //   - rounds: a spin kernel holds the stream while the host queues one call of every op, each
 //     between two CUDA events, so no timing includes host launch latency; warm-up rounds, then
 //     the median over the timed rounds (ops interleaved, so clock drift hits all alike);
-//   - perry's W*A8 rows include quantize_per_token of the bf16 activation; their GEMM alone and
-//     the quantization alone are timed as well (columns `gemm ms`, `quant ms`);
+//   - perry's W*A8 rows include quantize_per_token of the bf16 activation (w8a8-fp8:
+//     quantize_per_token_fp8, as CudaLinear runs it); their GEMM alone and the quantization alone
+//     are timed as well (columns `gemm ms`, `quant ms`; rows `quantize`, `quantize-fp8`);
 //   - after timing, every op runs once more on copy 0 and 8×8 sampled outputs are compared with
 //     a float64 / integer host reference (bench_op_cuda_ops.cpp); a startup check at one small
 //     shape runs perry's modes on weights from perry's CPU quantizer. Failing rows are marked.
@@ -124,8 +125,8 @@ class Bench {
     std::vector<int> ms;
     std::vector<std::vector<float>> x;
     std::vector<std::vector<int8_t>> xq;
-    std::vector<std::vector<uint8_t>> x8;
-    std::vector<float> sa;
+    std::vector<std::vector<uint8_t>> x8, xf8;
+    std::vector<float> sa, sf8;
   };
   HostActs host_acts(int M);
   Verdict check_op(Op op, int M, const HostActs& h, const OpContext& ctx);
@@ -153,7 +154,7 @@ class Bench {
   // The current shape.
   int N_ = 0, K_ = 0;
   std::map<WFmt, WeightPool> pools_;
-  DeviceBuffer x_, xq_, sa_, x8_, y_, scratch_;
+  DeviceBuffer x_, xq_, sa_, x8_, xf8_, sf8_, y_, scratch_;
   std::vector<int> ns_;                                          // sampled output columns
   std::map<WFmt, std::vector<std::vector<uint8_t>>> host_w_;     // copy 0, rows ns_
   std::map<std::pair<WFmt, int>, std::vector<std::vector<float>>> host_s_;
@@ -179,7 +180,7 @@ void Bench::setup() {
 
   // The ops: perry bf16 + the chosen quantized modes (default all), then the peers.
   std::vector<std::string> modes = o_.common.modes;
-  if (modes.empty()) modes = {"w8a16", "w4a16", "w8a8", "w8a8-g128", "w8a8-g64", "w4a8", "w4a8-g128"};
+  if (modes.empty()) modes = {"w8a16", "w4a16", "w8a8", "w8a8-g128", "w8a8-g64", "w4a8", "w4a8-g128", "w8a8-fp8"};
   ops_ = {Op::Quantize, Op::Bf16};
   for (const auto& m : modes) {
     const auto q = pq::parse_quant_mode(m);
@@ -187,12 +188,20 @@ void Bench::setup() {
     PERRY_CHECK(q && pq::is_quantized(*q), "bench-op: unknown quantized mode '{}' (known: {})", m,
                 pq::quant_mode_names());
     const Op op = perry_op(*q);
+    if (op == Op::W8A8Fp8 && !gemm_w8a8_wgmma_supported()) {
+      // CudaLinear refuses the mode there too (its only kernel is wgmma e4m3): nothing to time.
+      const std::string note = "w8a8-fp8 not timed: its kernel (gemm_fp8_wgmma) needs sm_90";
+      if (std::find(notes_.begin(), notes_.end(), note) == notes_.end()) notes_.push_back(note);
+      continue;
+    }
     if (std::find(ops_.begin(), ops_.end(), op) == ops_.end()) ops_.push_back(op);
     if (op == Op::W8A8 && o_.wgmma) {
       if (gemm_w8a8_wgmma_supported()) ops_.push_back(Op::W8A8Wgmma);
       else notes_.push_back("w8a8-wgmma not timed: the experimental wgmma kernel needs sm_90");
     }
   }
+  // Its activation quantization alone, next to the int8 one (the `quant ms` of the fp8 row).
+  if (std::find(ops_.begin(), ops_.end(), Op::W8A8Fp8) != ops_.end()) ops_.insert(ops_.begin() + 1, Op::QuantizeFp8);
   ops_.insert(ops_.end(), {Op::CublasBf16, Op::LtI8I32, Op::LtI8I8});
   if (prop_.major * 10 + prop_.minor >= 89) ops_.push_back(Op::LtE4M3);
   else notes_.push_back("cublaslt-e4m3-bf16 not timed: fp8 tensor cores need sm_89 or newer");
@@ -224,6 +233,8 @@ OpArgs Bench::args(Op op, int copy, int M) const {
   a.xq = xq_.get<int8_t>();
   a.sa = sa_.get<float>();
   a.x8 = x8_.get<uint8_t>();
+  a.xf8 = xf8_.get<uint8_t>();
+  a.sf8 = sf8_.get<float>();
   a.y = y_.get();
   a.M = M;
   a.N = N_;
@@ -283,7 +294,11 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   x_ = DeviceBuffer(pool_, size_t(Mmax) * K * 2, "bench-op activations (bf16)");
   xq_ = DeviceBuffer(pool_, size_t(Mmax) * K, "bench-op activations (int8)");
   sa_ = DeviceBuffer(pool_, size_t(Mmax) * 4, "bench-op activation scales");
-  x8_ = DeviceBuffer(pool_, size_t(Mmax) * K, "bench-op activations (e4m3)");
+  x8_ = DeviceBuffer(pool_, size_t(Mmax) * K, "bench-op activations (e4m3, the fp8 peer)");
+  if (std::find(ops_.begin(), ops_.end(), Op::QuantizeFp8) != ops_.end()) {
+    xf8_ = DeviceBuffer(pool_, size_t(Mmax) * K, "bench-op activations (e4m3, w8a8-fp8)");
+    sf8_ = DeviceBuffer(pool_, size_t(Mmax) * 4, "bench-op activation scales (w8a8-fp8)");
+  }
   y_ = DeviceBuffer(pool_, size_t(Mmax) * N * 4, "bench-op outputs");
   scratch_ = DeviceBuffer(pool_, size_t(N) * K * 2, "bench-op dequantized weight scratch");
   fill_random_bf16(x_.get<uint16_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);
@@ -305,11 +320,11 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   }
   for (int M : Ms) run_case(M);
   pools_.clear();
-  for (DeviceBuffer* b : {&x_, &xq_, &sa_, &x8_, &y_, &scratch_}) b->reset();
+  for (DeviceBuffer* b : {&x_, &xq_, &sa_, &x8_, &xf8_, &sf8_, &y_, &scratch_}) b->reset();
 }
 
 // Sampled activation rows (first, last, random) on the host: the bf16 values, their per-token
-// quantization by the CPU rule, the e4m3 bytes.
+// quantizations by the CPU rules (int8, e4m3), the fp8 peer's e4m3 bytes.
 Bench::HostActs Bench::host_acts(int M) {
   const int K = K_;
   HostActs h;
@@ -324,6 +339,8 @@ Bench::HostActs Bench::host_acts(int M) {
     h.xq.emplace_back(size_t(K));
     h.sa.push_back(pq::quantize_row_ref(h.x.back().data(), K, h.xq.back().data()));
     h.x8.push_back(download<uint8_t>(x8_.get<uint8_t>() + size_t(m) * K, size_t(K)));
+    h.xf8.emplace_back(size_t(K));
+    h.sf8.push_back(pq::quantize_row_fp8_ref(h.x.back().data(), K, h.xf8.back().data()));
   }
   return h;
 }
@@ -334,19 +351,24 @@ Verdict Bench::check_op(Op op, int M, const HostActs& h, const OpContext& ctx) {
   PERRY_CUDA_CHECK(cudaMemsetAsync(y_.get(), 0xff, size_t(M) * N * 4, stream_));
   run_op(op, args(op, 0, M), true, ctx);
   sync_or_hang(stream_, 20, fmt::format("the output check of {} at N={} K={} M={}", op_info(op).name, N, K, M));
-  if (op == Op::Quantize) {  // bytes and scales exactly as the CPU rule gives them
+  if (op == Op::Quantize || op == Op::QuantizeFp8) {  // bytes and scales exactly as the CPU rule gives them
+    const bool fp8 = op == Op::QuantizeFp8;
+    const auto* dq = fp8 ? xf8_.get<uint8_t>() : reinterpret_cast<const uint8_t*>(xq_.get<int8_t>());
+    const float* ds = fp8 ? sf8_.get<float>() : sa_.get<float>();
     size_t bad = 0;
     for (size_t i = 0; i < ms.size(); ++i) {
-      const auto q = download<int8_t>(xq_.get<int8_t>() + size_t(ms[i]) * K, size_t(K));
-      const auto s = download<float>(sa_.get<float>() + ms[i], 1);
-      bad += size_t(std::memcmp(&s[0], &h.sa[i], 4) != 0);
-      for (int k = 0; k < K; ++k) bad += size_t(q[size_t(k)] != h.xq[i][size_t(k)]);
+      const auto q = download<uint8_t>(dq + size_t(ms[i]) * K, size_t(K));
+      const auto s = download<float>(ds + ms[i], 1);
+      const float want_s = fp8 ? h.sf8[i] : h.sa[i];
+      const auto* want_q = fp8 ? h.xf8[i].data() : reinterpret_cast<const uint8_t*>(h.xq[i].data());
+      bad += size_t(std::memcmp(&s[0], &want_s, 4) != 0);
+      for (int k = 0; k < K; ++k) bad += size_t(q[size_t(k)] != want_q[k]);
     }
     Verdict v;
     v.ok = bad == 0;
     v.err = double(bad);
-    v.what = fmt::format("{}{} of {} sampled bytes/scales differ from quant::quantize_row_ref", bad ? "FAIL: " : "",
-                         bad, ms.size() * size_t(K + 1));
+    v.what = fmt::format("{}{} of {} sampled bytes/scales differ from quant::{}", bad ? "FAIL: " : "", bad,
+                         ms.size() * size_t(K + 1), fp8 ? "quantize_row_fp8_ref" : "quantize_row_ref");
     return v;
   }
   const size_t es = dtype_bits(output_dtype(op)) / 8;
@@ -354,7 +376,7 @@ Verdict Bench::check_op(Op op, int M, const HostActs& h, const OpContext& ctx) {
   std::vector<double> got, ref;
   for (size_t i = 0; i < ms.size(); ++i) {
     const auto yrow = download<uint8_t>(y_.get<uint8_t>() + size_t(ms[i]) * N * es, size_t(N) * es);
-    const HostAct act{h.x[i].data(), h.xq[i].data(), h.sa[i], h.x8[i].data()};
+    const HostAct act{h.x[i].data(), h.xq[i].data(), h.sa[i], h.x8[i].data(), h.xf8[i].data(), h.sf8[i]};
     for (size_t j = 0; j < ns_.size(); ++j) {
       const WFmt f = op_info(op).fmt;
       HostRow w{host_w_.at(f)[j].data(), nullptr};
@@ -407,7 +429,7 @@ void Bench::run_case(int M) {
     }
   }
 
-  // Timed items: every op; the W*A8 ops also without their quantization (the GEMM alone).
+  // Timed items: every op; the W*A8 ops and w8a8-fp8 also without their quantization (the GEMM alone).
   struct Item {
     Op op;
     bool quantize;
@@ -416,7 +438,7 @@ void Bench::run_case(int M) {
   std::vector<Item> items;
   for (Op op : ops) {
     items.push_back({op, true, {}});
-    if (op_info(op).kind == Kind::Perry && reads_int8_activations(op)) items.push_back({op, false, {}});
+    if (quantizes_activations(op)) items.push_back({op, false, {}});
   }
   Events ev(2 * items.size());
   for (int r = 0; r < warmup_ + reps_; ++r) {
@@ -443,7 +465,7 @@ void Bench::run_case(int M) {
   std::map<std::pair<Op, bool>, const Item*> by;
   for (const Item& it : items) by[{it.op, it.quantize}] = &it;
   auto med = [&](Op op, bool q) { return by.count({op, q}) ? median(by.at({op, q})->ms) : -1.0; };
-  const double t_bf16 = med(Op::CublasBf16, true), t_quant = med(Op::Quantize, true);
+  const double t_bf16 = med(Op::CublasBf16, true);
   const double flops = 2.0 * M * double(N) * K;
   const HostActs acts = host_acts(M);
   fmt::print("M={:<5} {:<20} {:>9} {:>9} {:>8} {:>8} {:>7} {:>8}  check / kernel\n", M, "variant", "ms", "gemm ms",
@@ -468,9 +490,9 @@ void Bench::run_case(int M) {
     r.kernel = kernel_name(op, M, ctx);
     r.ms = med(op, true);
     r.best_ms = *std::min_element(by.at({op, true})->ms.begin(), by.at({op, true})->ms.end());
-    const bool a8_perry = in.kind == Kind::Perry && reads_int8_activations(op);
-    r.gemm_ms = a8_perry ? med(op, false) : in.kind == Kind::Quantize ? -1 : r.ms;
-    r.quant_ms = a8_perry || in.kind == Kind::Quantize ? t_quant : -1;
+    const bool quantizes = quantizes_activations(op);
+    r.gemm_ms = quantizes ? med(op, false) : in.kind == Kind::Quantize ? -1 : r.ms;
+    r.quant_ms = quantizes ? med(quantize_op(op), true) : in.kind == Kind::Quantize ? r.ms : -1;
     double bytes = 0;
     if (in.fmt != WFmt::None) {
       bytes = double(pools_.at(in.fmt).row_bytes) * N;
@@ -514,7 +536,8 @@ void Bench::write(const std::string& aborted) const {
       fmt::format("CUDA events around each call, median of {} rounds after {} warm-up rounds; ops interleaved "
                   "within a round behind a spin kernel (no host launch latency in a timing); weights rotated over "
                   "copies > 4x L2 ({} MiB) per format, so never L2-resident; fresh random data; W*A8 rows include "
-                  "quantize_per_token of the bf16 activation (gemm ms: without it); every op's output checked on 8x8 "
+                  "quantize_per_token of the bf16 activation, w8a8-fp8 quantize_per_token_fp8 (gemm ms: without "
+                  "it); every op's output checked on 8x8 "
                   "samples against a host reference (float rows: max |err| / rms <= {:.0e}; int rows exact / +-1)",
                   reps_, warmup_, prop_.l2CacheSize >> 20, kErrLimit);
   nlohmann::json j;
@@ -543,8 +566,9 @@ void Bench::write(const std::string& aborted) const {
   md << fmt::format("Device copy bandwidth (cudaMemcpy D2D of 1 GiB, read + write bytes / time): **{:.0f} GB/s**. "
                     "Check failures: **{}**.\n\n",
                     copy_gbs_, failures);
-  md << "Method: " << method << ".\n\nColumns: `ms` median per call (W*A8: with the activation quantization), "
-     << "`gemm ms` without it, `quant ms` quantize_per_token alone; TOPS = 2MNK / ms; GB/s (M = 1) = weight + scale "
+  md << "Method: " << method << ".\n\nColumns: `ms` median per call (W*A8, w8a8-fp8: with the activation "
+     << "quantization), `gemm ms` without it, `quant ms` the quantization alone (quantize_per_token; "
+     << "w8a8-fp8: quantize_per_token_fp8); TOPS = 2MNK / ms; GB/s (M = 1) = weight + scale "
      << "bytes / ms, `% copy` of the copy bandwidth; `x bf16` = cuBLAS bf16 (bf16 out) time / this time "
      << "(> 1: faster).\n\n";
   for (const auto& n : notes_) md << "- " << n << "\n";

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <thread>
@@ -24,6 +25,7 @@ namespace {
 
 constexpr OpInfo kOps[] = {
     {Op::Quantize, "quantize", Kind::Quantize, WFmt::None, QuantMode::W8A8},
+    {Op::QuantizeFp8, "quantize-fp8", Kind::Quantize, WFmt::None, QuantMode::W8A8_FP8},
     {Op::Bf16, "bf16", Kind::Perry, WFmt::BF16, QuantMode::BF16},
     {Op::W8A16, "w8a16", Kind::Perry, WFmt::I8, QuantMode::W8A16},
     {Op::W4A16, "w4a16", Kind::Perry, WFmt::I4, QuantMode::W4A16},
@@ -33,6 +35,7 @@ constexpr OpInfo kOps[] = {
     {Op::W8A8G64, "w8a8-g64", Kind::Perry, WFmt::I8, QuantMode::W8A8_G64},
     {Op::W4A8, "w4a8", Kind::Perry, WFmt::I4, QuantMode::W4A8},
     {Op::W4A8G128, "w4a8-g128", Kind::Perry, WFmt::I4, QuantMode::W4A8_G128},
+    {Op::W8A8Fp8, "w8a8-fp8", Kind::Perry, WFmt::E4M3, QuantMode::W8A8_FP8},
     {Op::CublasBf16, "cublas-bf16", Kind::Peer, WFmt::BF16, QuantMode::BF16},
     {Op::LtI8I32, "cublaslt-i8-i32", Kind::Peer, WFmt::I8, QuantMode::BF16},
     {Op::LtI8I8, "cublaslt-i8-i8", Kind::Peer, WFmt::I8, QuantMode::BF16},
@@ -74,11 +77,23 @@ bool reads_int8_activations(Op op) {
   return has_weight_scales(op) && pq::quant_scheme(op_info(op).mode).int8_activations;
 }
 
+bool quantizes_activations(Op op) {
+  if (!has_weight_scales(op)) return false;
+  const pq::QuantScheme sc = pq::quant_scheme(op_info(op).mode);
+  return sc.int8_activations || sc.fp8;
+}
+
+Op quantize_op(Op op) {
+  PERRY_CHECK(quantizes_activations(op), "bench-op: {} quantizes no activations", op_info(op).name);
+  return pq::quant_scheme(op_info(op).mode).fp8 ? Op::QuantizeFp8 : Op::Quantize;
+}
+
 int scale_group(Op op) { return has_weight_scales(op) ? pq::quant_scheme(op_info(op).mode).group_size : 0; }
 
 DType output_dtype(Op op) {
   switch (op) {
     case Op::Quantize: return DType::I8;
+    case Op::QuantizeFp8: return DType::F8_E4M3;
     case Op::CublasBf16:
     case Op::LtE4M3: return DType::BF16;
     case Op::LtI8I32: return DType::I32;
@@ -112,6 +127,7 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
   const int M = a.M, N = a.N, K = a.K;
   switch (op) {
     case Op::Quantize: quantize_per_token(a.x, DType::BF16, M, K, a.xq, a.sa, c.stream); return;
+    case Op::QuantizeFp8: quantize_per_token_fp8(a.x, DType::BF16, M, K, a.xf8, a.sf8, c.stream); return;
     case Op::Bf16:
       cublas_gemm_bf16(c.blas, static_cast<const uint16_t*>(a.w), a.x, a.y, DType::F32, M, N, K);
       return;
@@ -121,6 +137,12 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
     case Op::LtI8I32:
     case Op::LtI8I8: lt_of(op, c).run(a.w, a.xq, a.y, c.lt_workspace, c.stream); return;
     case Op::LtE4M3: lt_of(op, c).run(a.w, a.x8, a.y, c.lt_workspace, c.stream); return;
+    case Op::W8A8Fp8:
+      // CudaLinear's Path::Fp8Wgmma: the layer quantizes its bf16 input itself, at every M.
+      if (quantize) quantize_per_token_fp8(a.x, DType::BF16, M, K, a.xf8, a.sf8, c.stream);
+      gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, a.y, DType::F32, M, N, K,
+                     c.stream);
+      return;
     default: break;
   }
   // perry's quantized linear, the dispatch of CudaLinear::forward (no bias).
@@ -151,6 +173,8 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
 std::string kernel_name(Op op, int M, const OpContext& c) {
   switch (op) {
     case Op::Quantize: return "quantize_per_token (bf16 in)";
+    case Op::QuantizeFp8: return "quantize_per_token_fp8 (bf16 in)";
+    case Op::W8A8Fp8: return "quantize_per_token_fp8 + gemm_fp8_wgmma";
     case Op::Bf16: return "cublasGemmEx bf16->f32";
     case Op::CublasBf16: return "cublasGemmEx bf16->bf16";
     case Op::LtI8I32:
@@ -182,6 +206,10 @@ double reference(Op op, const HostRow& w, const HostAct& x, int K, float lt_alph
     const auto* wb = reinterpret_cast<const uint16_t*>(w.w);
     for (int k = 0; k < K; ++k) s += double(x.x[k]) * double(bf16_to_f32(wb[k]));
     return s;
+  }
+  if (op == Op::W8A8Fp8) {  // x's own e4m3 codes (not the peer's x8), one scale per row and channel
+    for (int k = 0; k < K; ++k) s += e4m3_to_double(x.xf8[k]) * e4m3_to_double(w.w[k]);
+    return s * double(x.sf8) * double(w.scales[0]);
   }
   if (fmt == WFmt::E4M3) {
     for (int k = 0; k < K; ++k) s += e4m3_to_double(x.x8[k]) * e4m3_to_double(w.w[k]);
@@ -263,13 +291,19 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
     xb[i] = f32_to_bf16(nd(rng));
     x[i] = bf16_to_f32(xb[i]);  // what every kernel sees
   }
-  // Per-token quantization of the bf16 rows on the host (the rule quantize_per_token follows).
+  // Per-token quantization of the bf16 rows on the host (the rules quantize_per_token and
+  // quantize_per_token_fp8 follow).
   std::vector<int8_t> xq(x.size());
-  std::vector<float> sa(Mmax);
-  for (int m = 0; m < Mmax; ++m) sa[m] = pq::quantize_row_ref(&x[size_t(m) * K], K, &xq[size_t(m) * K]);
+  std::vector<uint8_t> xf8(x.size());
+  std::vector<float> sa(Mmax), sf8(Mmax);
+  for (int m = 0; m < Mmax; ++m) {
+    sa[m] = pq::quantize_row_ref(&x[size_t(m) * K], K, &xq[size_t(m) * K]);
+    sf8[m] = pq::quantize_row_fp8_ref(&x[size_t(m) * K], K, &xf8[size_t(m) * K]);
+  }
 
   DeviceBuffer dx(pool, xb.size() * 2, "bench-op check x"), dxq(pool, xq.size(), "bench-op check xq"),
-      dsa(pool, Mmax * 4, "bench-op check sa"), dy(pool, size_t(Mmax) * N * 4, "bench-op check y"),
+      dsa(pool, Mmax * 4, "bench-op check sa"), dxf8(pool, xf8.size(), "bench-op check xf8"),
+      dsf8(pool, Mmax * 4, "bench-op check sf8"), dy(pool, size_t(Mmax) * N * 4, "bench-op check y"),
       dw(pool, size_t(N) * K * 2, "bench-op check weights"), ds(pool, size_t(N) * K / 16 * 4, "bench-op check scales"),
       scratch(pool, size_t(N) * K * 2, "bench-op check scratch");
   copy_to_device(dx.get(), xb.data(), xb.size() * 2);
@@ -283,6 +317,7 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
     if (op_info(op).kind != Kind::Perry) continue;
     // The weights as perry's CPU quantizer writes them, and what they stand for (q·scale).
     std::vector<float> deq;
+    pq::QuantizedWeight qw;
     if (op == Op::Bf16) {
       std::vector<uint16_t> wb(w.size());
       deq.resize(w.size());
@@ -292,21 +327,31 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       }
       copy_to_device(dw.get(), wb.data(), wb.size() * 2);
     } else {
-      const pq::QuantizedWeight qw = pq::quantize_weight(w.data(), N, K, op_info(op).mode);
+      qw = pq::quantize_weight(w.data(), N, K, op_info(op).mode);
       PERRY_CHECK(qw.scales.size() * 4 <= ds.bytes(), "bench-op check: scales larger than expected");
       copy_to_device(dw.get(), qw.qweight.data(), qw.qweight.size());
       copy_to_device(ds.get(), qw.scales.data(), qw.scales.size() * 4);
       deq = pq::dequantize_weight(qw);
     }
-    const bool a8 = reads_int8_activations(op);
+    const bool a8 = reads_int8_activations(op), fp8 = op == Op::W8A8Fp8;
     for (int M : Ms) {
       if (op == Op::W8A8Wgmma && M <= kGemvQuantMaxM) continue;  // the wgmma row exists for M > 8 only
       StartupCheck c;
       c.op = op_info(op).name;
       c.M = M;
       try {
-        OpArgs a{dw.get(), ds.get<float>(), dx.get<uint16_t>(), dxq.get<int8_t>(), dsa.get<float>(), nullptr,
-                 dy.get(), M, N, K};
+        OpArgs a;
+        a.w = dw.get();
+        a.scales = ds.get<float>();
+        a.x = dx.get<uint16_t>();
+        a.xq = dxq.get<int8_t>();
+        a.sa = dsa.get<float>();
+        a.xf8 = dxf8.get<uint8_t>();
+        a.sf8 = dsf8.get<float>();
+        a.y = dy.get();
+        a.M = M;
+        a.N = N;
+        a.K = K;
         PERRY_CUDA_CHECK(cudaMemsetAsync(dy.get(), 0xff, dy.bytes(), stream));  // NaN: unwritten outputs fail
         run_op(op, a, true, ctx);
         sync_or_hang(stream, 20, fmt::format("the startup check of {} (M={})", c.op, M));
@@ -320,15 +365,38 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
             const int8_t* qr = &xq[size_t(m) * K];
             const float* dr = &deq[size_t(n) * K];
             const float* wr = &w[size_t(n) * K];
-            for (int k = 0; k < K; ++k) {
-              s += double(dr[k]) * (a8 ? double(qr[k]) : double(xr[k]));
-              sf += double(wr[k]) * double(xr[k]);
+            for (int k = 0; k < K; ++k) sf += double(wr[k]) * double(xr[k]);
+            if (fp8) {
+              // From the codes, not from deq: dequantize_weight rounds e4m3·scale to float.
+              const auto* wq = reinterpret_cast<const uint8_t*>(qw.qweight.data()) + size_t(n) * K;
+              const uint8_t* fr = &xf8[size_t(m) * K];
+              for (int k = 0; k < K; ++k) s += e4m3_to_double(fr[k]) * e4m3_to_double(wq[k]);
+              s *= double(sf8[m]) * double(qw.scales[size_t(n)]);
+            } else {
+              for (int k = 0; k < K; ++k) s += double(dr[k]) * (a8 ? double(qr[k]) : double(xr[k]));
+              if (a8) s *= sa[m];
             }
-            ref[size_t(m) * N + n] = a8 ? s * sa[m] : s;
+            ref[size_t(m) * N + n] = s;
             ref_float[size_t(m) * N + n] = sf;
           }
         c.verdict = judge(op, got, ref);
         c.err_float = judge(op, got, ref_float).err;
+        if (fp8) {
+          // The reference used the host's codes: the device's must be the same bytes (the
+          // output tolerance alone would hide a quantizer off by one code here and there).
+          std::vector<uint8_t> dq(size_t(M) * K);
+          std::vector<float> ds8(static_cast<size_t>(M));
+          PERRY_CUDA_CHECK(cudaMemcpy(dq.data(), dxf8.get(), size_t(M) * K, cudaMemcpyDeviceToHost));
+          PERRY_CUDA_CHECK(cudaMemcpy(ds8.data(), dsf8.get(), size_t(M) * 4, cudaMemcpyDeviceToHost));
+          size_t bad = 0;
+          for (size_t i = 0; i < size_t(M) * K; ++i) bad += dq[i] != xf8[i];
+          for (int m = 0; m < M; ++m) bad += std::memcmp(&ds8[size_t(m)], &sf8[size_t(m)], 4) != 0;
+          if (bad) {
+            c.verdict.ok = false;
+            c.verdict.what = fmt::format("FAIL: {} e4m3 activation bytes/scales differ from quantize_row_fp8_ref; {}",
+                                         bad, c.verdict.what);
+          }
+        }
       } catch (const HangError&) {
         throw;
       } catch (const Error& e) {

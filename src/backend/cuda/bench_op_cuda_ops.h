@@ -1,7 +1,7 @@
 // The operations `perry bench-op --device cuda` times, one call each: perry's linear layer in
 // every mode exactly as CudaLinear::forward (cuda_linear.cpp) runs it, the activation
-// quantization on its own, and the library peers (bench_peers.h); plus their host references,
-// used to check the timed outputs so that a broken kernel cannot post a fast time.
+// quantizations on their own (int8 and e4m3), and the library peers (bench_peers.h); plus their
+// host references, used to check the timed outputs so that a broken kernel cannot post a fast time.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -19,9 +19,10 @@
 namespace perry::cuda::benchop {
 
 enum class Op : uint8_t {
-  Quantize,  // quantize_per_token of the bf16 activation, alone
-  Bf16, W8A16, W4A16, W8A8, W8A8Wgmma, W8A8G128, W8A8G64, W4A8, W4A8G128,  // perry
-  CublasBf16, LtI8I32, LtI8I8, LtE4M3,                                      // peers
+  Quantize,     // quantize_per_token of the bf16 activation, alone
+  QuantizeFp8,  // quantize_per_token_fp8 of it, alone (timed only next to w8a8-fp8)
+  Bf16, W8A16, W4A16, W8A8, W8A8Wgmma, W8A8G128, W8A8G64, W4A8, W4A8G128, W8A8Fp8,  // perry
+  CublasBf16, LtI8I32, LtI8I8, LtE4M3,                                               // peers
 };
 enum class Kind : uint8_t { Quantize, Perry, Peer };
 enum class WFmt : uint8_t { None, BF16, I8, I4, E4M3 };  // how the op's weight is stored
@@ -38,17 +39,25 @@ const OpInfo& op_info(Op op);
 Op perry_op(quant::QuantMode mode);
 // perry's quantized modes: weights with scales [N, G] in the layout of scale_group(op).
 bool has_weight_scales(Op op);
-// Int8 per-token activations (the W*A8 modes, the cuBLASLt int8 peers).
+// Int8 per-token activations (the W*A8 modes, the cuBLASLt int8 peers). Not w8a8-fp8.
 bool reads_int8_activations(Op op);
-// Group size of the op's weight scales: 0 = per channel (or no scales: float and fp8 weights).
+// The perry ops whose call starts with a per-token quantization of the bf16 activation (the W*A8
+// modes: int8; w8a8-fp8: e4m3): run_op(quantize = false) skips it, and quantize_op(op) times it
+// alone.
+bool quantizes_activations(Op op);
+Op quantize_op(Op op);
+// Group size of the op's weight scales: 0 = per channel (w8a8-fp8) or no scales (float weights,
+// the fp8 peer).
 int scale_group(Op op);
 DType output_dtype(Op op);
 // Bytes of the weight row of `fmt` for K inputs.
 size_t weight_row_bytes(WFmt fmt, int K);
 
 // Device pointers of one call. Every op reads the bf16 activation x [M, K] or what is derived
-// from it: xq / sa (written by the W*A8 ops' quantization step, read by the cuBLASLt int8 peers)
-// and x8 (e4m3, the fp8 peer). y [M, N] in output_dtype(op).
+// from it: xq / sa (written by the W*A8 ops' quantization step, read by the cuBLASLt int8 peers),
+// xf8 / sf8 (e4m3 codes and fp32 scales of x, written by w8a8-fp8's own quantization step) and x8
+// (the fp8 peer's input: random e4m3 bytes of their own, not derived from x, so the two e4m3
+// buffers are kept apart). y [M, N] in output_dtype(op).
 struct OpArgs {
   const void* w = nullptr;
   const float* scales = nullptr;  // [N, G] in the op's scale layout (quantized modes)
@@ -56,6 +65,8 @@ struct OpArgs {
   int8_t* xq = nullptr;
   float* sa = nullptr;
   const uint8_t* x8 = nullptr;
+  uint8_t* xf8 = nullptr;
+  float* sf8 = nullptr;
   void* y = nullptr;
   int M = 0, N = 0, K = 0;
 };
@@ -79,28 +90,32 @@ struct HangError : Error {
 };
 void sync_or_hang(cudaStream_t stream, double seconds, const std::string& what);
 
-// One call on ctx.stream. quantize = false: the W*A8 ops skip their activation quantization
-// (the GEMM alone, reading xq / sa as they are).
+// One call on ctx.stream. quantize = false: the ops of quantizes_activations() skip their
+// activation quantization (the GEMM alone, reading xq / sa or xf8 / sf8 as they are).
 void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& ctx);
 // Which kernels run_op launches for M rows.
 std::string kernel_name(Op op, int M, const OpContext& ctx);
 
 // One weight row on the host (copied from the device): the raw row bytes in the op's format and
-// the row's scales (G of them; none for float / fp8 / the int8 peers).
+// the row's scales (G of them; none for float weights and the peers).
 struct HostRow {
   const uint8_t* w = nullptr;
   const float* scales = nullptr;
 };
 // Activation row m on the host: x as floats (the bf16 values), its per-token quantization
-// (quant::quantize_row_ref), the e4m3 bytes.
+// (quant::quantize_row_ref), the fp8 peer's e4m3 bytes, and x's own e4m3 form by w8a8-fp8's rule
+// (quant::quantize_row_fp8_ref: codes and the row's scale).
 struct HostAct {
   const float* x = nullptr;
   const int8_t* xq = nullptr;
   float sa = 0;
   const uint8_t* x8 = nullptr;
+  const uint8_t* xf8 = nullptr;
+  float sf8 = 0;
 };
 // The exact result of output element (m, n) in float64 (the int8 peers: the integer result; the
-// int8-output peer: its saturated rounding of alpha·acc).
+// int8-output peer: its saturated rounding of alpha·acc; w8a8-fp8: Σ_k e4m3(x)·e4m3(w) · sf8 · sw
+// over the decoded codes).
 double reference(Op op, const HostRow& w, const HostAct& x, int K, float lt_alpha);
 double e4m3_to_double(uint8_t b);
 // Element n of a downloaded output row of output_dtype(op).
@@ -109,6 +124,16 @@ double output_value(Op op, const void* row, int n);
 // Output check: err = max |got − ref| / rms(ref) over the compared elements (NaN/inf → inf).
 // Integer outputs must match exactly (int32) or within 1 (int8, rounding mode); float outputs
 // need err <= kErrLimit (bf16 output rounding is ~0.004 of the largest values).
+// The fp8 GEMMs (w8a8-fp8, the cuBLASLt fast-accumulation peer) are not exact even in fp32:
+// Hopper's fp8 MMA adds a k-step's products at ~13-14 bits. Their error should stay below the
+// limit: the e4m3 peer (fast accumulation: no promotion to fp32 registers, like gemm_fp8_wgmma,
+// which keeps one wgmma accumulator for all of K) measured 0.004-0.007 at K = 4096 on the
+// H200 (docs/perf/cuda/bench-op-cuda-quick.json), no more than cuBLAS bf16's bf16 output rounding
+// next to it, so its accumulation error is <= ~0.003 of rms there. Random rounding errors add up
+// ~sqrt(K) relative to rms (≈ 0.006 at K = 14336), a fully biased one ~K (≈ 0.011); w8a8-fp8's
+// per-channel scales (bench weights: sw in [1e-3, 2e-2]) can put the largest error in a column
+// with ~1.7× the rms scale: ≤ ~0.02 in the worst case. (The kernel test's bound, 1.6e-3 of
+// Σ|x·w| on random full-range codes, says less here: Σ|x·w| ≈ 0.75·sqrt(K)·rms for these data.)
 constexpr double kErrLimit = 3e-2;
 struct Verdict {
   bool ok = true;
@@ -119,8 +144,10 @@ Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& 
 
 // The startup check: every perry op in `ops` at N = 384, K = 1024, M in {1, 5, 8, 16, 100}, with
 // weights from quant::quantize_weight (perry's CPU quantizer), against float64 of the mode's math
-// (quant::dequantize_weight, quant::quantize_row_ref); the error against the unquantized float
-// product is reported alongside (the mode's quantization error, information only).
+// (quant::dequantize_weight, quant::quantize_row_ref; w8a8-fp8: the decoded e4m3 codes of
+// quantize_weight and quant::quantize_row_fp8_ref, and the device's e4m3 activations must equal
+// the host's byte for byte); the error against the unquantized float product is reported
+// alongside (the mode's quantization error, information only).
 struct StartupCheck {
   std::string op;
   int M = 0;

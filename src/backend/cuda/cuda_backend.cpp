@@ -129,6 +129,26 @@ class CudaBackend final : public model::ForwardBackend {
   void gate_up(const Layer& L, const LinearInput& in, int M);
   // Runs gate|up and SwiGLU over M rows into the MLP activation (act_out()).
   void gate_up_swiglu(const Layer& L, const LinearInput& in, int M, int I);
+  // So do the q|k|v projections (PERRY_QKV_F32=1 keeps fp32): written as bf16 by the GEMM where
+  // it can — rope_append_qkv then writes q back as bf16 and attention reads it so — else rounded
+  // by rope_append_qkv / split_qkv / the fused decode kernel's epilogue.
+  bool qkv_bf16_ = true;
+  // (Where attention computes with bf16 q, so that the fused path's bf16 q and the separate
+  // path's fp32 one give the same bits.)
+  bool qkv_writes_bf16(const Layer& L, int M) const {
+    return qkv_bf16_ && L.qkv.bf16_output(M) && attention_prefill_rounds_q(int(cfg_.head_dim));
+  }
+  // The residual deltas (o_proj and down_proj outputs) follow the same rule: rounded to bf16
+  // before the residual add in every step — written as bf16 by the GEMM where it can (half the
+  // bytes of a [M, H] output written and read), else rounded by the add (add_rms_norm /
+  // residual_add round_delta, gemv_decode's Accumulate round_bf16). The residual stream itself
+  // stays fp32. transformers' bf16 models round there too. PERRY_DELTA_F32=1 keeps fp32.
+  bool delta_bf16_ = true;
+  bool delta_writes_bf16(const CudaLinear& lin, int M) const { return delta_bf16_ && lin.bf16_output(M); }
+  // lin's output of M rows into delta_ (bf16 where delta_writes_bf16, else fp32).
+  void residual_delta(const CudaLinear& lin, const LinearInput& in, int M);
+  // x += delta_ (as residual_delta wrote it for lin), then next_norm ? RMSNorm into act_out().
+  void add_delta(const CudaLinear& lin, int M, const DeviceBuffer* next_norm);
   // The prefill attention kernel: the library's choice, or PERRY_PREFILL_ATTN=64 / 128 (rows a
   // block) / wgmma (hd 128 on sm_90; what Auto takes there for long prompts) for A/B runs.
   PrefillKernel prefill_attn_ = PrefillKernel::Auto;
@@ -213,6 +233,8 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
   gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");
+  delta_bf16_ = !env_flag("PERRY_DELTA_F32");
+  qkv_bf16_ = !env_flag("PERRY_QKV_F32");
   if (const char* e = std::getenv("PERRY_PREFILL_ATTN"); e && *e) {
     const std::string v = e;
     if (v == "64") prefill_attn_ = PrefillKernel::Rows64;
@@ -266,6 +288,10 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     v_.ensure(pool_, m * KV * 4, "attention values");
     attn_.ensure(pool_, m * Q * 4, "attention output");
     delta_.ensure(pool_, m * H * 4, "layer outputs");
+    if (size_t fp8 = layers_.empty() ? 0 : layers_[0].gate_up.fp8_act_bytes(M); fp8 > 0) {
+      lctx_.fp8_act.ensure(pool_, std::max(fp8, m * widest), "activations (e4m3 linear input)");
+      lctx_.fp8_scale.ensure(pool_, m * 4, "e4m3 activation scales");
+    }
     gu_.ensure(pool_, m * 2 * I * 4, "MLP gate|up");
     scratch_m_ = M;
     ++scratch_gen_;
@@ -431,7 +457,12 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.rows_per_warp = rows_per_warp;
   a.bulk_stages = decode_bulk_stages_;
-  a.round_gate_up = gate_up_bf16_;
+  // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
+  // the logits stay fp32.
+  a.round_bf16 = &l == &lm_head_ ? false
+                 : out == DecodeOut::Accumulate ? delta_bf16_
+                 : out == DecodeOut::SwiGLU     ? gate_up_bf16_
+                                                : qkv_bf16_;
   if (rope_kv) a.rope_kv = *rope_kv;
   gemv_decode(l.decode_weights(), a, stream_);
 }
@@ -489,13 +520,15 @@ void CudaBackend::enqueue(const Step& st) {
   auto* d_pos = d_tok + M;
   auto* d_seq = reinterpret_cast<AttnSeq*>(d_pos + M);
   float* x = x_.get<float>();
-  // One row: q, k and v are already contiguous inside the fused projection's output.
+  // One row: q, k and v are already contiguous inside the fused projection's output (unless
+  // split_qkv has to round them to bf16).
   float* qkv = qkv_.get<float>();
-  float* q = M == 1 ? qkv : q_.get<float>();
-  float* k = M == 1 ? qkv + Q : k_.get<float>();
-  float* v = M == 1 ? qkv + Q + KV : v_.get<float>();
+  uint16_t* qkv16 = qkv_.get<uint16_t>();  // the same buffer where the projection writes bf16
+  const bool split = M > 1 || qkv_bf16_;
+  float* q = split ? q_.get<float>() : qkv;
+  float* k = split ? k_.get<float>() : qkv + Q;
+  float* v = split ? v_.get<float>() : qkv + Q + KV;
   float* attn = attn_.get<float>();
-  float* delta = delta_.get<float>();
   const float eps = float(cfg_.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(float(hd));
   const LinearInput in = linear_in();
@@ -506,27 +539,40 @@ void CudaBackend::enqueue(const Step& st) {
     const Layer& L = layers_[l];
     if (l == 0) rms_norm(x, L.in_norm.get<float>(), eps, M, H, act_out(), stream_);
     // (later layers: the previous layer's residual add already normalized x into the input)
-    L.qkv.forward(in, M, qkv, lctx_);
+    const bool qkv16_out = qkv_writes_bf16(L, M);
+    if (qkv16_out) L.qkv.forward_bf16(in, M, qkv16, lctx_);
+    else L.qkv.forward(in, M, qkv, lctx_);
     uint16_t* kc = kv.k.get<uint16_t>() + l * kv.layer_elems;
     uint16_t* vc = kv.v.get<uint16_t>() + l * kv.layer_elems;
+    const float* qn = cfg_.qk_norm ? L.q_norm.get<float>() : nullptr;
+    const float* kn = cfg_.qk_norm ? L.k_norm.get<float>() : nullptr;
     if (!st.decode && prefill_fused_) {
       // q/k norm, RoPE and the cache append in one pass over q|k|v; attention reads q in place
-      // and, for bf16 linears, writes o_proj's bf16 input itself.
-      rope_append_qkv(qkv, Q + 2 * KV, d_seq, n_seqs, M, nh, nkv, hd, cfg_.qk_norm ? L.q_norm.get<float>() : nullptr,
-                      cfg_.qk_norm ? L.k_norm.get<float>() : nullptr, eps, rope_view_, st.cap, kc, vc, stream_);
+      // (bf16 where the projection wrote bf16) and writes o_proj's input itself.
       PrefillIo io;
-      io.q = qkv;
+      if (qkv16_out) {
+        rope_append_qkv(qkv16, Q + 2 * KV, d_seq, n_seqs, M, nh, nkv, hd, qn, kn, eps, rope_view_, st.cap, kc, vc,
+                        stream_);
+        io.q_bf16 = qkv16;
+      } else {
+        rope_append_qkv(qkv, Q + 2 * KV, d_seq, n_seqs, M, nh, nkv, hd, qn, kn, eps, rope_view_, st.cap, kc, vc,
+                        stream_, qkv_bf16_);
+        io.q = qkv;
+      }
+      // The int8 modes take it as bf16 too (in attn_), then quantize per token: half the bytes
+      // of an fp32 output written and read, and the same values o_proj sees in bf16 mode.
       io.q_stride = Q + 2 * KV;
-      if (act_fmt_ == ActFormat::BF16) io.out_bf16 = act_bf16_.get<uint16_t>();
-      else io.out = attn;
+      io.out_bf16 = act_fmt_ == ActFormat::BF16 ? act_bf16_.get<uint16_t>() : attn_.get<uint16_t>();
       attention_prefill(io, d_seq, n_seqs, st.max_new, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, stream_,
                         prefill_attn_);
-      if (act_fmt_ != ActFormat::BF16) to_linear_input(attn, M, Q);
+      if (act_fmt_ != ActFormat::BF16)
+        quantize_per_token(io.out_bf16, DType::BF16, M, Q, act_i8_.get<int8_t>(), act_scale_.get<float>(), stream_);
     } else {
-      if (M > 1) split_qkv(qkv, M, Q, KV, q, k, v, stream_);
+      if (qkv16_out) split_qkv(qkv16, M, Q, KV, q, k, v, stream_);
+      else if (split) split_qkv(qkv, M, Q, KV, q, k, v, stream_, qkv_bf16_);
       if (cfg_.qk_norm) {
-        head_rms_norm(q, Q, M, nh, hd, L.q_norm.get<float>(), eps, stream_);
-        head_rms_norm(k, KV, M, nkv, hd, L.k_norm.get<float>(), eps, stream_);
+        head_rms_norm(q, Q, M, nh, hd, qn, eps, stream_);
+        head_rms_norm(k, KV, M, nkv, hd, kn, eps, stream_);
       }
       rope_apply(q, Q, nh, k, KV, nkv, M, d_pos, rope_view_, stream_);
       kv_cache_append(k, v, d_seq, n_seqs, M, nkv, hd, st.cap, kc, vc, stream_);
@@ -536,14 +582,21 @@ void CudaBackend::enqueue(const Step& st) {
       else
         attention_prefill(q, d_seq, n_seqs, st.max_new, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn,
                           stream_, prefill_attn_);
-      to_linear_input(attn, M, Q);
+      if (!st.decode && act_fmt_ == ActFormat::I8) {
+        // The fused path's values: the output rounded to bf16 (in q_, free after attention), then
+        // quantized — so PERRY_PREFILL_SEPARATE gives the same bits.
+        uint16_t* ab = q_.get<uint16_t>();
+        f32_to_bf16(attn, ab, int64_t(M) * Q, stream_);
+        quantize_per_token(ab, DType::BF16, M, Q, act_i8_.get<int8_t>(), act_scale_.get<float>(), stream_);
+      } else {
+        to_linear_input(attn, M, Q);
+      }
     }
-    L.o.forward(in, M, delta, lctx_);
-    add_rms_norm(x, delta, L.post_norm.get<float>(), eps, M, H, act_out(), stream_);
+    residual_delta(L.o, in, M);
+    add_delta(L.o, M, &L.post_norm);
     gate_up_swiglu(L, in, M, I);
-    L.down.forward(in, M, delta, lctx_);
-    if (l + 1 < layers_.size()) add_rms_norm(x, delta, layers_[l + 1].in_norm.get<float>(), eps, M, H, act_out(), stream_);
-    else residual_add(x, delta, int64_t(M) * H, stream_);
+    residual_delta(L.down, in, M);
+    add_delta(L.down, M, l + 1 < layers_.size() ? &layers_[l + 1].in_norm : nullptr);
   }
 
   // Only the rows whose logits are wanted go through the final norm and lm_head.
@@ -575,6 +628,26 @@ void CudaBackend::gate_up(const Layer& L, const LinearInput& in, int M) {
   else L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
 }
 
+void CudaBackend::residual_delta(const CudaLinear& lin, const LinearInput& in, int M) {
+  if (delta_writes_bf16(lin, M)) lin.forward_bf16(in, M, delta_.get<uint16_t>(), lctx_);
+  else lin.forward(in, M, delta_.get<float>(), lctx_);
+}
+
+void CudaBackend::add_delta(const CudaLinear& lin, int M, const DeviceBuffer* next_norm) {
+  const int H = int(cfg_.hidden_size);
+  const float eps = float(cfg_.rms_norm_eps);
+  float* x = x_.get<float>();
+  if (delta_writes_bf16(lin, M)) {
+    const uint16_t* d = delta_.get<uint16_t>();
+    if (next_norm) add_rms_norm(x, d, next_norm->get<float>(), eps, M, H, act_out(), stream_);
+    else residual_add(x, d, int64_t(M) * H, stream_);
+  } else {
+    const float* d = delta_.get<float>();
+    if (next_norm) add_rms_norm(x, d, next_norm->get<float>(), eps, M, H, act_out(), stream_, delta_bf16_);
+    else residual_add(x, d, int64_t(M) * H, stream_, delta_bf16_);
+  }
+}
+
 void CudaBackend::gate_up_swiglu(const Layer& L, const LinearInput& in, int M, int I) {
   gate_up(L, in, M);
   if (gate_up_writes_bf16(L, M)) swiglu(gu_.get<uint16_t>(), M, I, act_out(), stream_);
@@ -590,10 +663,11 @@ double CudaBackend::linears_ms(int M) {
   const LinearInput in = linear_in();
   auto run = [&] {
     for (const Layer& L : layers_) {
-      L.qkv.forward(in, M, qkv_.get<float>(), lctx_);
-      L.o.forward(in, M, delta_.get<float>(), lctx_);
+      if (qkv_writes_bf16(L, M)) L.qkv.forward_bf16(in, M, qkv_.get<uint16_t>(), lctx_);
+      else L.qkv.forward(in, M, qkv_.get<float>(), lctx_);
+      residual_delta(L.o, in, M);
       gate_up(L, in, M);
-      L.down.forward(in, M, delta_.get<float>(), lctx_);
+      residual_delta(L.down, in, M);
     }
     lm_head_.forward(in, 1, logits_.get<float>(), lctx_);
   };
@@ -627,6 +701,11 @@ std::string CudaBackend::kernel_summary() const {
        ", online softmax; decode → attention_decode (split-KV)\n";
   s += gate_up_bf16_ ? "  MLP: gate|up rounded to bf16 before SwiGLU (bf16 GEMM output where the kernel has one)\n"
                      : "  MLP: gate|up kept in fp32 (PERRY_GATE_UP_F32)\n";
+  s += qkv_bf16_ ? "  attention: q|k|v rounded to bf16 before norm / RoPE (bf16 GEMM output where the kernel has one)\n"
+                 : "  attention: q|k|v kept in fp32 (PERRY_QKV_F32)\n";
+  s += delta_bf16_ ? "  residual adds: o_proj / down_proj outputs rounded to bf16 (bf16 GEMM output where the kernel has "
+                     "one), fp32 residual stream\n"
+                   : "  residual adds: o_proj / down_proj outputs kept in fp32 (PERRY_DELTA_F32)\n";
   s += fused_decode_ ? "  one-token decode: gemv_decode (RMSNorm / SwiGLU / residual add fused into the linears), "
                        "rope_append_qkv, programmatic dependent launch\n"
                      : "  one-token decode: separate kernels (PERRY_NO_FUSED_DECODE or a layer gemv_decode cannot take)\n";

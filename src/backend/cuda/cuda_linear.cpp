@@ -75,6 +75,12 @@ CudaLinear CudaLinear::upload(DevicePool& pool, const std::vector<const model::L
     l.weight_bytes_ = w.size() * 2;
   } else {
     const pq::QuantScheme sc = pq::quant_scheme(l.mode_);
+    if (sc.fp8) {
+      PERRY_CHECK(gemm_w8a8_wgmma_supported(), "{}: w8a8-fp8 runs on Hopper's fp8 tensor cores (wgmma, sm_90) only; "
+                  "this GPU has none — use w8a8 or bf16", name);
+      PERRY_CHECK(l.k_ % 16 == 0, "{}: w8a8-fp8 needs an input width that is a multiple of 16 (this layer has {})",
+                  name, l.k_);
+    }
     l.bits_ = sc.weight_bits;
     l.group_size_ = sc.group_size;
     std::vector<int8_t> q;
@@ -192,6 +198,14 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
     case Path::WgmmaQuant:
       gemm_quant_wgmma(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
       return;
+    case Path::Fp8Wgmma:
+      PERRY_CHECK(ctx.fp8_act.bytes() >= fp8_act_bytes(M) && ctx.fp8_scale.bytes() >= size_t(M) * 4,
+                  "{}: the e4m3 activation scratch holds fewer than {} rows", name_, M);
+      quantize_per_token_fp8(x.bf16, DType::BF16, M, k_, ctx.fp8_act.get<uint8_t>(), ctx.fp8_scale.get<float>(),
+                             ctx.stream);
+      gemm_fp8_wgmma(ctx.fp8_act.get<uint8_t>(), ctx.fp8_scale.get<float>(), weight_.get<uint8_t>(),
+                     scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
+      return;
   }
 }
 
@@ -207,7 +221,7 @@ DecodeWeights CudaLinear::decode_weights() const {
 }
 
 bool CudaLinear::decode_fusable() const {
-  return gemv_decode_supports(decode_weights().mode, k_);
+  return !fp8() && gemv_decode_supports(decode_weights().mode, k_);
 }
 
 // Which kernel runs M rows. Crossovers from the H200 measurements in docs/perf/cuda/ (kernel
@@ -216,6 +230,9 @@ CudaLinear::Path CudaLinear::path(int M) const {
   // bf16: cuBLAS reads the weights at 82-88% of the copy bandwidth at every M up to 64 on the
   // H200 (gemm_small_m_bf16: 46-65%), so the library is the bf16 path (and the honest baseline).
   if (!pq::is_quantized(mode_)) return Path::CublasBf16;
+  // The comparison mode has one kernel (upload checked the GPU and K): its decode rows run in
+  // 128-row tiles, mostly empty — fp8 is compared on prefill, where it is compute-bound.
+  if (fp8()) return Path::Fp8Wgmma;
   // The tensor-core kernels copy 16-byte rows: K % 16 (int8 weights) or K % 32 (int4). Other K
   // (tiny test models) take the GEMV in blocks of 8 rows — correct, just slower.
   const bool k_ok = k_ % gemm_small_m_k_multiple(mode_) == 0;
@@ -242,6 +259,7 @@ std::string CudaLinear::kernel_name(int M) const {
     case Path::MmaSync: return mode + ":" + gemm_w8a8_kernel_name();
     case Path::GemmQuant: return mode + ":gemm_quant_mma";
     case Path::WgmmaQuant: return mode + ":gemm_quant_wgmma_tma";
+    case Path::Fp8Wgmma: return mode + ":quantize_per_token_fp8+gemm_fp8_wgmma_tma";
   }
   return mode;
 }

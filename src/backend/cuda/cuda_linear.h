@@ -6,7 +6,10 @@
 //     that streams the weights once;
 //   w8a16 / w4a16: bf16 activations; small M: the dequantizing GEMV; larger M: dequantize the
 //     weight to bf16 in a scratch buffer, then cuBLAS (prefill is compute-bound, the extra pass
-//     over N·K bytes is small next to the GEMM).
+//     over N·K bytes is small next to the GEMM);
+//   w8a8-fp8 (the comparison mode): bf16 activations quantized per token to e4m3 by the layer
+//     itself (quantize_per_token_fp8, a pass the int8 modes fuse into the norm / SwiGLU), then the
+//     e4m3 wgmma GEMM at every M (sm_90 only).
 // Weights keep the canonical layout of quant::QuantizedWeight (src/quant/quant.h), so a quantized
 // checkpoint, the CPU and the GPU all hold the same bytes. Several CPU linears with the same K and
 // mode (gate|up) can be uploaded as one, rows concatenated, to run as one GEMM.
@@ -42,6 +45,7 @@ struct LinearContext {
   DevicePool* pool = nullptr;
   DeviceBuffer dequant_scratch;  // bf16 [N, K] of the largest weight-only linear used at M > kGemvMaxM
   DeviceBuffer cublas_workspace;
+  DeviceBuffer fp8_act, fp8_scale;  // w8a8-fp8: e4m3 [M, K] and fp32 [M] of the layer's input
 };
 
 class CudaLinear {
@@ -75,14 +79,19 @@ class CudaLinear {
   // Bytes of the bf16 scratch a weight-only layer needs above the small-M range (0 otherwise):
   // the backend allocates it once, so no allocation happens inside a recorded CUDA graph.
   size_t dequant_scratch_bytes() const {
-    return quant::is_quantized(mode_) && input_format() == ActFormat::BF16 ? size_t(n_) * size_t(k_) * 2 : 0;
+    return quant::is_quantized(mode_) && !fp8() && input_format() == ActFormat::BF16 ? size_t(n_) * size_t(k_) * 2
+                                                                                      : 0;
   }
+  // w8a8-fp8: bytes of the e4m3 copy of M input rows (the backend allocates LinearContext::fp8_act
+  // with its other scratch, outside any graph capture; fp8_scale takes 4 bytes a row).
+  size_t fp8_act_bytes(int M) const { return fp8() ? size_t(M) * size_t(k_) : 0; }
 
  private:
-  enum class Path { CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant };
+  enum class Path { CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, Fp8Wgmma };
   Path path(int M) const;
   void run(const LinearInput& x, int M, void* y, DType out, LinearContext& ctx) const;
   bool a8() const { return input_format() == ActFormat::I8; }
+  bool fp8() const { return quant::quant_scheme(mode_).fp8; }
   quant::QuantMode mode_ = quant::QuantMode::BF16;
   int n_ = 0, k_ = 0, group_size_ = 0, bits_ = 16;
   size_t weight_bytes_ = 0;

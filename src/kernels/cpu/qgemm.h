@@ -14,8 +14,11 @@
 //   byte 2c+j = w[16p+c][2s+j] (int4: 16 bytes, byte c = (w[.][2s]+8) | (w[.][2s+1]+8) << 4).
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "core/aligned_buffer.h"
+#include "kernels/cpu/float_linear.h"
 #include "quant/quant.h"
 
 namespace perry::kernels::q {
@@ -56,6 +59,27 @@ PackedWo pack_wo(const quant::QuantizedWeight& w);
 quant::QuantizedWeight unpack_int(const PackedInt& p, quant::QuantMode mode);
 quant::QuantizedWeight unpack_wo(const PackedWo& p, quant::QuantMode mode);
 
+// w8a8-fp8 on the CPU: the comparison path of the GPU's fp8 tensor cores, emulated (no CPU here
+// multiplies fp8). The e4m3 weight codes are decoded once to bf16 — exact, every e4m3 value is
+// a bf16 value — and left unscaled; the activations are quantized per token by
+// quant::quantize_row_fp8_ref and decoded to their unscaled values too. The float GEMM of the
+// float modes (FloatLinear: oneDNN / OpenBLAS / our GEMV) then multiplies exactly (two 4-bit
+// significands) and accumulates in fp32, and the scales come after the dot product as on the
+// GPU: y = fma(Σ_k xq·wq, sa[m]·sw[n], bias). Only the fp32 summation order differs.
+struct PackedFp8 {
+  int64_t N = 0, K = 0;
+  AlignedBuffer<uint16_t> w;                   // [N, K] bf16: the decoded e4m3 codes
+  AlignedBuffer<float> scales;                 // [N]
+  std::unique_ptr<kernels::FloatLinear> gemm;  // reads w (a heap buffer: moving keeps it valid)
+};
+PackedFp8 pack_fp8(const quant::QuantizedWeight& w);
+quant::QuantizedWeight unpack_fp8(const PackedFp8& p);  // exact inverse (finite codes only)
+// xq [M, K] = the e4m3 values of each row quantized by quantize_row_fp8_ref, sa [M] its scales.
+void quantize_rows_fp8(const float* x, int64_t M, int64_t K, float* xq, float* sa);
+void fp8_forward(const PackedFp8& p, const float* xq, const float* sa, int64_t M, float* y, const float* bias);
+// e.g. "w8a8-fp8:float_emulation/onednn-matmul-bf16" (the float GEMM that runs M rows).
+std::string fp8_kernel_name(int64_t N, int64_t K, int64_t M);
+
 // Which loop structure: the matrix-vector kernel (all rows at once, weights streamed once,
 // threads split N) or the cache-blocked GEMM (register tiles of several rows).
 enum class Path { Gemv, Gemm };
@@ -69,6 +93,8 @@ void int_forward(const quant::QuantizedWeight& w, const float* x, int64_t M, flo
 void int_accumulators(const quant::QuantizedWeight& w, const int8_t* q, int64_t M, int32_t* acc);
 // y = Σ_g fma(Σ_k bf16(x[m][k])·w[n][k], s[n,g]) + bias (float accumulation, k in order).
 void wo_forward(const quant::QuantizedWeight& w, const float* x, int64_t M, float* y, const float* bias);
+// w8a8-fp8: y = fma(Σ_k e4m3(x)[m][k]·e4m3(w)[n][k], sa[m]·sw[n], bias) (fp32 sum, k in order).
+void fp8_forward(const quant::QuantizedWeight& w, const float* x, int64_t M, float* y, const float* bias);
 }  // namespace ref
 
 // ---- AVX-512 (F/BW/VL/DQ + VNNI; BF16 for the weight-only kernels) ----

@@ -15,8 +15,11 @@ using quant::quant_mode_name;
 using quant::QuantScheme;
 
 namespace {
-// Unpacks row n of the canonical weight to int8 [K].
+// Unpacks row n of the canonical weight to int8 [K]. Every integer reading of the bytes (the
+// packers, the reference kernels) comes through here, so this is where fp8 codes are refused.
 void unpack_row(const QuantizedWeight& w, int64_t n, int8_t* out) {
+  PERRY_CHECK(!quant_scheme(w.mode).fp8, "{}: e4m3 codes are not integers; the integer kernels cannot read them",
+              quant_mode_name(w.mode));
   if (quant_scheme(w.mode).weight_bits == 8) {
     std::copy_n(w.qweight.data() + n * w.K, w.K, out);
     return;

@@ -84,17 +84,17 @@ __device__ __forceinline__ void tc_load_tile(uint16_t* ks, uint16_t* vs, const u
 
 template <int HD, bool kBf16Out>
 __global__ void __launch_bounds__(kTcThreads)
-    prefill_tc_kernel(const float* __restrict__ q, long long q_stride, const AttnSeq* __restrict__ seqs,
+    prefill_tc_kernel(const float* __restrict__ q, const uint16_t* __restrict__ q16, long long q_stride,
+                      const AttnSeq* __restrict__ seqs,
                       const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                       int nkv, int capacity, float scale_log2, void* __restrict__ out) {
   constexpr int kStride = HD + 8, kTile = kBN * kStride, kKS = HD / 16, kDT = HD / 8;
   extern __shared__ __align__(16) uint16_t smem[];  // [stage][K | V][kBN][kStride]
 
   const AttnSeq sq = seqs[blockIdx.z];
-  // Highest query tiles (most keys) first: they are the long poles of the causal triangle.
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBM;
+  const int i0 = prefill_tile_row0(kBM);
   if (sq.n_new <= 0 || i0 >= sq.n_new) return;
-  const int h = blockIdx.y, kvh = h / (nh / nkv);
+  const int h = blockIdx.x, kvh = h / (nh / nkv);
   const int kv_len = min(sq.pos0 + sq.n_new, capacity);
   const int i_end = min(i0 + kBM, sq.n_new);
   const int n_keys = min(sq.pos0 + i_end, kv_len);  // keys 0..n_keys-1 matter to this tile
@@ -115,18 +115,16 @@ __global__ void __launch_bounds__(kTcThreads)
   // a2 (row g, 8+2t..), a3 (row g+8, 8+2t..). Rows past n_new are zeros (never stored).
   uint32_t qf[kKS][4];
   {
-    const float* qa = q + (size_t)(sq.q_row + (ra < sq.n_new ? ra : 0)) * q_stride + (size_t)h * HD;
-    const float* qb = q + (size_t)(sq.q_row + (rb < sq.n_new ? rb : 0)) * q_stride + (size_t)h * HD;
+    const size_t oa = (size_t)(sq.q_row + (ra < sq.n_new ? ra : 0)) * q_stride + (size_t)h * HD;
+    const size_t ob = (size_t)(sq.q_row + (rb < sq.n_new ? rb : 0)) * q_stride + (size_t)h * HD;
     const bool va = ra < sq.n_new, vb = rb < sq.n_new;
 #pragma unroll
     for (int ks = 0; ks < kKS; ++ks) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int col = ks * 16 + half * 8 + 2 * t;
-        const float2 xa = va ? *reinterpret_cast<const float2*>(qa + col) : make_float2(0.f, 0.f);
-        const float2 xb = vb ? *reinterpret_cast<const float2*>(qb + col) : make_float2(0.f, 0.f);
-        qf[ks][half * 2 + 0] = pack_bf16(xa.x, xa.y);
-        qf[ks][half * 2 + 1] = pack_bf16(xb.x, xb.y);
+        qf[ks][half * 2 + 0] = va ? q_pair_bf16(q, q16, oa + col) : 0u;
+        qf[ks][half * 2 + 1] = vb ? q_pair_bf16(q, q16, ob + col) : 0u;
       }
     }
   }
@@ -278,7 +276,8 @@ constexpr int tc2_smem_bytes() {
 
 template <int HD, int BN, bool kBf16Out>
 __global__ void __launch_bounds__(kTcThreads)
-    prefill_tc2_kernel(const float* __restrict__ q, long long q_stride, const AttnSeq* __restrict__ seqs,
+    prefill_tc2_kernel(const float* __restrict__ q, const uint16_t* __restrict__ q16, long long q_stride,
+                       const AttnSeq* __restrict__ seqs,
                        const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                        int nkv, int capacity, float scale_log2, void* __restrict__ out) {
   constexpr int kStride = HD + 8, kTile = BN * kStride, kKS = HD / 16, kDT = HD / 8, kNT = BN / 8;
@@ -287,9 +286,9 @@ __global__ void __launch_bounds__(kTcThreads)
   uint16_t* kvs = smem + kBM2 * kStride;
 
   const AttnSeq sq = seqs[blockIdx.z];
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kBM2;  // heaviest tiles first
+  const int i0 = prefill_tile_row0(kBM2);
   if (sq.n_new <= 0 || i0 >= sq.n_new) return;
-  const int h = blockIdx.y, kvh = h / (nh / nkv);
+  const int h = blockIdx.x, kvh = h / (nh / nkv);
   const int kv_len = min(sq.pos0 + sq.n_new, capacity);
   const int i_end = min(i0 + kBM2, sq.n_new);
   const int n_keys = min(sq.pos0 + i_end, kv_len);
@@ -304,10 +303,9 @@ __global__ void __launch_bounds__(kTcThreads)
   // after the first barrier of the key loop.
   for (int c = threadIdx.x; c < kBM2 * (HD / 4); c += kTcThreads) {
     const int r = c / (HD / 4), col = (c % (HD / 4)) * 4;
-    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (i0 + r < sq.n_new)
-      x = *reinterpret_cast<const float4*>(q + (size_t)(sq.q_row + i0 + r) * q_stride + (size_t)h * HD + col);
-    *reinterpret_cast<uint2*>(qs + r * kStride + col) = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
+    uint2 x = make_uint2(0u, 0u);
+    if (i0 + r < sq.n_new) x = q_quad_bf16(q, q16, (size_t)(sq.q_row + i0 + r) * q_stride + (size_t)h * HD + col);
+    *reinterpret_cast<uint2*>(qs + r * kStride + col) = x;
   }
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -407,7 +405,8 @@ constexpr int kFbWarps = 4;
 
 template <bool kBf16Out>
 __global__ void __launch_bounds__(kFbWarps * 32)
-    prefill_f32_kernel(const float* __restrict__ q, long long q_stride, const AttnSeq* __restrict__ seqs,
+    prefill_f32_kernel(const float* __restrict__ q, const uint16_t* __restrict__ q16, long long q_stride,
+                       const AttnSeq* __restrict__ seqs,
                        const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                        int nkv, int hd, int capacity, float scale_log2, void* __restrict__ out) {
   const AttnSeq sq = seqs[blockIdx.z];
@@ -421,13 +420,13 @@ __global__ void __launch_bounds__(kFbWarps * 32)
   const uint16_t* kg = kc + head_off;
   const uint16_t* vg = vc + head_off;
   const size_t row_off = (size_t)(sq.q_row + i) * nh * hd + (size_t)h * hd;  // of out
-  const float* qrow = q + (size_t)(sq.q_row + i) * q_stride + (size_t)h * hd;
+  const size_t qrow = (size_t)(sq.q_row + i) * q_stride + (size_t)h * hd;
 
   float qr[8], acc[8];
 #pragma unroll
   for (int u = 0; u < 8; ++u) {
     const int d = lane + 32 * u;
-    qr[u] = d < hd ? qrow[d] : 0.f;
+    qr[u] = d < hd ? (q16 ? bf16_to_float(q16[qrow + d]) : q[qrow + d]) : 0.f;
     acc[u] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
@@ -463,17 +462,17 @@ __global__ void __launch_bounds__(kFbWarps * 32)
 
 // One launcher for the tensor-core kernels: the kernel's shared-memory opt-in (`current`: one per
 // kernel — the kernels share a function type, so the caller keeps it), the grid of
-// ceil(max_new / rows) × nh × n_seqs, the launch check.
+// prefill_grid, the launch check.
 template <typename Kernel>
 void launch_prefill(Kernel kernel, int* current, int smem, int rows, const char* name, const PrefillIo& io,
                     const AttnSeq* seqs, int n_seqs, int max_new, const uint16_t* kc, const uint16_t* vc, int nh,
                     int nkv, int capacity, float scale_log2, cudaStream_t stream) {
   static std::mutex mu;
   ensure_smem(reinterpret_cast<const void*>(kernel), smem, current, &mu, name);
-  const dim3 grid((max_new + rows - 1) / rows, nh, n_seqs);
+  const dim3 grid = prefill_grid(max_new, rows, nh, n_seqs);
   void* out = io.out_bf16 ? static_cast<void*>(io.out_bf16) : static_cast<void*>(io.out);
-  kernel<<<grid, kTcThreads, smem, stream>>>(io.q, (long long)io.q_stride, seqs, kc, vc, nh, nkv, capacity,
-                                              scale_log2, out);
+  kernel<<<grid, kTcThreads, smem, stream>>>(io.q, io.q_bf16, (long long)io.q_stride, seqs, kc, vc, nh, nkv,
+                                              capacity, scale_log2, out);
   check_launch(name);
 }
 
@@ -543,8 +542,8 @@ void attention_prefill(const PrefillIo& io, const AttnSeq* d_seqs, int n_seqs, i
   PERRY_CHECK(nh <= 65535, "{}: n_heads {} exceeds the grid limit 65535", fn, nh);
   PERRY_CHECK(std::isfinite(scale) && scale > 0, "{}: scale {} must be positive and finite", fn, scale);
   if (n_seqs == 0 || max_new == 0) return;
-  PERRY_CHECK(io.q && (io.out != nullptr) != (io.out_bf16 != nullptr),
-              "{}: need q and exactly one of out (fp32) / out_bf16", fn);
+  PERRY_CHECK((io.q != nullptr) != (io.q_bf16 != nullptr) && (io.out != nullptr) != (io.out_bf16 != nullptr),
+              "{}: need exactly one of q (fp32) / q_bf16 and exactly one of out (fp32) / out_bf16", fn);
   PrefillIo x = io;
   if (x.q_stride == 0) x.q_stride = int64_t(nh) * hd;
   PERRY_CHECK(x.q_stride >= int64_t(nh) * hd, "{}: q row stride {} is shorter than a row of {} heads × {}", fn,
@@ -553,17 +552,19 @@ void attention_prefill(const PrefillIo& io, const AttnSeq* d_seqs, int n_seqs, i
   const PrefillKernel which = attention_prefill_choice(kernel, hd, n_seqs, max_new, nh);
   if (which == PrefillKernel::Wgmma) {
     PERRY_CHECK(attention_prefill_wgmma_supported(hd), "{}: the wgmma kernel needs hd 128 on an sm_90 device", fn);
-    PERRY_CHECK(aligned(x.q, 16) && x.q_stride % 4 == 0 && aligned(x.out, 8) && aligned(x.out_bf16, 4),
-                "{}: q must be 16-byte aligned with a row stride that is a multiple of 4 floats, out 8-byte "
-                "aligned (out_bf16 4-byte)", fn);
+    PERRY_CHECK(aligned(x.q, 16) && aligned(x.q_bf16, 8) && x.q_stride % 4 == 0 && aligned(x.out, 8) &&
+                    aligned(x.out_bf16, 4),
+                "{}: q must be 16-byte aligned (q_bf16 8-byte) with a row stride that is a multiple of 4 elements, "
+                "out 8-byte aligned (out_bf16 4-byte)", fn);
     attention_prefill_wgmma(x, d_seqs, n_seqs, max_new, k_cache, v_cache, nh, nkv, capacity, scale_log2, stream);
     return;
   }
   if (which != PrefillKernel::Auto) {
     // float4 reads of q rows (the 128-row kernel), float2 / 4-byte stores of out.
-    PERRY_CHECK(aligned(x.q, 16) && x.q_stride % 4 == 0 && aligned(x.out, 8) && aligned(x.out_bf16, 4),
-                "{}: q must be 16-byte aligned with a row stride that is a multiple of 4 floats, out 8-byte "
-                "aligned (out_bf16 4-byte)", fn);
+    PERRY_CHECK(aligned(x.q, 16) && aligned(x.q_bf16, 8) && x.q_stride % 4 == 0 && aligned(x.out, 8) &&
+                    aligned(x.out_bf16, 4),
+                "{}: q must be 16-byte aligned (q_bf16 8-byte) with a row stride that is a multiple of 4 elements, "
+                "out 8-byte aligned (out_bf16 4-byte)", fn);
     if (hd == 64)
       dispatch_prefill_tc<64>(which, x, d_seqs, n_seqs, max_new, k_cache, v_cache, nh, nkv, capacity, scale_log2,
                               stream);
@@ -574,11 +575,11 @@ void attention_prefill(const PrefillIo& io, const AttnSeq* d_seqs, int n_seqs, i
   }
   const dim3 grid((max_new + kFbWarps - 1) / kFbWarps, nh, n_seqs);
   if (x.out_bf16)
-    prefill_f32_kernel<true><<<grid, kFbWarps * 32, 0, stream>>>(x.q, (long long)x.q_stride, d_seqs, k_cache,
+    prefill_f32_kernel<true><<<grid, kFbWarps * 32, 0, stream>>>(x.q, x.q_bf16, (long long)x.q_stride, d_seqs, k_cache,
                                                                  v_cache, nh, nkv, hd, capacity, scale_log2,
                                                                  x.out_bf16);
   else
-    prefill_f32_kernel<false><<<grid, kFbWarps * 32, 0, stream>>>(x.q, (long long)x.q_stride, d_seqs, k_cache,
+    prefill_f32_kernel<false><<<grid, kFbWarps * 32, 0, stream>>>(x.q, x.q_bf16, (long long)x.q_stride, d_seqs, k_cache,
                                                                   v_cache, nh, nkv, hd, capacity, scale_log2,
                                                                   x.out);
   check_launch("attention_prefill_f32");

@@ -50,8 +50,10 @@ void kv_cache_append(const float* k, const float* v, const AttnSeq* d_seqs, int 
 
 // Where attention_prefill reads q and writes its result.
 struct PrefillIo {
-  const float* q = nullptr;      // fp32; row r, head h at q + r·q_stride + h·hd
-  int64_t q_stride = 0;          // floats from one row of q to the next; 0: nh·hd (a q-only buffer;
+  const float* q = nullptr;      // fp32; row r, head h at q + r·q_stride + h·hd — or (one of the two):
+  const uint16_t* q_bf16 = nullptr;  // bf16, same layout (the kernels compute with bf16 q either way:
+                                     // fp32 q is rounded on load, RNE — the same bits)
+  int64_t q_stride = 0;          // elements from one row of q to the next; 0: nh·hd (a q-only buffer;
                                  // the fused q|k|v projection output has (nh + 2·nkv)·hd)
   float* out = nullptr;          // fp32 [M, nh·hd] — or (exactly one of the two):
   uint16_t* out_bf16 = nullptr;  // bf16 [M, nh·hd], each the bits perry::f32_to_bf16 gives the fp32
@@ -115,9 +117,20 @@ int attention_decode_chunk(int n_seqs, int max_ctx);
 // Launched with programmatic dependent launch where available (pdl.cuh).
 // M <= 65535 (one grid row per token). attention_prefill then reads q in place (PrefillIo::q_stride =
 // row_stride).
+// round_to_bf16: every q|k|v value rounded to bf16 (RNE) before the norm and RoPE — the same
+// results as the bf16 form below on a projection that wrote bf16 (whose q goes back as bf16:
+// the bits attention's fp32 → bf16 conversion of the fp32 form's q gives; PrefillIo::q_bf16).
 void rope_append_qkv(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh, int nkv,
                      int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope, int capacity,
-                     uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
+                     uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream, bool round_to_bf16 = false);
+void rope_append_qkv(uint16_t* qkv_bf16, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh,
+                     int nkv, int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope,
+                     int capacity, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
+
+// Whether the prefill kernels for head dimension hd compute with bf16 q (the tensor-core kernels:
+// hd 64 and 128). Only then does a bf16 q (PrefillIo::q_bf16) give the same bits as the fp32 q it
+// was rounded from; the fp32 kernel of other head sizes computes with q as given.
+inline bool attention_prefill_rounds_q(int hd) { return hd == 64 || hd == 128; }
 
 // Which prefill kernel a head dimension gets, for logs and `perry info`.
 const char* attention_prefill_kernel_name(int hd);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/attention_device.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -247,11 +248,20 @@ __global__ void __launch_bounds__(kDecThreads)
 constexpr int kPrepWarps = 8;
 namespace ew = elementwise_detail;  // load / store_f32 / store_bf16 of V consecutive values
 
+// Element i of a q|k|v row as a float: fp32 (rounded to bf16 first when `round`: the values of a
+// projection that wrote bf16) or bf16 bits, widened exactly.
+template <typename T>
+__device__ __forceinline__ float qkv_value(const T* x, int i, bool round) {
+  if constexpr (std::is_same_v<T, float>) return round ? ew::bf16_round(x[i]) : x[i];
+  else return __uint_as_float(uint32_t(x[i]) << 16);
+}
+
 // One rotation pair (i, i + half) of head x: normalized (nw) and rotated; NaN where the position
 // is outside the RoPE table.
-__device__ __forceinline__ void rope_one(const float* x, int i, int half, const float* nw, float inv, bool rope_ok,
-                                         const RopeTableView& rope, int pos, float& ra, float& rb) {
-  float a = x[i], b = x[i + half];
+template <typename T>
+__device__ __forceinline__ void rope_one(const T* x, bool round, int i, int half, const float* nw, float inv,
+                                         bool rope_ok, const RopeTableView& rope, int pos, float& ra, float& rb) {
+  float a = qkv_value(x, i, round), b = qkv_value(x, i + half, round);
   if (nw) a = norm_one(a, inv, nw[i]), b = norm_one(b, inv, nw[i + half]);
   if (rope_ok) {
     rope_rotate(a, b, rope.cos[(long long)pos * half + i], rope.sin[(long long)pos * half + i], ra, rb);
@@ -260,11 +270,13 @@ __device__ __forceinline__ void rope_one(const float* x, int i, int half, const 
   }
 }
 
-// kPairs = 2: each lane handles two adjacent pairs with 8-byte loads and stores (hd % 4 == 0 and
+// kPairs = 2: each lane handles two adjacent pairs with paired loads and stores (hd % 4 == 0 and
 // an even row stride; the launch checks); the same arithmetic per element as kPairs = 1.
-template <int kPairs>
+// T: float (q written back as fp32; round: inputs rounded to bf16 first) or uint16_t (bf16 q|k|v,
+// q written back as bf16 — the bits attention's own fp32 → bf16 conversion of q would give).
+template <int kPairs, typename T>
 __global__ void __launch_bounds__(kPrepWarps * 32)
-    rope_append_qkv_kernel(float* qkv, long long row_stride, const AttnSeq* __restrict__ seqs, int n_seqs,
+    rope_append_qkv_kernel(T* qkv, long long row_stride, bool round, const AttnSeq* __restrict__ seqs, int n_seqs,
                            int nh, int nkv, int hd, const float* __restrict__ q_norm,
                            const float* __restrict__ k_norm, float eps, RopeTableView rope, int capacity,
                            uint16_t* __restrict__ kc, uint16_t* __restrict__ vc) {
@@ -280,12 +292,15 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   }
   if (slot < 0) return;  // a row of no sequence
   const bool is_q = h < nh;
-  float* x = qkv + row * row_stride + (long long)h * hd;  // k heads follow the q heads
+  T* x = qkv + row * row_stride + (long long)h * hd;  // k heads follow the q heads
   const float* nw = is_q ? q_norm : k_norm;
   float inv = 1.0f;
   if (nw) {
     double ss = 0.0;
-    for (int i = lane; i < hd; i += 32) ss += double(x[i]) * double(x[i]);
+    for (int i = lane; i < hd; i += 32) {
+      const double xi = qkv_value(x, i, round);
+      ss += xi * xi;
+    }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
     inv = float(1.0 / sqrt(ss / double(hd) + double(eps)));
@@ -298,20 +313,25 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
     float ra[kPairs], rb[kPairs];
 #pragma unroll
     for (int p = 0; p < kPairs; ++p)
-      rope_one(x, i + p, half, nw, inv, rope_ok, rope, pos, ra[p], rb[p]);
+      rope_one(x, round, i + p, half, nw, inv, rope_ok, rope, pos, ra[p], rb[p]);
     if (is_q) {
-      ew::store_f32<kPairs>(x + i, ra);
-      ew::store_f32<kPairs>(x + i + half, rb);
+      if constexpr (std::is_same_v<T, float>) {
+        ew::store_f32<kPairs>(x + i, ra);
+        ew::store_f32<kPairs>(x + i + half, rb);
+      } else {
+        ew::store_bf16<kPairs>(x + i, ra);
+        ew::store_bf16<kPairs>(x + i + half, rb);
+      }
     } else if (store) {
       ew::store_bf16<kPairs>(kc + cache_off + i, ra);
       ew::store_bf16<kPairs>(kc + cache_off + i + half, rb);
     }
   }
   if (store) {
-    const float* v = x + (long long)nkv * hd;  // v head h - nh
+    const T* v = x + (long long)nkv * hd;  // v head h - nh
     for (int d = lane * kPairs; d < hd; d += 32 * kPairs) {
       float t[kPairs];
-      ew::load<kPairs>(v + d, t);
+      ew::load<kPairs>(v + d, t);  // (fp32 → bf16 once at the store: the rounded value either way)
       ew::store_bf16<kPairs>(vc + cache_off + d, t);
     }
   }
@@ -385,10 +405,12 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
               nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
 }
 
-void rope_append_qkv(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh, int nkv,
-                     int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope, int capacity,
-                     uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream) {
-  const char* fn = "rope_append_qkv";
+namespace {
+template <typename T>
+void launch_rope_append_qkv(T* qkv, int64_t row_stride, bool round, const AttnSeq* d_seqs, int n_seqs, int M, int nh,
+                            int nkv, int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope,
+                            int capacity, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream) {
+  const char* fn = std::is_same_v<T, float> ? "rope_append_qkv" : "rope_append_qkv(bf16 q|k|v)";
   check_heads(fn, nh, nkv, hd, capacity);
   check_batch(fn, d_seqs, n_seqs);
   check_cache(fn, k_cache, v_cache);
@@ -400,15 +422,29 @@ void rope_append_qkv(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int 
   if (M == 0 || n_seqs == 0) return;
   PERRY_CHECK(qkv && rope.cos && rope.sin, "{}: null qkv or RoPE table", fn);
   const dim3 grid((nh + nkv + kPrepWarps - 1) / kPrepWarps, M);
-  // Pairs of elements a lane: 8-byte accesses need hd % 4 == 0 (half even), an even row stride
-  // and an 8-byte aligned qkv (the caches are 16-byte aligned, positions a multiple of hd).
-  const bool pairs = hd % 4 == 0 && row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(qkv) % 8 == 0;
+  // Pairs of elements a lane: paired accesses need hd % 4 == 0 (half even), an even row stride
+  // and qkv aligned to two elements (the caches are 16-byte aligned, positions a multiple of hd).
+  const bool pairs = hd % 4 == 0 && row_stride % 2 == 0 && reinterpret_cast<uintptr_t>(qkv) % (2 * sizeof(T)) == 0;
   if (pairs)
-    pdl::launch(fn, rope_append_qkv_kernel<2>, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
-                d_seqs, n_seqs, nh, nkv, hd, q_norm, k_norm, eps, rope, capacity, k_cache, v_cache);
+    pdl::launch(fn, rope_append_qkv_kernel<2, T>, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
+                round, d_seqs, n_seqs, nh, nkv, hd, q_norm, k_norm, eps, rope, capacity, k_cache, v_cache);
   else
-    pdl::launch(fn, rope_append_qkv_kernel<1>, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
-                d_seqs, n_seqs, nh, nkv, hd, q_norm, k_norm, eps, rope, capacity, k_cache, v_cache);
+    pdl::launch(fn, rope_append_qkv_kernel<1, T>, grid, dim3(kPrepWarps * 32), 0, stream, qkv, (long long)row_stride,
+                round, d_seqs, n_seqs, nh, nkv, hd, q_norm, k_norm, eps, rope, capacity, k_cache, v_cache);
+}
+}  // namespace
+
+void rope_append_qkv(float* qkv, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh, int nkv,
+                     int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope, int capacity,
+                     uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream, bool round_to_bf16) {
+  launch_rope_append_qkv(qkv, row_stride, round_to_bf16, d_seqs, n_seqs, M, nh, nkv, hd, q_norm, k_norm, eps, rope,
+                         capacity, k_cache, v_cache, stream);
+}
+void rope_append_qkv(uint16_t* qkv_bf16, int64_t row_stride, const AttnSeq* d_seqs, int n_seqs, int M, int nh,
+                     int nkv, int hd, const float* q_norm, const float* k_norm, float eps, RopeTableView rope,
+                     int capacity, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream) {
+  launch_rope_append_qkv(qkv_bf16, row_stride, false, d_seqs, n_seqs, M, nh, nkv, hd, q_norm, k_norm, eps, rope,
+                         capacity, k_cache, v_cache, stream);
 }
 
 }  // namespace perry::cuda

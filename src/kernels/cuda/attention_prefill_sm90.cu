@@ -112,7 +112,8 @@ __device__ __forceinline__ void load_kv_tile(uint8_t* ks, uint8_t* vs, const uin
 
 template <bool kBf16Out>
 __global__ void __launch_bounds__(kWgThreads, 2)
-    prefill_wgmma_kernel(const float* __restrict__ q, long long q_stride, const AttnSeq* __restrict__ seqs,
+    prefill_wgmma_kernel(const float* __restrict__ q, const uint16_t* __restrict__ q16, long long q_stride,
+                         const AttnSeq* __restrict__ seqs,
                          const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh, int nkv,
                          int capacity, float scale_log2, void* __restrict__ out) {
 #ifdef PERRY_WGMMA
@@ -122,9 +123,9 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   uint8_t* kvs = smem + kQBytes;  // stage s: K at kvs + s·2·kKvTileBytes, V after it
 
   const AttnSeq sq = seqs[blockIdx.z];
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kWgRows;  // heaviest tiles first
+  const int i0 = prefill_tile_row0(kWgRows);
   if (sq.n_new <= 0 || i0 >= sq.n_new) return;
-  const int h = blockIdx.y, kvh = h / (nh / nkv);
+  const int h = blockIdx.x, kvh = h / (nh / nkv);
   const int kv_len = min(sq.pos0 + sq.n_new, capacity);
   const int n_keys = min(sq.pos0 + min(i0 + kWgRows, sq.n_new), kv_len);
   const int n_tiles = (n_keys + kWgKeys - 1) / kWgKeys;
@@ -137,14 +138,13 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   // Q rows → bf16, swizzled (rows past n_new: zeros, never stored).
   for (int c = threadIdx.x; c < kWgRows * 16; c += kWgThreads) {
     const int r = c >> 4, ch = c & 15;
-    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+    uint2 a = make_uint2(0u, 0u), b = a;
     if (i0 + r < sq.n_new) {
-      const float* src = q + (size_t)(sq.q_row + i0 + r) * q_stride + (size_t)h * kWgHd + ch * 8;
-      a = *reinterpret_cast<const float4*>(src);
-      b = *reinterpret_cast<const float4*>(src + 4);
+      const size_t off = (size_t)(sq.q_row + i0 + r) * q_stride + (size_t)h * kWgHd + ch * 8;
+      a = q_quad_bf16(q, q16, off);
+      b = q_quad_bf16(q, q16, off + 4);
     }
-    *reinterpret_cast<uint4*>(qs + (ch >> 3) * (kWgRows * 128) + swz(r, ch & 7)) =
-        make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+    *reinterpret_cast<uint4*>(qs + (ch >> 3) * (kWgRows * 128) + swz(r, ch & 7)) = make_uint4(a.x, a.y, b.x, b.y);
   }
 
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
@@ -239,16 +239,16 @@ void attention_prefill_wgmma(const PrefillIo& io, const AttnSeq* seqs, int n_seq
                                       int(cudaSharedmemCarveoutMaxShared)),
                  "cudaFuncSetAttribute(attention_prefill_wgmma carveout)");
   });
-  const dim3 grid((max_new + kWgRows - 1) / kWgRows, nh, n_seqs);
+  const dim3 grid = prefill_grid(max_new, kWgRows, nh, n_seqs);
   if (io.out_bf16) {
     ensure_smem(reinterpret_cast<const void*>(prefill_wgmma_kernel<true>), kWgSmem, &current_bf16, &mu,
                 "attention_prefill_wgmma");
-    prefill_wgmma_kernel<true><<<grid, kWgThreads, kWgSmem, stream>>>(io.q, (long long)io.q_stride, seqs, kc, vc, nh,
+    prefill_wgmma_kernel<true><<<grid, kWgThreads, kWgSmem, stream>>>(io.q, io.q_bf16, (long long)io.q_stride, seqs, kc, vc, nh,
                                                                      nkv, capacity, scale_log2, io.out_bf16);
   } else {
     ensure_smem(reinterpret_cast<const void*>(prefill_wgmma_kernel<false>), kWgSmem, &current_f32, &mu,
                 "attention_prefill_wgmma");
-    prefill_wgmma_kernel<false><<<grid, kWgThreads, kWgSmem, stream>>>(io.q, (long long)io.q_stride, seqs, kc, vc,
+    prefill_wgmma_kernel<false><<<grid, kWgThreads, kWgSmem, stream>>>(io.q, io.q_bf16, (long long)io.q_stride, seqs, kc, vc,
                                                                       nh, nkv, capacity, scale_log2, io.out);
   }
   check_launch("attention_prefill_wgmma");

@@ -115,9 +115,11 @@ __device__ __forceinline__ void store_row_multipass(const ActOut& out, int64_t r
 // kCache > 0: a thread covers at most kCache vectors of the row (the launch checks), so it keeps
 // them in registers from pass 1 (and the normalized values from the int8 absmax pass): the row
 // is read from memory once. The arithmetic and its order are those of the multi-pass form.
-template <int V, int kCache>
-__global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ w,
-                                float eps, int H, ActOut out) {
+// TD: the delta's type — float, or uint16_t (bf16 bits: a residual linear that wrote bf16);
+// round_delta (float only): round each delta to bf16 first, the values a bf16 output would give.
+template <int V, int kCache, typename TD>
+__global__ void rms_norm_kernel(float* x, const TD* __restrict__ delta, const float* __restrict__ w,
+                                float eps, int H, ActOut out, bool round_delta) {
   const int64_t row = blockIdx.x;
   float* xr = x + row * H;
   const int step = int(blockDim.x) * V;
@@ -128,6 +130,12 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
     if (delta) {
       float d[V];
       load<V>(delta + row * H + i, d);
+      if constexpr (std::is_same_v<TD, float>) {
+        if (round_delta) {
+#pragma unroll
+          for (int j = 0; j < V; ++j) d[j] = bf16_round(d[j]);
+        }
+      }
 #pragma unroll
       for (int j = 0; j < V; ++j) v[j] = __fadd_rn(v[j], d[j]);
       store_f32<V>(xr + i, v);
@@ -272,9 +280,14 @@ __global__ void embedding_kernel(const void* __restrict__ table, int64_t hidden,
   }
 }
 
-__global__ void residual_add_kernel(float* __restrict__ x, const float* __restrict__ d, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = __fadd_rn(x[i], d[i]);
+template <typename TD>
+__global__ void residual_add_kernel(float* __restrict__ x, const TD* __restrict__ d, int64_t n, bool round_d) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v[1];
+    load<1>(d + i, v);
+    if (std::is_same_v<TD, float> && round_d) v[0] = bf16_round(v[0]);
+    x[i] = __fadd_rn(x[i], v[0]);
+  }
 }
 
 __global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
@@ -349,22 +362,24 @@ void check_rows(const char* fn, int M, int W) {
   if (M < 0 || W <= 0) bad(fn, "bad shape M=" + std::to_string(M) + " width=" + std::to_string(W));
 }
 
-void launch_rms(const char* fn, float* x, const float* delta, const float* w, float eps, int M, int H, ActOut out,
-                cudaStream_t stream) {
+template <typename TD>
+void launch_rms(const char* fn, float* x, const TD* delta, const float* w, float eps, int M, int H, ActOut out,
+                cudaStream_t stream, bool round_delta = false) {
   check_rows(fn, M, H);
   if (!x || !w) bad(fn, "null device pointer");
   if (!(eps >= 0.0f)) bad(fn, "eps must be >= 0");
   const bool out_vec = check_out(fn, out);
   if (M == 0) return;
-  const bool vec = H % 4 == 0 && out_vec && aligned(x, 16) && aligned(w, 16) && (!delta || aligned(delta, 16));
+  const bool vec =
+      H % 4 == 0 && out_vec && aligned(x, 16) && aligned(w, 16) && (!delta || aligned(delta, 4 * sizeof(TD)));
   if (vec) {
     const int t = row_threads(H / 4);
-    if (cacheable(H / 4, t)) rms_norm_kernel<4, kRowCache><<<M, t, 0, stream>>>(x, delta, w, eps, H, out);
-    else rms_norm_kernel<4, 0><<<M, t, 0, stream>>>(x, delta, w, eps, H, out);
+    if (cacheable(H / 4, t)) rms_norm_kernel<4, kRowCache><<<M, t, 0, stream>>>(x, delta, w, eps, H, out, round_delta);
+    else rms_norm_kernel<4, 0><<<M, t, 0, stream>>>(x, delta, w, eps, H, out, round_delta);
   } else {
       const int t = row_threads(H);
-      if (cacheable(H, t)) rms_norm_kernel<1, kRowCache><<<M, t, 0, stream>>>(x, delta, w, eps, H, out);
-      else rms_norm_kernel<1, 0><<<M, t, 0, stream>>>(x, delta, w, eps, H, out);
+      if (cacheable(H, t)) rms_norm_kernel<1, kRowCache><<<M, t, 0, stream>>>(x, delta, w, eps, H, out, round_delta);
+      else rms_norm_kernel<1, 0><<<M, t, 0, stream>>>(x, delta, w, eps, H, out, round_delta);
     }
     check_launch(fn);
   }
@@ -389,13 +404,18 @@ void launch_rms(const char* fn, float* x, const float* delta, const float* w, fl
 
   void rms_norm(const float* x, const float* w, float eps, int M, int H, ActOut out, cudaStream_t stream) {
     // The kernel only writes x when delta is given.
-    launch_rms("rms_norm", const_cast<float*>(x), nullptr, w, eps, M, H, out, stream);
+    launch_rms("rms_norm", const_cast<float*>(x), static_cast<const float*>(nullptr), w, eps, M, H, out, stream);
   }
 
   void add_rms_norm(float* x, const float* delta, const float* w, float eps, int M, int H, ActOut out,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, bool round_delta) {
     if (!delta) bad("add_rms_norm", "null device pointer");
-    launch_rms("add_rms_norm", x, delta, w, eps, M, H, out, stream);
+    launch_rms("add_rms_norm", x, delta, w, eps, M, H, out, stream, round_delta);
+  }
+  void add_rms_norm(float* x, const uint16_t* delta_bf16, const float* w, float eps, int M, int H, ActOut out,
+                    cudaStream_t stream) {
+    if (!delta_bf16) bad("add_rms_norm(bf16 delta)", "null device pointer");
+    launch_rms("add_rms_norm(bf16 delta)", x, delta_bf16, w, eps, M, H, out, stream);
   }
 
   void head_rms_norm(float* x, int64_t row_stride, int M, int n_heads, int hd, const float* w, float eps,
@@ -508,12 +528,22 @@ unsigned flat_blocks(int64_t n) {
 }
 }  // namespace
 
-void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream) {
+namespace {
+template <typename TD>
+void launch_residual_add(float* x, const TD* d, int64_t n, cudaStream_t stream, bool round_d) {
   if (n < 0) bad("residual_add", "negative size");
   if (n == 0) return;
   if (!x || !d) bad("residual_add", "null device pointer");
-  residual_add_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, d, n);
+  residual_add_kernel<<<flat_blocks(n), 256, 0, stream>>>(x, d, n, round_d);
   check_launch("residual_add");
+}
+}  // namespace
+
+void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream, bool round_d) {
+  launch_residual_add(x, d, n, stream, round_d);
+}
+void residual_add(float* x, const uint16_t* d_bf16, int64_t n, cudaStream_t stream) {
+  launch_residual_add(x, d_bf16, n, stream, false);
 }
 
 void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {

@@ -55,8 +55,13 @@ void rms_norm(const float* x, const float* w, float eps, int M, int H, ActOut ou
 
 // Fused residual + norm: x[m, :] += delta[m, :] (fp32, written back: x is the residual stream),
 // then out = rms_norm(x) as above. delta may be the output of the previous linear; it must not
-// alias x. out.data must not alias x or delta.
+// alias x. out.data must not alias x or delta. round_delta: each delta is first rounded to bf16
+// (RNE) — the same bits as the bf16-delta form below on a delta that was written as bf16.
 void add_rms_norm(float* x, const float* delta, const float* w, float eps, int M, int H, ActOut out,
+                  cudaStream_t stream, bool round_delta = false);
+// The same with a bf16 delta ([M, H] bf16 bits, widened exactly): a residual linear (o_proj,
+// down_proj) that wrote bf16 — half the bytes written and read between the two.
+void add_rms_norm(float* x, const uint16_t* delta_bf16, const float* w, float eps, int M, int H, ActOut out,
                   cudaStream_t stream);
 
 // Per-head RMSNorm in place (Qwen3 q_norm / k_norm): for token m and head h, the hd floats at
@@ -112,8 +117,9 @@ void swiglu(const float* gu, int M, int I, ActOut out, cudaStream_t stream, bool
 // bytes written and read between the two); each input is widened to fp32 exactly.
 void swiglu(const uint16_t* gu_bf16, int M, int I, ActOut out, cudaStream_t stream);
 
-// x[i] += d[i], n elements (may be 0).
-void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream);
+// x[i] += d[i], n elements (may be 0); round_d: d[i] rounded to bf16 first (as add_rms_norm).
+void residual_add(float* x, const float* d, int64_t n, cudaStream_t stream, bool round_d = false);
+void residual_add(float* x, const uint16_t* d_bf16, int64_t n, cudaStream_t stream);
 
 // y[i] = bf16 bits of x[i] (round-to-nearest-even, same bits as perry::f32_to_bf16), n >= 0.
 void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);

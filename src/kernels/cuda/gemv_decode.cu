@@ -53,7 +53,7 @@ struct Params {
   float* y;
   DecodeRopeKv rk;  // kOutRopeKv only
   int stages;       // bulk-copy kernels: ring stages per warp
-  bool round_gate_up;  // kOutSwiglu: gate and up rounded to bf16 first
+  bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
 };
 
 template <int kW>
@@ -546,16 +546,18 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
       }
       if (lane == 0) {
         if constexpr (kOut == kOutSwiglu) {
-          p.y[rows[0]] = p.round_gate_up ? swiglu_one(bf16_round(val[0]), bf16_round(val[1]))
-                                         : swiglu_one(val[0], val[1]);
+          p.y[rows[0]] = p.round_bf16 ? swiglu_one(bf16_round(val[0]), bf16_round(val[1]))
+                                      : swiglu_one(val[0], val[1]);
         } else if constexpr (kOut == kOutRopeKv) {
-          rope_kv_store(p, g * kWarps + warp, rows, val);
+          const float rv[2] = {p.round_bf16 ? bf16_round(val[0]) : val[0], p.round_bf16 ? bf16_round(val[1]) : val[1]};
+          rope_kv_store(p, g * kWarps + warp, rows, rv);
         } else {
 #pragma unroll
           for (int r = 0; r < kR; ++r) {
             if (rows[r] < 0) continue;
-            if constexpr (kOut == kOutAcc) p.y[rows[r]] = __fadd_rn(p.y[rows[r]], val[r]);
-            else p.y[rows[r]] = val[r];
+            const float v = p.round_bf16 ? bf16_round(val[r]) : val[r];
+            if constexpr (kOut == kOutAcc) p.y[rows[r]] = __fadd_rn(p.y[rows[r]], v);
+            else p.y[rows[r]] = v;
           }
         }
       }
@@ -683,7 +685,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.eps = a.eps;
   p.y = a.y;
   p.rk = a.rope_kv;
-  p.round_gate_up = a.round_gate_up;
+  p.round_bf16 = a.round_bf16;
   // The kernel's choice (gemv_decode.h): bulk copies for bf16 and for int8 weights other than
   // per-channel w8a8 (which double-buffers in registers) — measured faster so; int4 keeps
   // register loads.

@@ -86,9 +86,13 @@ struct DecodeLinearArgs {
   // CUDA backend for A/B runs.
   int bulk_stages = -1;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
-  // DecodeOut::SwiGLU: round gate and up to bf16 before SwiGLU — the same bits as swiglu(...,
-  // round_to_bf16 = true) on the stored gate|up (the CUDA backend's gate|up rule).
-  bool round_gate_up = false;
+  // Round the layer's outputs to bf16 (RNE) before the epilogue uses them — the CUDA backend's
+  // bf16-intermediate rule, the same bits as the separate kernels' rounding forms:
+  //   SwiGLU: gate and up (swiglu(..., round_to_bf16 = true) on the stored gate|up);
+  //   Accumulate: the output before the add (add_rms_norm / residual_add with round_delta);
+  //   RopeKv: q, k, v before RoPE (rope_append_qkv / split_qkv with round_to_bf16);
+  //   Store: the stored values.
+  bool round_bf16 = false;
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
