@@ -43,7 +43,7 @@ Command register_bench_op(CLI::App& root) {
   app->add_flag("--quick", o->quick, "A short run: fewer shapes and repetitions");
   app->add_option("-t,--threads", *threads, "CPU threads (default: all cores)");
   app->add_option("--device", *device, "cpu (default) or cuda[:N]: perry's CUDA kernels vs cuBLAS / cuBLASLt");
-  app->add_flag("--no-wgmma", *no_wgmma, "--device cuda: skip the experimental sm_90 wgmma W8A8 GEMM rows");
+  app->add_flag("--no-wgmma", *no_wgmma, "--device cuda: run the layers as PERRY_NO_WGMMA=1 does (no sm_90 int8 wgmma GEMMs)");
   return {app, [o, threads, device, shapes, no_wgmma]() -> int {
     for (const auto& s : *shapes) o->shapes.push_back(parse_shape(s));
     const std::optional<int> dev = parse_device(*device);

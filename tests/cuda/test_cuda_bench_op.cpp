@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 
 #include "backend/cuda/bench_op_cuda.h"
@@ -18,6 +20,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/bench_peers.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/gemv_quant.h"
 #include "quant/quant.h"
 
 namespace {
@@ -73,7 +76,7 @@ TEST(CudaBenchOp, Fp8OpTable) {
   EXPECT_EQ(weight_row_bytes(WFmt::E4M3, 1000), 1000u);  // 1 byte a weight (+ N scales)
   EXPECT_EQ(op_info(Op::QuantizeFp8).kind, Kind::Quantize);
   // The others keep their roles.
-  for (Op op : {Op::W8A8, Op::W8A8Wgmma, Op::W8A8G128, Op::W8A8G64, Op::W4A8, Op::W4A8G128}) {
+  for (Op op : {Op::W8A8, Op::W8A8Mma, Op::W8A8G128, Op::W8A8G64, Op::W4A8, Op::W4A8G128}) {
     EXPECT_TRUE(quantizes_activations(op)) << op_info(op).name;
     EXPECT_EQ(quantize_op(op), Op::Quantize) << op_info(op).name;
   }
@@ -135,6 +138,67 @@ TEST(CudaBenchOp, Fp8ReferenceMatchesIndependentSum) {
   }
 }
 
+// The path choice bench-op and CudaLinear share (linear_path), at the M where it does not depend
+// on the device (the wgmma question is asked only above 32 rows in the W*A8 modes), and the
+// bench's perry ops following it.
+TEST(CudaBenchOp, LinearPathChoice) {
+  using pc::LinearPath;
+  using QM = pq::QuantMode;
+  for (int M : {1, 16, 100, 4096}) {
+    EXPECT_EQ(pc::linear_path(QM::BF16, M, 4096), LinearPath::CublasBf16) << M;
+    EXPECT_EQ(pc::linear_path(QM::W8A8_FP8, M, 4096), LinearPath::Fp8Wgmma) << M;
+    EXPECT_EQ(pc::linear_path(QM::W8A8, M, 1000), LinearPath::Gemv) << M;  // K not a multiple of 16
+    EXPECT_EQ(pc::linear_path(QM::W4A8, M, 48), LinearPath::Gemv) << M;    // int4: K % 32
+  }
+  for (QM mode : {QM::W8A8, QM::W8A8_G128, QM::W8A8_G64, QM::W4A8, QM::W4A8_G128}) {
+    for (int M = 1; M <= pc::CudaLinear::kGemvOnlyMaxM; ++M) EXPECT_EQ(pc::linear_path(mode, M, 4096), LinearPath::Gemv);
+    for (int M = pc::CudaLinear::kGemvOnlyMaxM + 1; M <= pc::CudaLinear::kSmallMA8MaxM; ++M)
+      EXPECT_EQ(pc::linear_path(mode, M, 4096), LinearPath::SmallM) << M;
+  }
+  for (QM mode : {QM::W8A16, QM::W4A16}) {
+    EXPECT_EQ(pc::linear_path(mode, 3, 4096), LinearPath::Gemv);
+    EXPECT_EQ(pc::linear_path(mode, 4, 4096), LinearPath::SmallM);
+    EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM, 4096), LinearPath::SmallM);
+    EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM + 1, 4096), LinearPath::DequantCublas);
+    EXPECT_EQ(pc::linear_path(mode, 8, 40), LinearPath::Gemv);  // odd K: the GEMV up to 8 rows,
+    EXPECT_EQ(pc::linear_path(mode, 9, 40), LinearPath::DequantCublas);  // then dequantize + cuBLAS
+  }
+  // The bench's ops: the layer's choice, its name as CudaLinear::kernel_name prints it.
+  const OpContext ctx;
+  EXPECT_EQ(op_path(Op::W8A8, 16, 4096), LinearPath::SmallM);
+  EXPECT_EQ(op_path(Op::W8A16, 100, 4096), LinearPath::DequantCublas);
+  EXPECT_EQ(op_path(Op::Bf16, 1, 4096), LinearPath::CublasBf16);
+  EXPECT_EQ(op_path(Op::W8A8Mma, 1, 4096), LinearPath::MmaSync);  // the comparison row: always mma.sync
+  EXPECT_EQ(kernel_name(Op::W8A8, 1, 4096, ctx), "quantize_per_token + w8a8:gemv_quant");
+  EXPECT_EQ(kernel_name(Op::W4A8G128, 16, 4096, ctx), "quantize_per_token + w4a8-g128:gemm_small_m");
+  EXPECT_EQ(kernel_name(Op::W4A16, 100, 4096, ctx), "w4a16:dequantize_bf16+cublas_gemm");
+  EXPECT_EQ(kernel_name(Op::Bf16, 100, 4096, ctx), "bf16:cublas_gemm");
+  EXPECT_EQ(kernel_name(Op::W8A8Fp8, 1, 4096, ctx), "w8a8-fp8:quantize_per_token_fp8+gemm_fp8_wgmma_tma");
+  // w8a8-mma has rows only where w8a8 takes wgmma: never at small M; every other op always.
+  for (int M : {1, 16, 32}) {
+    EXPECT_FALSE(has_row(Op::W8A8Mma, M, 4096)) << M;
+    for (Op op : {Op::Bf16, Op::W8A8, Op::W8A16, Op::W4A8, Op::W8A8Fp8, Op::CublasBf16, Op::Quantize})
+      EXPECT_TRUE(has_row(op, M, 4096)) << op_info(op).name << " M=" << M;
+  }
+  EXPECT_EQ(perry_op(QM::W8A8), Op::W8A8);
+  EXPECT_STREQ(op_info(Op::W8A8Mma).name, "w8a8-mma");
+}
+
+// The startup check's row counts reach every path but wgmma (that is M = 200, on sm_90) at its
+// K = 1024.
+TEST(CudaBenchOp, StartupCheckCoversPaths) {
+  using pc::LinearPath;
+  std::set<LinearPath> a8, w16;
+  for (int M : kStartupCheckMs) {
+    if (M > 128) continue;
+    a8.insert(pc::linear_path(pq::QuantMode::W8A8_G128, M, 1024));
+    w16.insert(pc::linear_path(pq::QuantMode::W4A16, M, 1024));
+  }
+  EXPECT_EQ(a8, (std::set<LinearPath>{LinearPath::Gemv, LinearPath::SmallM, LinearPath::GemmQuant}));
+  EXPECT_EQ(w16, (std::set<LinearPath>{LinearPath::Gemv, LinearPath::SmallM, LinearPath::DequantCublas}));
+  EXPECT_GT(*std::max_element(std::begin(kStartupCheckMs), std::end(kStartupCheckMs)), 128);
+}
+
 TEST(CudaBenchOp, E4M3Decode) {
   EXPECT_EQ(e4m3_to_double(0x38), 1.0);
   EXPECT_EQ(e4m3_to_double(0xb8), -1.0);
@@ -193,12 +257,15 @@ TEST(CudaBenchOp, LtPeers) {
 
 // A tiny end-to-end run: every row (every perry mode, the peers, the quantizations) passes its
 // output check and gets a time, and the files are written. On sm_90 that includes w8a8-fp8 and
-// quantize-fp8 (default modes), and their startup checks.
+// quantize-fp8 (default modes), and their startup checks. M = 1, 16 and 200 take the GEMV, the
+// small-M kernel and the large-M GEMMs (sm_90: wgmma, plus the w8a8-mma comparison row), and each
+// perry row names the kernels CudaLinear would run.
 TEST(CudaBenchOp, TinyRunPasses) {
   REQUIRE_GPU();
+  const int K = 512;
   pc::CudaBenchOpOptions o;
-  o.common.shapes = {{256, 512}};
-  o.common.ms = {1, 16};
+  o.common.shapes = {{256, K}};
+  o.common.ms = {1, 16, 200};
   o.common.repeats = 2;
   o.common.out_prefix = ::testing::TempDir() + "perry_bench_op_cuda_test";
   ASSERT_EQ(pc::run_bench_op_cuda(o), 0);
@@ -207,23 +274,42 @@ TEST(CudaBenchOp, TinyRunPasses) {
   const auto j = nlohmann::json::parse(f);
   EXPECT_EQ(j["failures"], 0);
   EXPECT_GT(j["copy_bandwidth_gbs"].get<double>(), 100.0);
-  int rows = 0, fp8_rows = 0, fp8_startup = 0;
-  for (const auto& c : j["startup_checks"]) fp8_startup += c["variant"] == "w8a8-fp8";
+  const bool wgmma = pc::linear_path(pq::QuantMode::W8A8, 200, K) == pc::LinearPath::Wgmma;
+  int rows = 0, fp8_rows = 0, fp8_startup = 0, mma_rows = 0, mma_startup = 0;
+  for (const auto& c : j["startup_checks"]) {
+    fp8_startup += c["variant"] == "w8a8-fp8";
+    mma_startup += c["variant"] == "w8a8-mma";
+  }
+  const OpContext ctx;
   for (const auto& r : j["results"]) {
     ++rows;
     fp8_rows += r["variant"] == "w8a8-fp8" || r["variant"] == "quantize-fp8";
+    mma_rows += r["variant"] == "w8a8-mma";
     EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
     if (r["kind"] != "peer") {
       EXPECT_GT(r["ms"].get<double>(), 0.0) << r.dump();
     }
+    if (r["kind"] == "perry") {  // the kernels of linear_path (w8a8-mma: gemm_w8a8), as CudaLinear names them
+      const std::string v = r["variant"];
+      const auto q = pq::parse_quant_mode(v);
+      const Op op = v == "w8a8-mma" ? Op::W8A8Mma : v == "bf16" ? Op::Bf16 : perry_op(*q);
+      EXPECT_EQ(r["kernel"], kernel_name(op, r["M"].get<int>(), K, ctx)) << r.dump();
+      if (wgmma && v == "w8a8" && r["M"] == 200) {  // the model's large-M kernel on sm_90, not mma.sync
+        EXPECT_NE(r["kernel"].get<std::string>().find("gemm_w8a8_wgmma"), std::string::npos) << r.dump();
+      }
+    }
   }
-  EXPECT_GE(rows, 2 * 12);  // quantize + 8 perry modes + >= 3 peers, at both M
+  EXPECT_GE(rows, 3 * 12);  // quantize + 8 perry modes + >= 3 peers, at every M
+  const auto n_ms = int(std::size(kStartupCheckMs));
   if (pc::gemm_w8a8_wgmma_supported()) {
-    EXPECT_EQ(fp8_rows, 2 * 2);
-    EXPECT_EQ(fp8_startup, 5);  // M = 1, 5, 8, 16, 100
+    EXPECT_EQ(fp8_rows, 3 * 2);
+    EXPECT_EQ(fp8_startup, n_ms);
   } else {
     EXPECT_EQ(fp8_rows, 0);
   }
+  // w8a8-mma: only at M = 200 here and at the startup check's M = 200, where w8a8 runs wgmma.
+  EXPECT_EQ(mma_rows, wgmma ? 1 : 0);
+  EXPECT_EQ(mma_startup, wgmma ? 1 : 0);
   std::remove((o.common.out_prefix + ".json").c_str());
   std::remove((o.common.out_prefix + ".md").c_str());
 }

@@ -9,6 +9,8 @@
 //   - rounds: a spin kernel holds the stream while the host queues one call of every op, each
 //     between two CUDA events, so no timing includes host launch latency; warm-up rounds, then
 //     the median over the timed rounds (ops interleaved, so clock drift hits all alike);
+//   - perry's rows run the kernels CudaLinear picks at that M (linear_path, cuda_linear.h) with
+//     its arguments; w8a8-mma, where w8a8 picks the sm_90 wgmma GEMM, times the mma.sync one;
 //   - perry's W*A8 rows include quantize_per_token of the bf16 activation (w8a8-fp8:
 //     quantize_per_token_fp8, as CudaLinear runs it); their GEMM alone and the quantization alone
 //     are timed as well (columns `gemm ms`, `quant ms`; rows `quantize`, `quantize-fp8`);
@@ -178,6 +180,16 @@ void Bench::setup() {
   check_cublas_status(cublasLtCreate(&lt_), "cublasLtCreate");
   lt_ws_ = DeviceBuffer(pool_, 32 << 20, "cuBLASLt workspace");
 
+  // --no-wgmma: perry's rows as the model runs with PERRY_NO_WGMMA=1 (mma.sync where it would take
+  // the sm_90 wgmma GEMMs): the way around a wgmma kernel that fails or hangs. linear_path reads the
+  // variable once, so it must be set before the first call that asks (none has in `perry
+  // bench-op`; a test process may have asked already: then this refuses to run).
+  if (!o_.wgmma) {
+    setenv("PERRY_NO_WGMMA", "1", 1);
+    PERRY_CHECK(linear_path(pq::QuantMode::W8A8, 4096, 4096) != LinearPath::Wgmma,
+                "bench-op --no-wgmma: the wgmma choice was made before PERRY_NO_WGMMA could be set; set it in "
+                "the environment instead");
+  }
   // The ops: perry bf16 + the chosen quantized modes (default all), then the peers.
   std::vector<std::string> modes = o_.common.modes;
   if (modes.empty()) modes = {"w8a16", "w4a16", "w8a8", "w8a8-g128", "w8a8-g64", "w4a8", "w4a8-g128", "w8a8-fp8"};
@@ -195,9 +207,13 @@ void Bench::setup() {
       continue;
     }
     if (std::find(ops_.begin(), ops_.end(), op) == ops_.end()) ops_.push_back(op);
-    if (op == Op::W8A8 && o_.wgmma) {
-      if (gemm_w8a8_wgmma_supported()) ops_.push_back(Op::W8A8Wgmma);
-      else notes_.push_back("w8a8-wgmma not timed: the experimental wgmma kernel needs sm_90");
+    // Its rows appear only where w8a8 takes the wgmma GEMM (has_row): sm_90, M > 128, wgmma on.
+    if (op == Op::W8A8 && std::find(ops_.begin(), ops_.end(), Op::W8A8Mma) == ops_.end()) {
+      ops_.push_back(Op::W8A8Mma);
+      if (linear_path(pq::QuantMode::W8A8, 4096, 4096) != LinearPath::Wgmma)
+        notes_.push_back(fmt::format("no w8a8-mma rows: w8a8 runs {} at every M > {} here ({})",
+                                     gemm_w8a8_kernel_name(), CudaLinear::kSmallMA8MaxM,
+                                     gemm_w8a8_wgmma_supported() ? "PERRY_NO_WGMMA / --no-wgmma" : "no sm_90"));
     }
   }
   // Its activation quantization alone, next to the int8 one (the `quant ms` of the fp8 row).
@@ -411,7 +427,7 @@ void Bench::run_case(int M) {
   const OpContext ctx{stream_, blas_, scratch_.get<uint16_t>(), lt_ws_.get(), lt32.get(), lt8.get(), lte.get()};
   std::vector<Op> ops;
   for (Op op : ops_) {
-    if (op == Op::W8A8Wgmma && M <= kGemvQuantMaxM) continue;  // small M runs gemv_quant, as w8a8 does
+    if (!has_row(op, M, K)) continue;
     if (unavailable.count(op)) continue;
     try {  // probe once (this also writes xq / sa, which the int8 peers read)
       run_op(op, args(op, 0, M), true, ctx);
@@ -471,7 +487,7 @@ void Bench::run_case(int M) {
   fmt::print("M={:<5} {:<20} {:>9} {:>9} {:>8} {:>8} {:>7} {:>8}  check / kernel\n", M, "variant", "ms", "gemm ms",
              "TOPS", "GB/s", "x bf16", "best ms");
   for (Op op : ops_) {
-    if (op == Op::W8A8Wgmma && M <= kGemvQuantMaxM) continue;
+    if (!has_row(op, M, K)) continue;
     const OpInfo& in = op_info(op);
     Row r;
     r.N = N;
@@ -487,7 +503,7 @@ void Bench::run_case(int M) {
       print_row(r);
       continue;
     }
-    r.kernel = kernel_name(op, M, ctx);
+    r.kernel = kernel_name(op, M, K, ctx);
     r.ms = med(op, true);
     r.best_ms = *std::min_element(by.at({op, true})->ms.begin(), by.at({op, true})->ms.end());
     const bool quantizes = quantizes_activations(op);
@@ -535,7 +551,9 @@ void Bench::write(const std::string& aborted) const {
   const std::string method =
       fmt::format("CUDA events around each call, median of {} rounds after {} warm-up rounds; ops interleaved "
                   "within a round behind a spin kernel (no host launch latency in a timing); weights rotated over "
-                  "copies > 4x L2 ({} MiB) per format, so never L2-resident; fresh random data; W*A8 rows include "
+                  "copies > 4x L2 ({} MiB) per format, so never L2-resident; fresh random data; perry rows run "
+                  "the kernels CudaLinear picks at each M (linear_path), w8a8-mma the mma.sync GEMM where w8a8 "
+                  "picks wgmma; W*A8 rows include "
                   "quantize_per_token of the bf16 activation, w8a8-fp8 quantize_per_token_fp8 (gemm ms: without "
                   "it); every op's output checked on 8x8 "
                   "samples against a host reference (float rows: max |err| / rms <= {:.0e}; int rows exact / +-1)",
@@ -551,7 +569,8 @@ void Bench::write(const std::string& aborted) const {
   j["startup_checks"] = nlohmann::json::array();
   for (const auto& c : startup_)
     j["startup_checks"].push_back({{"variant", c.op}, {"M", c.M}, {"ok", c.verdict.ok}, {"err", c.verdict.err},
-                                   {"err_vs_unquantized", c.err_float}, {"check", c.verdict.what}});
+                                   {"err_vs_unquantized", c.err_float}, {"check", c.verdict.what},
+                                   {"kernel", c.kernel}});
   j["results"] = nlohmann::json::array();
   for (const auto& r : rows_)
     j["results"].push_back({{"N", r.N}, {"K", r.K}, {"M", r.M}, {"variant", r.variant}, {"kind", r.kind},
@@ -586,9 +605,10 @@ void Bench::write(const std::string& aborted) const {
                       r.ms > 0 ? fmt::format("{:.2f}", r.vs_bf16) : "", r.ok ? "ok" : r.check, r.kernel);
   }
   md << "\n## Startup check (N=384, K=1024, weights from perry's CPU quantizer)\n\n"
-     << "| variant | M | result | error vs unquantized float (quantization error, info) |\n|---|---|---|---|\n";
+     << "| variant | M | result | error vs unquantized float (quantization error, info) | kernel |\n"
+     << "|---|---|---|---|---|\n";
   for (const auto& c : startup_)
-    md << fmt::format("| {} | {} | {} | {:.3g} |\n", c.op, c.M, c.verdict.what, c.err_float);
+    md << fmt::format("| {} | {} | {} | {:.3g} | {} |\n", c.op, c.M, c.verdict.what, c.err_float, c.kernel);
   fmt::print("wrote {}.md and {}.json\n", o_.common.out_prefix, o_.common.out_prefix);
 }
 

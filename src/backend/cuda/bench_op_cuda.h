@@ -10,7 +10,9 @@ namespace perry::cuda {
 struct CudaBenchOpOptions {
   bench::BenchOpOptions common;  // modes, M list, shapes, repeats, output prefix, quick
   int device = 0;
-  bool wgmma = true;  // on sm_90, also time the experimental wgmma W8A8 GEMM (rows `w8a8-wgmma`)
+  // false: time perry's layers as the model runs them with PERRY_NO_WGMMA=1 (mma.sync instead of the
+  // sm_90 wgmma GEMMs; no w8a8-mma rows) — sets that variable for the process.
+  bool wgmma = true;
 };
 
 // Prints the table, writes <out>.md / <out>.json; returns 0 when every check passed, 1 when some

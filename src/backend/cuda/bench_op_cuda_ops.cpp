@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
 
@@ -30,7 +31,7 @@ constexpr OpInfo kOps[] = {
     {Op::W8A16, "w8a16", Kind::Perry, WFmt::I8, QuantMode::W8A16},
     {Op::W4A16, "w4a16", Kind::Perry, WFmt::I4, QuantMode::W4A16},
     {Op::W8A8, "w8a8", Kind::Perry, WFmt::I8, QuantMode::W8A8},
-    {Op::W8A8Wgmma, "w8a8-wgmma", Kind::Perry, WFmt::I8, QuantMode::W8A8},
+    {Op::W8A8Mma, "w8a8-mma", Kind::Perry, WFmt::I8, QuantMode::W8A8},
     {Op::W8A8G128, "w8a8-g128", Kind::Perry, WFmt::I8, QuantMode::W8A8_G128},
     {Op::W8A8G64, "w8a8-g64", Kind::Perry, WFmt::I8, QuantMode::W8A8_G64},
     {Op::W4A8, "w4a8", Kind::Perry, WFmt::I4, QuantMode::W4A8},
@@ -66,7 +67,7 @@ const OpInfo& op_info(Op op) {
 
 Op perry_op(QuantMode mode) {
   for (const OpInfo& i : kOps)
-    if (i.kind == Kind::Perry && i.mode == mode && i.op != Op::W8A8Wgmma) return i.op;
+    if (i.kind == Kind::Perry && i.mode == mode && i.op != Op::W8A8Mma) return i.op;
   fail("bench-op: no CUDA op for mode {}", pq::quant_mode_name(mode));
 }
 
@@ -123,73 +124,93 @@ void sync_or_hang(cudaStream_t stream, double seconds, const std::string& what) 
   }
 }
 
+LinearPath op_path(Op op, int M, int K) {
+  PERRY_CHECK(op_info(op).kind == Kind::Perry, "bench-op: {} is not a perry linear", op_info(op).name);
+  return op == Op::W8A8Mma ? LinearPath::MmaSync : linear_path(op_info(op).mode, M, K);
+}
+
+bool has_row(Op op, int M, int K) {
+  return op != Op::W8A8Mma || linear_path(QuantMode::W8A8, M, K) == LinearPath::Wgmma;
+}
+
 void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
   const int M = a.M, N = a.N, K = a.K;
   switch (op) {
     case Op::Quantize: quantize_per_token(a.x, DType::BF16, M, K, a.xq, a.sa, c.stream); return;
     case Op::QuantizeFp8: quantize_per_token_fp8(a.x, DType::BF16, M, K, a.xf8, a.sf8, c.stream); return;
-    case Op::Bf16:
-      cublas_gemm_bf16(c.blas, static_cast<const uint16_t*>(a.w), a.x, a.y, DType::F32, M, N, K);
-      return;
     case Op::CublasBf16:
       cublas_gemm_bf16(c.blas, static_cast<const uint16_t*>(a.w), a.x, a.y, DType::BF16, M, N, K);
       return;
     case Op::LtI8I32:
     case Op::LtI8I8: lt_of(op, c).run(a.w, a.xq, a.y, c.lt_workspace, c.stream); return;
     case Op::LtE4M3: lt_of(op, c).run(a.w, a.x8, a.y, c.lt_workspace, c.stream); return;
-    case Op::W8A8Fp8:
-      // CudaLinear's Path::Fp8Wgmma: the layer quantizes its bf16 input itself, at every M.
-      if (quantize) quantize_per_token_fp8(a.x, DType::BF16, M, K, a.xf8, a.sf8, c.stream);
-      gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, a.y, DType::F32, M, N, K,
-                     c.stream);
-      return;
     default: break;
   }
-  // perry's quantized linear, the dispatch of CudaLinear::forward (no bias).
+  // perry's linear: the kernels of CudaLinear::run for op_path (the layer's own choice,
+  // linear_path), with the same arguments (no bias, fp32 output). The W*A8 layers read int8 rows
+  // that the norm / SwiGLU kernel before them quantized: here quantize_per_token stands in for
+  // that step (skipped when quantize = false); w8a8-fp8 quantizes its bf16 input itself.
   const QuantMode mode = op_info(op).mode;
   const pq::QuantScheme sc = pq::quant_scheme(mode);
+  const bool a8 = sc.int8_activations;
+  const LinearPath path = op_path(op, M, K);
+  if (quantize && a8) quantize_per_token(a.x, DType::BF16, M, K, a.xq, a.sa, c.stream);
+  if (quantize && sc.fp8) quantize_per_token_fp8(a.x, DType::BF16, M, K, a.xf8, a.sf8, c.stream);
+  const void* x = a8 ? static_cast<const void*>(a.xq) : static_cast<const void*>(a.x);
+  const float* sa = a8 ? a.sa : nullptr;
   float* y = static_cast<float*>(a.y);
-  if (sc.int8_activations) {
-    if (quantize) quantize_per_token(a.x, DType::BF16, M, K, a.xq, a.sa, c.stream);
-    if (M <= kGemvQuantMaxM)
-      gemv_quant(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, M, N, K, c.stream);
-    else if (op == Op::W8A8Wgmma)
+  switch (path) {
+    case LinearPath::CublasBf16:
+      cublas_gemm_bf16(c.blas, static_cast<const uint16_t*>(a.w), a.x, y, DType::F32, M, N, K);
+      return;
+    case LinearPath::SmallM: gemm_small_m(mode, x, sa, a.w, a.scales, nullptr, y, M, N, K, c.stream); return;
+    case LinearPath::Gemv:
+      for (int m0 = 0; m0 < M; m0 += CudaLinear::kGemvMaxM) {  // blocks of at most 8 rows
+        const int mb = std::min(CudaLinear::kGemvMaxM, M - m0);
+        const void* xp = a8 ? static_cast<const void*>(a.xq + size_t(m0) * K)
+                            : static_cast<const void*>(a.x + size_t(m0) * K);
+        gemv_quant(mode, xp, a8 ? sa + m0 : nullptr, a.w, a.scales, nullptr, y + size_t(m0) * N, mb, N, K, c.stream);
+      }
+      return;
+    case LinearPath::DequantCublas:
+      PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the dequantization scratch", op_info(op).name);
+      dequantize_weight_bf16(a.w, a.scales, sc.weight_bits, sc.group_size, N, K, c.dequant_scratch, c.stream);
+      cublas_gemm_bf16(c.blas, c.dequant_scratch, a.x, y, DType::F32, M, N, K);
+      return;
+    case LinearPath::Wgmma:
       gemm_w8a8_wgmma(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
-    else if (mode == QuantMode::W8A8)
+      return;
+    case LinearPath::MmaSync:
       gemm_w8a8(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
-    else
+      return;
+    case LinearPath::GemmQuant:
       gemm_quant(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
-    return;
+      return;
+    case LinearPath::WgmmaQuant:
+      gemm_quant_wgmma(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
+      return;
+    case LinearPath::Fp8Wgmma:
+      gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K,
+                     c.stream);
+      return;
   }
-  if (M <= kGemvQuantMaxM) {
-    gemv_quant(mode, a.x, nullptr, a.w, a.scales, nullptr, y, M, N, K, c.stream);
-    return;
-  }
-  PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the dequantization scratch", op_info(op).name);
-  dequantize_weight_bf16(a.w, a.scales, sc.weight_bits, sc.group_size, N, K, c.dequant_scratch, c.stream);
-  cublas_gemm_bf16(c.blas, c.dequant_scratch, a.x, y, DType::F32, M, N, K);
 }
 
-std::string kernel_name(Op op, int M, const OpContext& c) {
+std::string kernel_name(Op op, int M, int K, const OpContext& c) {
   switch (op) {
     case Op::Quantize: return "quantize_per_token (bf16 in)";
     case Op::QuantizeFp8: return "quantize_per_token_fp8 (bf16 in)";
-    case Op::W8A8Fp8: return "quantize_per_token_fp8 + gemm_fp8_wgmma";
-    case Op::Bf16: return "cublasGemmEx bf16->f32";
     case Op::CublasBf16: return "cublasGemmEx bf16->bf16";
     case Op::LtI8I32:
     case Op::LtI8I8:
     case Op::LtE4M3: return lt_of(op, c).note();
     default: break;
   }
+  // The layer's kernels as CudaLinear::kernel_name prints them (w8a8-fp8's name includes its
+  // quantization), after the int8 quantization the bench adds for the W*A8 modes.
   const QuantMode mode = op_info(op).mode;
-  if (!pq::quant_scheme(mode).int8_activations)
-    return M <= kGemvQuantMaxM ? "gemv_quant" : "dequantize_weight_bf16 + cublasGemmEx bf16->f32";
-  std::string gemm = M <= kGemvQuantMaxM    ? "gemv_quant"
-                     : op == Op::W8A8Wgmma  ? "gemm_w8a8_wgmma (experimental)"
-                     : mode == QuantMode::W8A8 ? std::string("gemm_w8a8 ") + gemm_w8a8_kernel_name()
-                                               : "gemm_quant";
-  return "quantize_per_token + " + gemm;
+  const std::string name = linear_path_name(mode, op_path(op, M, K));
+  return pq::quant_scheme(mode).int8_activations ? "quantize_per_token + " + name : name;
 }
 
 double e4m3_to_double(uint8_t b) {
@@ -280,15 +301,15 @@ Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& 
 
 std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool& pool, cudaStream_t stream,
                                          cublasHandle_t blas) {
-  constexpr int N = 384, K = 1024, Mmax = 100;
-  const int Ms[] = {1, 5, 8, 16, 100};
+  constexpr int N = 384, K = 1024;
+  const int Mmax = *std::max_element(std::begin(kStartupCheckMs), std::end(kStartupCheckMs));
   std::mt19937 rng(20260512);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> w(size_t(N) * K), x(size_t(Mmax) * K);
   for (auto& v : w) v = 0.02f * nd(rng);
   std::vector<uint16_t> xb(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
-    xb[i] = f32_to_bf16(nd(rng));
+    xb[i] = perry::f32_to_bf16(nd(rng));
     x[i] = bf16_to_f32(xb[i]);  // what every kernel sees
   }
   // Per-token quantization of the bf16 rows on the host (the rules quantize_per_token and
@@ -300,10 +321,19 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
     sa[m] = pq::quantize_row_ref(&x[size_t(m) * K], K, &xq[size_t(m) * K]);
     sf8[m] = pq::quantize_row_fp8_ref(&x[size_t(m) * K], K, &xf8[size_t(m) * K]);
   }
+  // The unquantized float product, the same for every op; row m does not depend on M, so every
+  // reference is computed once for Mmax rows and each M compares its first M.
+  std::vector<double> ref_float(size_t(Mmax) * N);
+  for (int m = 0; m < Mmax; ++m)
+    for (int n = 0; n < N; ++n) {
+      double sf = 0;
+      for (int k = 0; k < K; ++k) sf += double(w[size_t(n) * K + k]) * double(x[size_t(m) * K + k]);
+      ref_float[size_t(m) * N + n] = sf;
+    }
 
   DeviceBuffer dx(pool, xb.size() * 2, "bench-op check x"), dxq(pool, xq.size(), "bench-op check xq"),
-      dsa(pool, Mmax * 4, "bench-op check sa"), dxf8(pool, xf8.size(), "bench-op check xf8"),
-      dsf8(pool, Mmax * 4, "bench-op check sf8"), dy(pool, size_t(Mmax) * N * 4, "bench-op check y"),
+      dsa(pool, size_t(Mmax) * 4, "bench-op check sa"), dxf8(pool, xf8.size(), "bench-op check xf8"),
+      dsf8(pool, size_t(Mmax) * 4, "bench-op check sf8"), dy(pool, size_t(Mmax) * N * 4, "bench-op check y"),
       dw(pool, size_t(N) * K * 2, "bench-op check weights"), ds(pool, size_t(N) * K / 16 * 4, "bench-op check scales"),
       scratch(pool, size_t(N) * K * 2, "bench-op check scratch");
   copy_to_device(dx.get(), xb.data(), xb.size() * 2);
@@ -322,7 +352,7 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       std::vector<uint16_t> wb(w.size());
       deq.resize(w.size());
       for (size_t i = 0; i < w.size(); ++i) {
-        wb[i] = f32_to_bf16(w[i]);
+        wb[i] = perry::f32_to_bf16(w[i]);
         deq[i] = bf16_to_f32(wb[i]);
       }
       copy_to_device(dw.get(), wb.data(), wb.size() * 2);
@@ -334,11 +364,31 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       deq = pq::dequantize_weight(qw);
     }
     const bool a8 = reads_int8_activations(op), fp8 = op == Op::W8A8Fp8;
-    for (int M : Ms) {
-      if (op == Op::W8A8Wgmma && M <= kGemvQuantMaxM) continue;  // the wgmma row exists for M > 8 only
+    std::vector<double> ref(size_t(Mmax) * N);
+    for (int m = 0; m < Mmax; ++m)
+      for (int n = 0; n < N; ++n) {
+        double s = 0;
+        if (fp8) {
+          // From the codes, not from deq: dequantize_weight rounds e4m3·scale to float.
+          const auto* wq = reinterpret_cast<const uint8_t*>(qw.qweight.data()) + size_t(n) * K;
+          const uint8_t* fr = &xf8[size_t(m) * K];
+          for (int k = 0; k < K; ++k) s += e4m3_to_double(fr[k]) * e4m3_to_double(wq[k]);
+          s *= double(sf8[m]) * double(qw.scales[size_t(n)]);
+        } else {
+          const float* xr = &x[size_t(m) * K];
+          const int8_t* qr = &xq[size_t(m) * K];
+          const float* dr = &deq[size_t(n) * K];
+          for (int k = 0; k < K; ++k) s += double(dr[k]) * (a8 ? double(qr[k]) : double(xr[k]));
+          if (a8) s *= sa[m];
+        }
+        ref[size_t(m) * N + n] = s;
+      }
+    for (int M : kStartupCheckMs) {
+      if (!has_row(op, M, K)) continue;
       StartupCheck c;
       c.op = op_info(op).name;
       c.M = M;
+      c.kernel = kernel_name(op, M, K, ctx);
       try {
         OpArgs a;
         a.w = dw.get();
@@ -354,33 +404,13 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
         a.K = K;
         PERRY_CUDA_CHECK(cudaMemsetAsync(dy.get(), 0xff, dy.bytes(), stream));  // NaN: unwritten outputs fail
         run_op(op, a, true, ctx);
-        sync_or_hang(stream, 20, fmt::format("the startup check of {} (M={})", c.op, M));
+        sync_or_hang(stream, 20, fmt::format("the startup check of {} (M={}, {})", c.op, M, c.kernel));
         std::vector<float> y(size_t(M) * N);
         PERRY_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
-        std::vector<double> got(y.begin(), y.end()), ref(y.size()), ref_float(y.size());
-        for (int m = 0; m < M; ++m)
-          for (int n = 0; n < N; ++n) {
-            double s = 0, sf = 0;
-            const float* xr = &x[size_t(m) * K];
-            const int8_t* qr = &xq[size_t(m) * K];
-            const float* dr = &deq[size_t(n) * K];
-            const float* wr = &w[size_t(n) * K];
-            for (int k = 0; k < K; ++k) sf += double(wr[k]) * double(xr[k]);
-            if (fp8) {
-              // From the codes, not from deq: dequantize_weight rounds e4m3·scale to float.
-              const auto* wq = reinterpret_cast<const uint8_t*>(qw.qweight.data()) + size_t(n) * K;
-              const uint8_t* fr = &xf8[size_t(m) * K];
-              for (int k = 0; k < K; ++k) s += e4m3_to_double(fr[k]) * e4m3_to_double(wq[k]);
-              s *= double(sf8[m]) * double(qw.scales[size_t(n)]);
-            } else {
-              for (int k = 0; k < K; ++k) s += double(dr[k]) * (a8 ? double(qr[k]) : double(xr[k]));
-              if (a8) s *= sa[m];
-            }
-            ref[size_t(m) * N + n] = s;
-            ref_float[size_t(m) * N + n] = sf;
-          }
-        c.verdict = judge(op, got, ref);
-        c.err_float = judge(op, got, ref_float).err;
+        const std::vector<double> got(y.begin(), y.end());
+        const auto rows = std::ptrdiff_t(y.size());
+        c.verdict = judge(op, got, std::vector<double>(ref.begin(), ref.begin() + rows));
+        c.err_float = judge(op, got, std::vector<double>(ref_float.begin(), ref_float.begin() + rows)).err;
         if (fp8) {
           // The reference used the host's codes: the device's must be the same bytes (the
           // output tolerance alone would hide a quantizer off by one code here and there).

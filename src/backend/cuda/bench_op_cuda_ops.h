@@ -1,7 +1,9 @@
 // The operations `perry bench-op --device cuda` times, one call each: perry's linear layer in
-// every mode exactly as CudaLinear::forward (cuda_linear.cpp) runs it, the activation
-// quantizations on their own (int8 and e4m3), and the library peers (bench_peers.h); plus their
-// host references, used to check the timed outputs so that a broken kernel cannot post a fast time.
+// every mode exactly as CudaLinear::forward (cuda_linear.cpp) runs it — the kernels of
+// linear_path(mode, M, K), the choice CudaLinear makes, called with CudaLinear::run's arguments —
+// the activation quantizations on their own (int8 and e4m3), and the library peers
+// (bench_peers.h); plus their host references, used to check the timed outputs so that a broken
+// kernel cannot post a fast time.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_linear.h"
 #include "backend/cuda/device_memory.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -21,7 +24,7 @@ namespace perry::cuda::benchop {
 enum class Op : uint8_t {
   Quantize,     // quantize_per_token of the bf16 activation, alone
   QuantizeFp8,  // quantize_per_token_fp8 of it, alone (timed only next to w8a8-fp8)
-  Bf16, W8A16, W4A16, W8A8, W8A8Wgmma, W8A8G128, W8A8G64, W4A8, W4A8G128, W8A8Fp8,  // perry
+  Bf16, W8A16, W4A16, W8A8, W8A8Mma, W8A8G128, W8A8G64, W4A8, W4A8G128, W8A8Fp8,  // perry
   CublasBf16, LtI8I32, LtI8I8, LtE4M3,                                               // peers
 };
 enum class Kind : uint8_t { Quantize, Perry, Peer };
@@ -35,8 +38,16 @@ struct OpInfo {
   quant::QuantMode mode;  // perry ops: the mode; others: unused (BF16)
 };
 const OpInfo& op_info(Op op);
-// The perry op of a quantized mode.
+// The perry op of a quantized mode (w8a8: Op::W8A8, never the comparison row W8A8Mma).
 Op perry_op(quant::QuantMode mode);
+// The kernels a perry op runs for M rows of K inputs: CudaLinear's own choice,
+// linear_path(mode, M, K), except w8a8-mma (Op::W8A8Mma), which forces gemm_w8a8 (mma.sync): the
+// comparison row for where w8a8 takes the sm_90 wgmma kernel — the same data on the kernel a
+// non-Hopper GPU, or PERRY_NO_WGMMA=1, would run there.
+LinearPath op_path(Op op, int M, int K);
+// Whether `op` has a row at M: all but w8a8-mma, timed only where w8a8 runs wgmma (elsewhere it
+// would repeat w8a8's row, or time gemm_w8a8 at an M where the model runs another kernel).
+bool has_row(Op op, int M, int K);
 // perry's quantized modes: weights with scales [N, G] in the layout of scale_group(op).
 bool has_weight_scales(Op op);
 // Int8 per-token activations (the W*A8 modes, the cuBLASLt int8 peers). Not w8a8-fp8.
@@ -74,7 +85,7 @@ struct OpArgs {
 struct OpContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;       // set to `stream`
-  uint16_t* dequant_scratch = nullptr;  // bf16 [N, K] (w8a16 / w4a16 at M > 8)
+  uint16_t* dequant_scratch = nullptr;  // bf16 [N, K] (w8a16 / w4a16 on LinearPath::DequantCublas)
   void* lt_workspace = nullptr;
   const LtGemm* lt_i8_i32 = nullptr;
   const LtGemm* lt_i8_i8 = nullptr;
@@ -93,8 +104,8 @@ void sync_or_hang(cudaStream_t stream, double seconds, const std::string& what);
 // One call on ctx.stream. quantize = false: the ops of quantizes_activations() skip their
 // activation quantization (the GEMM alone, reading xq / sa or xf8 / sf8 as they are).
 void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& ctx);
-// Which kernels run_op launches for M rows.
-std::string kernel_name(Op op, int M, const OpContext& ctx);
+// Which kernels run_op launches for M rows of K inputs (perry ops: linear_path_name's words).
+std::string kernel_name(Op op, int M, int K, const OpContext& ctx);
 
 // One weight row on the host (copied from the device): the raw row bytes in the op's format and
 // the row's scales (G of them; none for float weights and the peers).
@@ -142,15 +153,20 @@ struct Verdict {
 };
 Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& ref);
 
-// The startup check: every perry op in `ops` at N = 384, K = 1024, M in {1, 5, 8, 16, 100}, with
-// weights from quant::quantize_weight (perry's CPU quantizer), against float64 of the mode's math
-// (quant::dequantize_weight, quant::quantize_row_ref; w8a8-fp8: the decoded e4m3 codes of
+// The startup check's row counts: at K = 1024 they reach every path of linear_path — gemv_quant
+// (1, 3), gemm_small_m (5, 16; weight-only also 48), the mma.sync GEMMs (48, 100), dequantize +
+// cuBLAS (100, 200) and, on sm_90, the wgmma GEMMs (200; w8a8-mma's only row).
+inline constexpr int kStartupCheckMs[] = {1, 3, 5, 16, 48, 100, 200};
+// The startup check: every perry op in `ops` at N = 384, K = 1024, M in kStartupCheckMs (where
+// has_row), with weights from quant::quantize_weight (perry's CPU quantizer), against float64 of
+// the mode's math (quant::dequantize_weight, quant::quantize_row_ref; w8a8-fp8: the decoded e4m3 codes of
 // quantize_weight and quant::quantize_row_fp8_ref, and the device's e4m3 activations must equal
 // the host's byte for byte); the error against the unquantized float product is reported
 // alongside (the mode's quantization error, information only).
 struct StartupCheck {
   std::string op;
   int M = 0;
+  std::string kernel;  // kernel_name: which path this M checked
   Verdict verdict;
   double err_float = 0;
 };

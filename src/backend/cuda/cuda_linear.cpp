@@ -226,31 +226,38 @@ bool CudaLinear::decode_fusable() const {
 
 // Which kernel runs M rows. Crossovers from the H200 measurements in docs/perf/cuda/ (kernel
 // timing prints of test_cuda_small_m and perry bench-op --device cuda).
-CudaLinear::Path CudaLinear::path(int M) const {
+LinearPath linear_path(pq::QuantMode mode, int M, int K) {
+  using Path = LinearPath;
+  constexpr int kGemvMaxM = CudaLinear::kGemvMaxM, kGemvOnlyMaxM = CudaLinear::kGemvOnlyMaxM,
+                kSmallMA8MaxM = CudaLinear::kSmallMA8MaxM;
   // bf16: cuBLAS reads the weights at 82-88% of the copy bandwidth at every M up to 64 on the
   // H200 (gemm_small_m_bf16: 46-65%), so the library is the bf16 path (and the honest baseline).
-  if (!pq::is_quantized(mode_)) return Path::CublasBf16;
+  if (!pq::is_quantized(mode)) return Path::CublasBf16;
   // The comparison mode has one kernel (upload checked the GPU and K): its decode rows run in
   // 128-row tiles, mostly empty — fp8 is compared on prefill, where it is compute-bound.
-  if (fp8()) return Path::Fp8Wgmma;
+  if (pq::quant_scheme(mode).fp8) return Path::Fp8Wgmma;
+  const bool a8 = input_format(mode) == ActFormat::I8;
   // The tensor-core kernels copy 16-byte rows: K % 16 (int8 weights) or K % 32 (int4). Other K
   // (tiny test models) take the GEMV in blocks of 8 rows — correct, just slower.
-  const bool k_ok = k_ % gemm_small_m_k_multiple(mode_) == 0;
-  if (!k_ok) return a8() || M <= kGemvMaxM ? Path::Gemv : Path::DequantCublas;
+  const bool k_ok = K % gemm_small_m_k_multiple(mode) == 0;
+  if (!k_ok) return a8 || M <= kGemvMaxM ? Path::Gemv : Path::DequantCublas;
   // H200, N=14336/K=4096 and 4096/14336 (test_cuda_small_m timing, docs/perf/cuda): gemv_quant
   // wins at M <= 2-3 (w8a8 M=2: 19.9 vs 25.7 us), gemm_small_m from 4 (26.1 vs 27.0); for the W*A8
   // modes the tensor-core GEMMs win again above 32 rows (w8a8 M=64: 43 vs 65 us), for the
   // weight-only modes gemm_small_m beats dequantize + cuBLAS up to 64 rows (98 vs 206 us).
   if (M <= kGemvOnlyMaxM) return Path::Gemv;
-  if (M <= (a8() ? kSmallMA8MaxM : kGemmSmallMMaxM)) return Path::SmallM;
-  if (!a8()) return Path::DequantCublas;
-  if (mode_ == pq::QuantMode::W8A8) return use_wgmma(M) ? Path::Wgmma : Path::MmaSync;
+  if (M <= (a8 ? kSmallMA8MaxM : kGemmSmallMMaxM)) return Path::SmallM;
+  if (!a8) return Path::DequantCublas;
+  if (mode == pq::QuantMode::W8A8) return use_wgmma(M) ? Path::Wgmma : Path::MmaSync;
   return use_wgmma(M) && gemm_quant_wgmma_supported() ? Path::WgmmaQuant : Path::GemmQuant;
 }
 
-std::string CudaLinear::kernel_name(int M) const {
-  const std::string mode(pq::quant_mode_name(mode_));
-  switch (path(M)) {
+std::string CudaLinear::kernel_name(int M) const { return linear_path_name(mode_, path(M)); }
+
+std::string linear_path_name(pq::QuantMode qmode, LinearPath path) {
+  using Path = LinearPath;
+  const std::string mode(pq::quant_mode_name(qmode));
+  switch (path) {
     case Path::CublasBf16: return "bf16:cublas_gemm";
     case Path::SmallM: return mode + ":gemm_small_m";
     case Path::Gemv: return mode + ":gemv_quant";

@@ -38,6 +38,15 @@ struct LinearInput {
   const float* scale = nullptr;    // [M] when I8
 };
 
+// Which kernels a linear layer runs for M rows (CudaLinear::run has one case per value).
+enum class LinearPath { CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, Fp8Wgmma };
+// The choice for a layer of `mode` with K inputs at M rows: the one place it is made, so that
+// CudaLinear runs and `perry bench-op --device cuda` times the same kernels. The wgmma paths
+// depend on the device (sm_90) and PERRY_NO_WGMMA, both read once, at the first call that asks.
+LinearPath linear_path(quant::QuantMode mode, int M, int K);
+// The kernels of a path as logs and bench-op print them ("w8a8:gemm_w8a8_wgmma_tma").
+std::string linear_path_name(quant::QuantMode mode, LinearPath path);
+
 // Per-stream state shared by all linears: cuBLAS handle, scratch for dequantized weights.
 struct LinearContext {
   cudaStream_t stream = nullptr;
@@ -87,8 +96,8 @@ class CudaLinear {
   size_t fp8_act_bytes(int M) const { return fp8() ? size_t(M) * size_t(k_) : 0; }
 
  private:
-  enum class Path { CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, Fp8Wgmma };
-  Path path(int M) const;
+  using Path = LinearPath;
+  Path path(int M) const { return linear_path(mode_, M, k_); }
   void run(const LinearInput& x, int M, void* y, DType out, LinearContext& ctx) const;
   bool a8() const { return input_format() == ActFormat::I8; }
   bool fp8() const { return quant::quant_scheme(mode_).fp8; }
