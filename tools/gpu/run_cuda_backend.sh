@@ -216,6 +216,8 @@ prefill_ab() {
         deltaf32) env+=(PERRY_DELTA_F32=1) ;;  # o_proj / down_proj outputs in fp32 (not rounded to bf16)
         gateupf32) env+=(PERRY_GATE_UP_F32=1) ;;  # gate|up in fp32
         qkvf32) env+=(PERRY_QKV_F32=1) ;;  # q|k|v in fp32
+        pingoff) env+=(PERRY_WGMMA_PINGPONG=0) ;;  # the w8a8 / fp8 wgmma GEMM: cooperative schedule only
+        pingon) env+=(PERRY_WGMMA_PINGPONG=1) ;;  # ... ping-pong schedule at every shape
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         attnwgmma)  # the experimental wgmma attention (hd 128, sm_90): only after its test passed

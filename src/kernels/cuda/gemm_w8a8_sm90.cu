@@ -48,13 +48,21 @@ constexpr int kThreads = 384;    // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kGroupM = 8;       // grouped tile order: 8 row-tiles per group
 
-template <int BN>
+// kPing: the ping-pong schedule (chosen by dispatch() below): each consumer
+// warpgroup owns whole tiles of 64 rows, taken in turns, so one warpgroup's epilogue runs while
+// the other's wgmmas keep the tensor cores busy. Nsight Compute on the cooperative schedule
+// (both warpgroups on one 128-row tile, eighth session): tensor pipe 72% busy, L2 49%, DRAM 29%
+// — the tensor cores wait through every tile's epilogue, not for memory.
+template <int BN, bool kPing = false>
 struct Cfg {
-  static constexpr int kStages = BN == 256 ? 4 : 6;
-  static constexpr int kTileA = kBM * kBK;          // 16 KiB
+  static constexpr int kRows = kPing ? 64 : kBM;    // rows of X per tile (and per stage)
+  static constexpr int kStages = kPing ? (BN == 256 ? 5 : 8) : (BN == 256 ? 4 : 6);
+  static constexpr int kTileA = kRows * kBK;        // 16 KiB (8 ping-pong)
   static constexpr int kTileB = BN * kBK;           // 32 or 16 KiB
   static constexpr int kStageBytes = kTileA + kTileB;
-  static constexpr int kBarrierBytes = 2 * kStages * 8;
+  static constexpr int kGroupRows = kPing ? 2 * kGroupM : kGroupM;  // row-tiles per L2 group: 1024 rows
+  static constexpr int kEmptyArrivals = kPing ? 4 : kConsumerWarps;  // the warps that read a stage
+  static constexpr int kBarrierBytes = 2 * kStages * 8 + 16;  // full[S], empty[S], turn[2]
   // + 1024: the dynamic shared window is only 16-byte aligned by contract; the kernel rounds up.
   static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
@@ -68,36 +76,42 @@ __device__ __forceinline__ float acc_value(int a) {
   else return float(a);
 }
 
-// kOut: 0 = bf16, 1 = f32, 2 = i32 (int8 only); kFp8: e4m3 operands, fp32 accumulators.
-template <int kOut, int BN, bool kFp8 = false>
+// kOut: 0 = bf16, 1 = f32, 2 = i32 (int8 only); kFp8: e4m3 operands, fp32 accumulators; kPing:
+// the ping-pong schedule (Cfg).
+template <int kOut, int BN, bool kFp8 = false, bool kPing = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
                            const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok) {
 #ifdef PERRY_WGMMA
   static_assert(!(kFp8 && kOut == 2), "e4m3 accumulates in fp32: no int32 output");
-  using C = Cfg<BN>;
-  constexpr int S = C::kStages;
+  using C = Cfg<BN, kPing>;
+  constexpr int S = C::kStages, kRows = C::kRows;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sA = base;                          // S × [128 × 128 B]
+  const uint32_t sA = base;                          // S × [kRows × 128 B]
   const uint32_t sB = base + S * C::kTileA;          // S × [BN × 128 B]
-  const uint32_t bars = sB + S * C::kTileB;          // full[S], empty[S]
+  const uint32_t bars = sB + S * C::kTileB;          // full[S], empty[S], turn[2]
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (S + s); };
+  // Ping-pong: turn[w] completes a phase each time the other consumer warpgroup has issued a
+  // whole tile's wgmmas (one arrive per warp) — warpgroup w's next tile may start then.
+  auto turn = [&](int w) { return bars + 8u * (2 * S + w); };
 
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + BN - 1) / BN;
+  const int tiles_m = (M + kRows - 1) / kRows, tiles_n = (N + BN - 1) / BN;
   const int num_tiles = tiles_m * tiles_n;
   const int ktiles = (K + kBK - 1) / kBK;
 
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      mbar_init(full(s), 1);                // the producer's arrive.expect_tx (+ the TMA bytes)
-      mbar_init(empty(s), kConsumerWarps);  // one arrive per consumer warp
+      mbar_init(full(s), 1);                     // the producer's arrive.expect_tx (+ the TMA bytes)
+      mbar_init(empty(s), C::kEmptyArrivals);  // one arrive per consumer warp that reads the stage
     }
+    mbar_init(turn(0), 4);
+    mbar_init(turn(1), 4);
     // Make the initialized barriers visible to the async proxy (TMA complete_tx) too.
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -114,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         int m0, n0;
-        tile_origin<kBM, kGroupM>(t, tiles_m, tiles_n, BN, m0, n0);
+        tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
         for (int kt = 0; kt < ktiles; ++kt) {
           mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
           mbar_arrive_expect_tx(full(s), C::kStageBytes);
@@ -127,19 +141,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---------------- consumer warpgroups: wgmma + fused epilogue ----------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    const int cw = wg - 1;  // which 64-row half of the tile
+    const int cw = wg - 1;  // cooperative: which 64-row half of the tile; ping-pong: whose turn
     int acc[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0;
     int s = 0;
     uint32_t phase = 0;
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    // Cooperative: both warpgroups take every tile of this CTA (blockIdx.x, +gridDim.x, ...).
+    // Ping-pong: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... — the producer still loads
+    // them all in order into one ring, so tile i's stages sit at ring positions i·ktiles + kt.
+    for (int i = kPing ? cw : 0;; i += kPing ? 2 : 1) {
+      const int t = blockIdx.x + i * gridDim.x;
+      if (t >= num_tiles) break;
       int m0, n0;
-      tile_origin<kBM, kGroupM>(t, tiles_m, tiles_n, BN, m0, n0);
-      int prev = -1;
+      tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
+      if constexpr (kPing) {
+        // Wait for the other warpgroup to have issued tile i − 1: only then are this tile's
+        // stages at most one ring lap ahead of every full barrier (parity waits need that).
+        if (i > 0) mbar_wait(turn(cw), uint32_t((i - 1) / 2) & 1u);
+        const long long pos = (long long)i * ktiles;
+        s = int(pos % S);
+        phase = uint32_t(pos / S) & 1u;
+      }
+      int prev = -1, prev2 = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(full(s), phase);
-        const uint64_t da = make_desc_sw128(sA + s * C::kTileA + cw * 64 * kBK);
+        const uint64_t da = make_desc_sw128(sA + s * C::kTileA + (kPing ? 0 : cw * 64 * kBK));
         const uint64_t db = make_desc_sw128(sB + s * C::kTileB);
         fence_operands(acc);
         wgmma_fence();
@@ -147,20 +174,35 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kk = 0; kk < kBK / 32; ++kk)  // +32 B along K = +2 in the address field
           wgmma_tile<BN, kFp8>(acc, da + 2 * kk, db + 2 * kk, (kt | kk) != 0);
         wgmma_commit();
-        wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
-        fence_operands(acc);
-        if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+        if constexpr (kPing) {
+          // One warpgroup alone feeds the tensor cores: keep two stages' wgmmas in flight, hand
+          // back the stage before them.
+          wgmma_wait<2>();
+          fence_operands(acc);
+          if (prev2 >= 0 && lane == 0) mbar_arrive(empty(prev2));
+          prev2 = prev;
+        } else {
+          wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
+          fence_operands(acc);
+          if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+        }
         prev = s;
         if (++s == S) { s = 0; phase ^= 1; }
       }
+      if constexpr (kPing) {
+        if (lane == 0) mbar_arrive(turn(1 - cw));  // every wgmma of this tile is issued: the other's turn
+      }
       wgmma_wait<0>();
       fence_operands(acc);
-      if (lane == 0) mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
+      if (lane == 0) {
+        if (prev2 >= 0) mbar_arrive(empty(prev2));  // (ping-pong only; in ring order)
+        mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
+      }
 
       // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
       // acc[4j + 2h + e] is row g + 8h, column 8j + 2t + e (g = lane/4, t = lane%4).
       const int g = lane >> 2, tq = lane & 3;
-      const int r0 = m0 + cw * 64 + warp * 16 + g;
+      const int r0 = m0 + (kPing ? 0 : cw * 64) + warp * 16 + g;
       float sa[2] = {0.f, 0.f};
       if constexpr (kOut != 2) {
         sa[0] = __ldg(Sa + min(r0, M - 1));
@@ -278,22 +320,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- host side
 
-template <int kOut, int BN, bool kFp8>
+template <int kOut, int BN, bool kFp8, bool kPing>
 void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
             int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name) {
+  using C = Cfg<BN, kPing>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN, kFp8>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<BN>::kSmemBytes);
+    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   });
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
-  const CUtensorMap ta = make_map(dX, M, K, kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma"),
+  const CUtensorMap ta = make_map(dX, M, K, kBK, C::kRows, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma"),
                     tb = make_map(dW, N, K, kBK, BN, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
-  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + BN - 1) / BN);
+  const long long tiles = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN);
   const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8><<<grid, kThreads, Cfg<BN>::kSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias, dY,
-                                                                                          M, N, K, vec_ok);
+  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing><<<grid, kThreads, C::kSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias,
+                                                                                           dY, M, N, K, vec_ok);
   check_launch(name);
 }
 
@@ -315,10 +358,18 @@ template <int kOut, bool kFp8 = false>
 void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
               int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name) {
   const int sms = sm_count();
-  if (pick_bn(M, N, sms) == 256)
-    launch<kOut, 256, kFp8>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-  else
-    launch<kOut, 128, kFp8>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  const bool wide = pick_bn(M, N, sms) == 256;
+  // The ping-pong schedule (Cfg) where it measured faster on the H200 (bench-op, eighth session,
+  // s8-run7-pingpong-*.md): K <= 8192 with M >= 2048 (N 14336 / 6144, K 4096: +4–7%, the epilogue
+  // is a large share of 32 k-steps); not at K = 14336 (−5–9%: 112 k-steps hide little, and
+  // 64-row tiles read B twice as often) nor at M = 1024 (−4–6%). PERRY_WGMMA_PINGPONG=1 / 0
+  // forces it (read per call: the tests run both schedules).
+  const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
+  const bool ping = pp && *pp ? pp[0] == '1' : (wide && K <= 8192 && M >= 2048);
+  if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else launch<kOut, 128, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
 }
 
 // The argument checks gemm_w8a8_wgmma and gemm_fp8_wgmma share; returns vec_ok (bit 0: pair
