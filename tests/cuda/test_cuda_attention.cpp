@@ -268,14 +268,18 @@ void run_prefill_case(const std::vector<Spec>& specs, Heads hc, int hd, int capa
       std::printf("    worst row: rel L2 error %.3g\n", row_err);
     }
 
+    // q read in place from rows of the q|k|v width (the fused projection's output).
+    auto run_strided = [&](pc::PrefillIo io) {
+      io.q_stride = int64_t(stride);
+      pc::attention_prefill(io, d.seqs.p, int(p.seqs.size()), p.max_new, p.max_ctx, d.kc.p, d.vc.p, p.nh, p.nkv,
+                            p.hd, p.capacity, p.scale, nullptr, kern);
+      return cudaDeviceSynchronize();
+    };
     Dev<uint16_t> ob(std::vector<uint16_t>(size_t(p.M) * W, kUntouched));
     pc::PrefillIo io;
     io.q = dwide.p;
-    io.q_stride = int64_t(stride);
     io.out_bf16 = ob.p;
-    pc::attention_prefill(io, d.seqs.p, int(p.seqs.size()), p.max_new, p.max_ctx, d.kc.p, d.vc.p, p.nh, p.nkv,
-                          p.hd, p.capacity, p.scale, nullptr, kern);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(run_strided(io), cudaSuccess);
     const std::vector<uint16_t> bits = ob.get();
     size_t bad = 0;
     for (int r = 0; r < p.M; ++r)
@@ -293,11 +297,8 @@ void run_prefill_case(const std::vector<Spec>& specs, Heads hc, int hd, int capa
     Dev<float> o16(std::vector<float>(size_t(p.M) * W, std::numeric_limits<float>::quiet_NaN()));
     pc::PrefillIo io16;
     io16.q_bf16 = dwide16.p;
-    io16.q_stride = int64_t(stride);
     io16.out = o16.p;
-    pc::attention_prefill(io16, d.seqs.p, int(p.seqs.size()), p.max_new, p.max_ctx, d.kc.p, d.vc.p, p.nh, p.nkv,
-                          p.hd, p.capacity, p.scale, nullptr, kern);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(run_strided(io16), cudaSuccess);
     const std::vector<float> out16 = o16.get();
     if (tc) {
       size_t differ = 0;

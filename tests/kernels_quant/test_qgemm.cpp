@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "kernels/cpu/qgemm.h"
 #include "quant/quant.h"
+#include "kernels_quant/isa_cases.h"
 
 namespace pq = perry::quant;
 namespace kq = perry::kernels::q;
@@ -31,14 +32,7 @@ bool have_avx512_vnni() {
 bool have_avx512_bf16() { return have_avx512_vnni() && perry::cpu_features().avx512_bf16; }
 bool have_avx2() { return perry::cpu_features().avx2 && perry::cpu_features().fma; }
 
-// Restores the ISA cap and the reference switch whatever a test does.
-struct IsaGuard {
-  IsaLevel saved = perry::max_isa();
-  ~IsaGuard() {
-    perry::set_max_isa(saved);
-    pq::set_quant_force_reference(false);
-  }
-};
+using perry::testing::IsaGuard;
 
 // Decodes the canonical bytes independently of the library (the oracle's own unpacker).
 int canon_weight(const pq::QuantizedWeight& w, int64_t n, int64_t k) {
@@ -189,23 +183,13 @@ void oracle_forward(const pq::QuantizedWeight& w, const std::vector<float>& x, i
   }
 }
 
-struct IsaCase {
-  const char* name;
-  IsaLevel level;
-  bool reference;
-  bool available;
-};
-
 }  // namespace
 
 TEST(QuantizedLinear, EveryModeEveryIsaMatchesFloat64Oracle) {
   IsaGuard guard;
   std::mt19937 rng(99);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const IsaCase isas[] = {{"reference", IsaLevel::Scalar, true, true},
-                          {"scalar-isa", IsaLevel::Scalar, false, true},
-                          {"avx2", IsaLevel::Avx2, false, have_avx2()},
-                          {"avx512", IsaLevel::Avx512, false, have_avx512_vnni()}};
+  const auto isas = perry::testing::quant_isa_cases();
   std::vector<pq::QuantMode> modes(std::begin(kIntModes), std::end(kIntModes));
   modes.insert(modes.end(), std::begin(kWoModes), std::end(kWoModes));
   const std::pair<int64_t, int64_t> shapes[] = {{37, 301}, {70, 390}};
@@ -225,9 +209,7 @@ TEST(QuantizedLinear, EveryModeEveryIsaMatchesFloat64Oracle) {
           const double rel = pq::quant_scheme(mode).int8_activations ? 2e-6 : 3e-5;
           std::vector<float> first;
           for (const auto& isa : isas) {
-            if (!isa.available) continue;
-            perry::set_max_isa(isa.level);
-            pq::set_quant_force_reference(isa.reference);
+            if (!perry::testing::select_isa(isa)) continue;
             std::vector<float> y(size_t(M * N), NAN);
             lin.forward(x.data(), M, y.data(), bp);
             const std::string tag = std::string(pq::quant_mode_name(mode)) + " " + isa.name + " " +

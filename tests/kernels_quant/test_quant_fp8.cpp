@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/cpu/qgemm.h"
 #include "quant/quant.h"
+#include "kernels_quant/isa_cases.h"
 
 namespace pq = perry::quant;
 using perry::IsaLevel;
@@ -90,14 +91,7 @@ std::vector<float> test_rows(int64_t K, int rows, std::mt19937& rng) {
   return x;
 }
 
-// Restores the ISA cap and the reference switch whatever a test does.
-struct IsaGuard {
-  IsaLevel saved = perry::max_isa();
-  ~IsaGuard() {
-    perry::set_max_isa(saved);
-    pq::set_quant_force_reference(false);
-  }
-};
+using perry::testing::IsaGuard;
 
 }  // namespace
 
@@ -266,15 +260,7 @@ TEST(QuantizedLinearFp8, ForwardMatchesFloat64OracleOnDecodedCodes) {
   IsaGuard guard;
   std::mt19937 rng(99);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const auto& f = perry::cpu_features();
-  struct Isa {
-    const char* name;
-    IsaLevel level;
-    bool reference, available;
-  } isas[] = {{"reference", IsaLevel::Scalar, true, true},
-              {"scalar-isa", IsaLevel::Scalar, false, true},
-              {"avx2", IsaLevel::Avx2, false, f.avx2 && f.fma},
-              {"avx512", IsaLevel::Avx512, false, f.avx512f && f.avx512bw && f.avx512_vnni}};
+  const auto isas = perry::testing::quant_isa_cases();
   for (auto [N, K] : {std::pair<int64_t, int64_t>{37, 301}, {70, 390}}) {
     std::vector<float> wf(size_t(N * K));
     for (int64_t i = 0; i < N * K; ++i) wf[size_t(i)] = nd(rng) * ((i / K) % 3 == 0 ? 100.0f : 0.01f);
@@ -309,9 +295,7 @@ TEST(QuantizedLinearFp8, ForwardMatchesFloat64OracleOnDecodedCodes) {
               mag[size_t(m * N + n)] = a * s + std::fabs(b);
             }
           for (const auto& isa : isas) {
-            if (!isa.available) continue;
-            perry::set_max_isa(isa.level);
-            pq::set_quant_force_reference(isa.reference);
+            if (!perry::testing::select_isa(isa)) continue;
             std::vector<float> y(size_t(M * N), NAN);
             lin.forward(x.data(), M, y.data(), bp);
             const std::string tag = std::string(isa.name) + " " + lin.kernel_name(M) + " M=" + std::to_string(M) +
