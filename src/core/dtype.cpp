@@ -1,6 +1,7 @@
 #include "core/dtype.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace perry {
@@ -89,24 +90,27 @@ float e4m3_to_f32(uint8_t b) {
   return sign * std::ldexp(float(8 + man), exp - 10);      // (1 + man/8) · 2^(exp-7)
 }
 
+// By integer operations on the fp32 bits (libm's frexp / ldexp made the per-token quantization
+// of w8a8-fp8 cost more than the GEMM after it).
 uint8_t f32_to_e4m3(float f) {
-  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
-  if (std::isnan(f)) return uint8_t(sign | 0x7f);
-  const float a = std::fabs(f);
-  if (a >= 448.0f) return uint8_t(sign | 0x7e);  // satfinite (ties above 448 round to it too)
-  if (a < std::ldexp(1.0f, -6)) {
-    // Subnormal range: multiples of 2^-9, nearest-even (rint in the default rounding mode); 8 is
-    // the smallest normal, whose encoding 0x08 the same expression gives.
-    return uint8_t(sign | uint8_t(std::nearbyint(std::ldexp(a, 9))));
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return uint8_t(sign | 0x7F);  // NaN
+  if (a >= 0x43E00000u) return uint8_t(sign | 0x7E);  // >= 448 (and inf): satfinite
+  if (a < 0x3C800000u) {
+    // Below 2^-6, the smallest normal: e4m3 subnormals are multiples of 2^-9, and v·2^9 < 8 is
+    // exact; nearbyint rounds half to even (8 is the smallest normal's code, 0x08).
+    float v;
+    std::memcpy(&v, &a, 4);
+    return uint8_t(sign | uint8_t(std::nearbyint(v * 512.0f)));
   }
-  int e2 = 0;
-  std::frexp(a, &e2);  // a = f·2^e2, f in [0.5, 1): the unbiased exponent is e2 - 1
-  int e = e2 - 1;
-  int man = int(std::nearbyint(std::ldexp(a, 3 - e))) - 8;  // 3 fraction bits, nearest-even
-  if (man == 8) { man = 0; ++e; }
-  const int be = e + 7;
-  if (be > 15 || (be == 15 && man == 7)) return uint8_t(sign | 0x7e);  // (cannot happen below 448)
-  return uint8_t(sign | uint8_t(be << 3) | uint8_t(man));
+  // Normal: keep 3 of the 23 mantissa bits, the 20 dropped ones rounded half to even (a carry
+  // moves into the exponent by itself). Below 448 the result is at most 448, so the e4m3 code
+  // is the rounded bits' exponent and 3 mantissa bits re-biased: (r >> 20) - ((127 - 7) << 3).
+  const uint32_t r = (a + 0x7FFFFu + ((a >> 20) & 1u)) & ~0xFFFFFu;
+  return uint8_t(sign | uint8_t((r >> 20) - (120u << 3)));
 }
 
 }  // namespace perry

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -32,28 +31,12 @@ constexpr ModeInfo kModes[] = {
     {QuantMode::W8A8_FP8, "w8a8-fp8", {8, 0, false, true}},
 };
 
-// f32_to_e4m3 of core/dtype.h (round to nearest even, saturate to ±448, NaN → NaN code) by
-// integer operations on the fp32 bits: the same byte for every float (tested against it), but
-// without frexp/ldexp, which made the per-token quantization cost more than the GEMM after it.
-uint8_t e4m3_rne(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint8_t sign = uint8_t((u >> 24) & 0x80);
-  const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return uint8_t(sign | 0x7F);  // NaN
-  if (a >= 0x43E00000u) return uint8_t(sign | 0x7E);  // >= 448 (and inf): satfinite
-  if (a < 0x3C800000u) {
-    // Below 2^-6, the smallest normal: e4m3 subnormals are multiples of 2^-9, and v·2^9 < 8 is
-    // exact; nearbyint rounds half to even (8 is the smallest normal's code, 0x08).
-    float v;
-    std::memcpy(&v, &a, 4);
-    return uint8_t(sign | uint8_t(std::nearbyint(v * 512.0f)));
+// Lowers `first` to index i unless a lower one is there (-1: none yet): the lowest index any
+// thread of a parallel scan found wins, so the error names the first bad element.
+void note_first(std::atomic<int64_t>& first, int64_t i) {
+  int64_t cur = first.load();
+  while ((cur < 0 || i < cur) && !first.compare_exchange_weak(cur, i)) {
   }
-  // Normal: keep 3 of the 23 mantissa bits, the 20 dropped ones rounded half to even (a carry
-  // moves into the exponent by itself). Below 448 the result is at most 448, so the e4m3 code
-  // is the rounded bits' exponent and 3 mantissa bits re-biased: (r >> 20) - ((127 - 7) << 3).
-  const uint32_t r = (a + 0x7FFFFu + ((a >> 20) & 1u)) & ~0xFFFFFu;
-  return uint8_t(sign | uint8_t((r >> 20) - (120u << 3)));
 }
 
 // scale and inv of one row of the e4m3 rule (quantize_row_fp8_ref), from its amax.
@@ -137,12 +120,7 @@ void QuantizedWeight::validate() const {
     std::atomic<int64_t> first_nan{-1};
     thread_pool().parallel_for(qweight.size(), 1 << 20, [&](size_t b, size_t e) {
       for (size_t i = b; i < e; ++i)
-        if ((uint8_t(qweight[i]) & 0x7F) == 0x7F) {
-          int64_t cur = first_nan.load();
-          while ((cur < 0 || int64_t(i) < cur) && !first_nan.compare_exchange_weak(cur, int64_t(i))) {
-          }
-          return;
-        }
+        if ((uint8_t(qweight[i]) & 0x7F) == 0x7F) return note_first(first_nan, int64_t(i));
     });
     if (const int64_t i = first_nan.load(); i >= 0)
       fail("QuantizedWeight ({}): weight [{}, {}] is the e4m3 NaN code 0x{:02X} (fp8 weights must be finite)",
@@ -183,11 +161,6 @@ QuantizedWeight quantize_weight(const float* w, int64_t N, int64_t K, QuantMode 
   // Rows are independent: quantized in parallel (an 8B model has ~7e9 weights). A non-finite
   // weight is recorded (lowest index wins) and reported after the parallel region.
   std::atomic<int64_t> bad{-1};
-  auto note_bad = [&](int64_t i) {
-    int64_t cur = bad.load();
-    while ((cur < 0 || i < cur) && !bad.compare_exchange_weak(cur, i)) {
-    }
-  };
   thread_pool().parallel_for(size_t(N), 16, [&](size_t n_begin, size_t n_end) {
     std::vector<int8_t> row(static_cast<size_t>(K));
     for (int64_t n = int64_t(n_begin); n < int64_t(n_end); ++n) {
@@ -196,7 +169,7 @@ QuantizedWeight quantize_weight(const float* w, int64_t N, int64_t K, QuantMode 
         // Per output channel, by the activations' own rule (one function for both, which the
         // GPU's quantize_per_token_fp8 matches bit for bit).
         for (int64_t k = 0; k < K; ++k)
-          if (!std::isfinite(wr[k])) note_bad(n * K + k);
+          if (!std::isfinite(wr[k])) note_first(bad, n * K + k);
         q.scales[size_t(n)] = quantize_row_fp8_ref(wr, K, reinterpret_cast<uint8_t*>(q.qweight.data() + n * K));
         continue;
       }
@@ -204,7 +177,7 @@ QuantizedWeight quantize_weight(const float* w, int64_t N, int64_t K, QuantMode 
         int64_t k0 = g * gs, k1 = std::min(K, k0 + gs);
         float amax = 0;
         for (int64_t k = k0; k < k1; ++k) {
-          if (!std::isfinite(wr[k])) note_bad(n * K + k);
+          if (!std::isfinite(wr[k])) note_first(bad, n * K + k);
           amax = std::max(amax, std::fabs(wr[k]));
         }
         float scale = amax / qmax;
@@ -265,7 +238,7 @@ float quantize_row_fp8_ref(const float* x, int64_t K, uint8_t* q) {
   for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));  // a NaN element is skipped
   float scale, inv;
   fp8_row_params(amax, scale, inv);
-  for (int64_t k = 0; k < K; ++k) q[k] = e4m3_rne(x[k] * inv);
+  for (int64_t k = 0; k < K; ++k) q[k] = f32_to_e4m3(x[k] * inv);
   return scale;
 }
 

@@ -71,8 +71,7 @@ float quantize_row_ref(const float* x, int64_t K, int8_t* q);
 // The e4m3 form (w8a8-fp8), for the activations (per token) and, the same function, the weights
 // (per output channel); bit for bit the rule of the GPU's quantize_per_token_fp8:
 //   amax = max|x| (NaN elements ignored), scale = amax/448, inv = 448/amax,
-//   q = f32_to_e4m3(x*inv) (round to nearest even, saturate to ±448; computed by an equivalent
-//   bit-level encoder, tested equal to core/dtype.h's on every float of a dense sweep);
+//   q = f32_to_e4m3(x*inv) (core/dtype.h: round to nearest even, saturate to ±448);
 //   scale = inv = 0 when amax == 0, amax is not finite or 448/amax overflows (q = ±0 then).
 // Unlike the int8 rule a NaN element is not mapped to 0: it becomes the NaN code (as
 // cvt.rn.satfinite does), so a NaN in the activations reaches the output like in a float model.

@@ -173,10 +173,29 @@ TEST(QuantizeActivationsFp8, MatchesFloat64RoundingIncludingNanAndInf) {
   EXPECT_EQ(got[0] & 0x7F, 0);
 }
 
-// quantize_row_fp8_ref encodes with its own bit-level encoder; it must give core/dtype.h's
-// f32_to_e4m3 byte for every float. With amax = 448 the row's inv is exactly 1, so x·inv = x:
-// every 61st fp32 bit pattern in [-448, 448] (18.7 M values), and each midpoint between
-// neighbouring codes with its two fp32 neighbours.
+// The encoding by the format's definition through libm (frexp / ldexp / nearbyint: an
+// implementation independent of the bit-level one in core/dtype.cpp, and fast enough for a
+// dense sweep, unlike the grid search above).
+namespace {
+uint8_t e4m3_by_frexp(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  if (std::isnan(f)) return uint8_t(sign | 0x7f);
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return uint8_t(sign | 0x7e);
+  if (a < std::ldexp(1.0f, -6)) return uint8_t(sign | uint8_t(std::nearbyint(std::ldexp(a, 9))));
+  int e2 = 0;
+  std::frexp(a, &e2);  // a = f·2^e2, f in [0.5, 1): the unbiased exponent is e2 - 1
+  int e = e2 - 1;
+  int man = int(std::nearbyint(std::ldexp(a, 3 - e))) - 8;  // 3 fraction bits, nearest-even
+  if (man == 8) man = 0, ++e;
+  return uint8_t(sign | uint8_t((e + 7) << 3) | uint8_t(man));
+}
+}  // namespace
+
+// quantize_row_fp8_ref's bytes (core/dtype.h's bit-level f32_to_e4m3) equal the libm encoding for
+// every float. With amax = 448 the row's inv is exactly 1, so x·inv = x: every 61st fp32 bit
+// pattern in [-448, 448] (18.7 M values), and each midpoint between neighbouring codes with its
+// two fp32 neighbours.
 TEST(QuantizeActivationsFp8, EncoderEqualsTheCodecOnADenseSweep) {
   const int64_t K = 4096;
   std::vector<float> row(static_cast<size_t>(K));
@@ -185,8 +204,8 @@ TEST(QuantizeActivationsFp8, EncoderEqualsTheCodecOnADenseSweep) {
   auto check_row = [&](int64_t n) {
     ASSERT_EQ(pq::quantize_row_fp8_ref(row.data(), n, q.data()), 1.0f);
     for (int64_t k = 0; k < n; ++k, ++checked)
-      if (q[size_t(k)] != perry::f32_to_e4m3(row[size_t(k)]) && bad++ < 5)
-        ADD_FAILURE() << "x=" << row[size_t(k)] << " got " << int(q[size_t(k)]) << " want " << int(perry::f32_to_e4m3(row[size_t(k)]));
+      if (q[size_t(k)] != e4m3_by_frexp(row[size_t(k)]) && bad++ < 5)
+        ADD_FAILURE() << "x=" << row[size_t(k)] << " got " << int(q[size_t(k)]) << " want " << int(e4m3_by_frexp(row[size_t(k)]));
   };
   int64_t n = 1;
   row[0] = 448.0f;

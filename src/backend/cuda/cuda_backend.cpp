@@ -147,6 +147,8 @@ class CudaBackend final : public model::ForwardBackend {
   bool delta_writes_bf16(const CudaLinear& lin, int M) const { return delta_bf16_ && lin.bf16_output(M); }
   // lin's output of M rows into delta_ (bf16 where delta_writes_bf16, else fp32).
   void residual_delta(const CudaLinear& lin, const LinearInput& in, int M);
+  // lin over M rows into out, as bf16 bits when `bf16` (a *_writes_bf16 rule said so), else fp32.
+  void run_linear(const CudaLinear& lin, const LinearInput& in, int M, bool bf16, const DeviceBuffer& out);
   // x += delta_ (as residual_delta wrote it for lin), then next_norm ? RMSNorm into act_out().
   void add_delta(const CudaLinear& lin, int M, const DeviceBuffer* next_norm);
   // The prefill attention kernel: the library's choice, or PERRY_PREFILL_ATTN=64 / 128 (rows a
@@ -288,8 +290,8 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     v_.ensure(pool_, m * KV * 4, "attention values");
     attn_.ensure(pool_, m * Q * 4, "attention output");
     delta_.ensure(pool_, m * H * 4, "layer outputs");
-    if (size_t fp8 = layers_.empty() ? 0 : layers_[0].gate_up.fp8_act_bytes(M); fp8 > 0) {
-      lctx_.fp8_act.ensure(pool_, std::max(fp8, m * widest), "activations (e4m3 linear input)");
+    if (!layers_.empty() && layers_[0].gate_up.fp8_act_bytes(M) > 0) {  // w8a8-fp8: any layer's input
+      lctx_.fp8_act.ensure(pool_, m * widest, "activations (e4m3 linear input)");
       lctx_.fp8_scale.ensure(pool_, m * 4, "e4m3 activation scales");
     }
     gu_.ensure(pool_, m * 2 * I * 4, "MLP gate|up");
@@ -540,8 +542,7 @@ void CudaBackend::enqueue(const Step& st) {
     if (l == 0) rms_norm(x, L.in_norm.get<float>(), eps, M, H, act_out(), stream_);
     // (later layers: the previous layer's residual add already normalized x into the input)
     const bool qkv16_out = qkv_writes_bf16(L, M);
-    if (qkv16_out) L.qkv.forward_bf16(in, M, qkv16, lctx_);
-    else L.qkv.forward(in, M, qkv, lctx_);
+    run_linear(L.qkv, in, M, qkv16_out, qkv_);
     uint16_t* kc = kv.k.get<uint16_t>() + l * kv.layer_elems;
     uint16_t* vc = kv.v.get<uint16_t>() + l * kv.layer_elems;
     const float* qn = cfg_.qk_norm ? L.q_norm.get<float>() : nullptr;
@@ -624,13 +625,16 @@ bool CudaBackend::gate_up_writes_bf16(const Layer& L, int M) const {
 
 // gate|up into gu_ (bf16 where gate_up_writes_bf16, else fp32), without SwiGLU.
 void CudaBackend::gate_up(const Layer& L, const LinearInput& in, int M) {
-  if (gate_up_writes_bf16(L, M)) L.gate_up.forward_bf16(in, M, gu_.get<uint16_t>(), lctx_);
-  else L.gate_up.forward(in, M, gu_.get<float>(), lctx_);
+  run_linear(L.gate_up, in, M, gate_up_writes_bf16(L, M), gu_);
+}
+
+void CudaBackend::run_linear(const CudaLinear& lin, const LinearInput& in, int M, bool bf16, const DeviceBuffer& out) {
+  if (bf16) lin.forward_bf16(in, M, out.get<uint16_t>(), lctx_);
+  else lin.forward(in, M, out.get<float>(), lctx_);
 }
 
 void CudaBackend::residual_delta(const CudaLinear& lin, const LinearInput& in, int M) {
-  if (delta_writes_bf16(lin, M)) lin.forward_bf16(in, M, delta_.get<uint16_t>(), lctx_);
-  else lin.forward(in, M, delta_.get<float>(), lctx_);
+  run_linear(lin, in, M, delta_writes_bf16(lin, M), delta_);
 }
 
 void CudaBackend::add_delta(const CudaLinear& lin, int M, const DeviceBuffer* next_norm) {
@@ -663,8 +667,7 @@ double CudaBackend::linears_ms(int M) {
   const LinearInput in = linear_in();
   auto run = [&] {
     for (const Layer& L : layers_) {
-      if (qkv_writes_bf16(L, M)) L.qkv.forward_bf16(in, M, qkv_.get<uint16_t>(), lctx_);
-      else L.qkv.forward(in, M, qkv_.get<float>(), lctx_);
+      run_linear(L.qkv, in, M, qkv_writes_bf16(L, M), qkv_);
       residual_delta(L.o, in, M);
       gate_up(L, in, M);
       residual_delta(L.down, in, M);
