@@ -68,7 +68,7 @@ grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -90 | sed "s/^/   
 
 # 2. perry itself on the GPU: info, a short generation with the embedded model.
 [ "$LEVEL" != final ] && [ "$LEVEL" != decode ] && [ "$LEVEL" != prefill ] && [ "$LEVEL" != measure ] &&
-  [ "$LEVEL" != testsonly ] && {
+  [ "$LEVEL" != testsonly ] && [ "$LEVEL" != gemmvar ] && {
   echo "== perry info --device cuda"; timeout 60 "$P" info --device cuda
   echo "== perry info --device cuda --quant w8a8"; timeout 60 "$P" info --device cuda --quant w8a8
   echo "== perry run --device cuda"; timeout 60 "$P" run --device cuda -n 48 -p "The ship sailed"
@@ -218,6 +218,10 @@ prefill_ab() {
         qkvf32) env+=(PERRY_QKV_F32=1) ;;  # q|k|v in fp32
         pingoff) env+=(PERRY_WGMMA_PINGPONG=0) ;;  # the w8a8 / fp8 wgmma GEMM: cooperative schedule only
         pingon) env+=(PERRY_WGMMA_PINGPONG=1) ;;  # ... ping-pong schedule at every shape
+        cluster)  # ... in 2-CTA clusters, the B tile multicast (not after its kernel test hung)
+          hung test_cuda_kernels && { say "- $mv skipped: test_cuda_kernels hung"; continue 2; }
+          env+=(PERRY_WGMMA_CLUSTER=1) ;;
+        nocluster) env+=(PERRY_WGMMA_CLUSTER=0) ;;  # ... one CTA per tile
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         attnwgmma)  # the experimental wgmma attention (hd 128, sm_90): only after its test passed
@@ -278,6 +282,38 @@ case "$LEVEL" in
     bench_op
     peer_transformers llama3-8b ;;
   ops) bench_op ;;
+  # `gemmvar`: bench-op (w8a8 + peers, GEMM_SHAPES x GEMM_MS) once per GEMM_VARIANTS entry
+  # "name:VAR=v,VAR=v" (environment of that run, e.g. PERRY_WGMMA_CLUSTER=1); one bench-op-NAME.md
+  # each, the w8a8 rows of all of them side by side in summary.md.
+  gemmvar)
+    for v in ${GEMM_VARIANTS:-base:}; do
+      name=${v%%:*}; envs=${v#*:}
+      # A cluster variant whose kernel test hung would hang here too.
+      hung test_cuda_kernels && [[ $envs == *CLUSTER=1* ]] && { say "- $name skipped: test_cuda_kernels hung"; continue; }
+      timeout ${GEMM_TIMEOUT:-150} env ${envs//,/ } "$P" bench-op --device cuda --modes ${GEMM_MODES:-w8a8} \
+        --shapes ${GEMM_SHAPES:-14336x4096 4096x14336 6144x4096 10240x2560 2560x10240} -M ${GEMM_MS:-1024 2048 4096 8192} \
+        -r ${GEMM_REPEATS:-10} -o "$OUT/bench-op-$name" > "$T/bench-op-$name.log" 2>&1
+      say ""; say "## bench-op $name ($envs): exit $?"
+      grep '^\[gemm_w8a8_wgmma\]' "$T/bench-op-$name.log" | sort -u | head -16 | sed 's/^/    /' | tee -a "$S"
+      grep -E '^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (w8a8|w8a8-fp8|cublas-bf16|cublaslt-i8-i32) \|' "$OUT/bench-op-$name.md" 2>/dev/null |
+        awk -F'|' '{printf "    %s %s %s %-16s ms %s gemm %s TOPS %s x %s gemm-x %s %s\n", $2, $3, $4, $5, $6, $7, $9, $12, $13, $16}' | tee -a "$S"
+      grep -q 'Check failures: \*\*0\*\*' "$OUT/bench-op-$name.md" 2>/dev/null || { say "- check failures or no output:"; tail -5 "$T/bench-op-$name.log" | sed 's/^/    /' | tee -a "$S"; }
+      rm -f "$OUT/bench-op-$name.json"  # (the 8-file limit: the .md has every number)
+    done
+    # Then end to end, if asked (e.g. PREFILL_PAIRS="w8a8:base w8a8:pingoff").
+    [ -n "${PREFILL_PAIRS:-}" ] && PREFILL_PROFILE=0 prefill_ab
+    # Then Nsight Compute on one shape (GEMM_NCU_SHAPE, GEMM_NCU_M): perry's w8a8 GEMM next to the
+    # cuBLAS / cuBLASLt kernels of the same bench-op round (launch stats say their tiles and grids).
+    if [ -n "${GEMM_NCU_SHAPE:-}" ]; then
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      timeout ${GEMM_NCU_TIMEOUT:-200} "$NCU" --clock-control none --kernel-name "regex:${GEMM_NCU_KERNELS:-wgmma_kernel|sm90_xmma|cutlass|gemm}" \
+        --launch-skip ${GEMM_NCU_SKIP:-0} --launch-count ${GEMM_NCU_COUNT:-8} --section SpeedOfLight --section LaunchStats \
+        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section SchedulerStats "$P" bench-op --device cuda --modes w8a8 --shapes "$GEMM_NCU_SHAPE" -M ${GEMM_NCU_M:-4096} -r 1 \
+        > "$OUT/gemm-ncu.txt" 2>&1
+      say ""; say "## ncu $GEMM_NCU_SHAPE M ${GEMM_NCU_M:-4096}: exit $? (gemm-ncu.txt)"
+      grep -E '^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Grid Size|Cluster Size|Registers Per|Dynamic Shared' "$OUT/gemm-ncu.txt" | head -80 | sed 's/^/    /' | tee -a "$S"
+    fi ;;
   peers)
     bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128
     peer_transformers llama3-8b ;;

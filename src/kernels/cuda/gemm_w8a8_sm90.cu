@@ -30,9 +30,11 @@
 // exactly 8 arrives per use, and producer and consumers iterate identical (tile, k) sequences.
 #include <cuda_bf16.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w8a8.h"
@@ -77,8 +79,10 @@ __device__ __forceinline__ float acc_value(int a) {
 }
 
 // kOut: 0 = bf16, 1 = f32, 2 = i32 (int8 only); kFp8: e4m3 operands, fp32 accumulators; kPing:
-// the ping-pong schedule (Cfg).
-template <int kOut, int BN, bool kFp8 = false, bool kPing = false>
+// the ping-pong schedule (Cfg); kCl: CTAs per cluster (1, or 2: the pair takes neighbouring row
+// tiles of one column tile and each CTA loads half of the B tile into both by TMA multicast —
+// half the L2 → shared-memory traffic of B, which 64-row ping-pong tiles otherwise read twice).
+template <int kOut, int BN, bool kFp8 = false, bool kPing = false, int kCl = 1>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
@@ -100,15 +104,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int tiles_m = (M + kRows - 1) / kRows, tiles_n = (N + BN - 1) / BN;
+  // Work unit: a cluster tile of kCl row tiles (one per CTA, rank r takes rows m0 + r·kRows) and
+  // one column tile; both CTAs of a cluster walk the same units in the same order.
+  uint32_t rank = 0, unit0 = blockIdx.x, units_step = gridDim.x;
+  if constexpr (kCl > 1) rank = cluster_ctarank(), unit0 = cluster_id_x(), units_step = cluster_count_x();
+  const int tiles_m = (M + kRows * kCl - 1) / (kRows * kCl), tiles_n = (N + BN - 1) / BN;
   const int num_tiles = tiles_m * tiles_n;
   const int ktiles = (K + kBK - 1) / kBK;
+  auto origin = [&](int t, int& m0, int& n0) {
+    tile_origin<kRows * kCl, C::kGroupRows / kCl>(t, tiles_m, tiles_n, BN, m0, n0);
+    m0 += int(rank) * kRows;
+  };
 
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), 1);                     // the producer's arrive.expect_tx (+ the TMA bytes)
-      mbar_init(empty(s), C::kEmptyArrivals);  // one arrive per consumer warp that reads the stage
+      mbar_init(empty(s), kCl * C::kEmptyArrivals);  // one arrive per consumer warp (of each CTA) reading the stage
     }
     mbar_init(turn(0), 4);
     mbar_init(turn(1), 4);
@@ -116,7 +128,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (kCl > 1) cluster_sync();  // the peer's barriers are initialized before any multicast / remote arrive
+  else __syncthreads();
 
   if (wg == 0) {
     // ---------------- producer warpgroup: one thread issues all TMA loads ----------------
@@ -126,14 +139,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmB)) : "memory");
       int s = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      constexpr int kHalfRows = BN / kCl, kHalfBytes = C::kTileB / kCl;  // the B rows each CTA loads
+      for (int t = int(unit0); t < num_tiles; t += int(units_step)) {
         int m0, n0;
-        tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
+        origin(t, m0, n0);
+        // Boxes wholly past M or N are not loaded (the rows they would fill are never stored);
+        // partly past, TMA zero-fills and still counts the whole box. Both CTAs of a cluster
+        // compute the same expected byte count for the B parts.
+        const bool a_in = m0 < M;
+        uint32_t bytes = a_in ? C::kTileA : 0;
+#pragma unroll
+        for (int h = 0; h < kCl; ++h) bytes += n0 + h * kHalfRows < N ? kHalfBytes : 0;
+        const int nb = n0 + int(rank) * kHalfRows;
         for (int kt = 0; kt < ktiles; ++kt) {
-          mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
-          mbar_arrive_expect_tx(full(s), C::kStageBytes);
-          tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
-          tma_load_2d(sB + s * C::kTileB, &tmB, kt * kBK, n0, full(s));
+          // consumers (of both CTAs: the multicast writes both) have released this stage's last use
+          mbar_wait(empty(s), phase ^ 1);
+          mbar_arrive_expect_tx(full(s), bytes);
+          if (a_in) tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
+          if constexpr (kCl > 1) {
+            if (nb < N)
+              tma_load_2d_multicast(sB + s * C::kTileB + rank * kHalfBytes, &tmB, kt * kBK, nb, full(s),
+                                    uint16_t((1u << kCl) - 1));
+          } else {
+            tma_load_2d(sB + s * C::kTileB, &tmB, kt * kBK, n0, full(s));
+          }
           if (++s == S) { s = 0; phase ^= 1; }
         }
       }
@@ -150,11 +179,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Cooperative: both warpgroups take every tile of this CTA (blockIdx.x, +gridDim.x, ...).
     // Ping-pong: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... — the producer still loads
     // them all in order into one ring, so tile i's stages sit at ring positions i·ktiles + kt.
+    // A stage goes back to the producers of every CTA that wrote into it (kCl > 1: both).
+    auto release = [&](int st) {
+      mbar_arrive(empty(st));
+      if constexpr (kCl > 1) mbar_arrive_cluster(empty(st), rank ^ 1u);
+    };
     for (int i = kPing ? cw : 0;; i += kPing ? 2 : 1) {
-      const int t = blockIdx.x + i * gridDim.x;
+      const int t = int(unit0) + i * int(units_step);
       if (t >= num_tiles) break;
       int m0, n0;
-      tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
+      origin(t, m0, n0);
       if constexpr (kPing) {
         // Wait for the other warpgroup to have issued tile i − 1: only then are this tile's
         // stages at most one ring lap ahead of every full barrier (parity waits need that).
@@ -179,12 +213,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           // back the stage before them.
           wgmma_wait<2>();
           fence_operands(acc);
-          if (prev2 >= 0 && lane == 0) mbar_arrive(empty(prev2));
+          if (prev2 >= 0 && lane == 0) release(prev2);
           prev2 = prev;
         } else {
           wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
           fence_operands(acc);
-          if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+          if (prev >= 0 && lane == 0) release(prev);
         }
         prev = s;
         if (++s == S) { s = 0; phase ^= 1; }
@@ -195,8 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_operands(acc);
       if (lane == 0) {
-        if (prev2 >= 0) mbar_arrive(empty(prev2));  // (ping-pong only; in ring order)
-        mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
+        if (prev2 >= 0) release(prev2);  // (ping-pong only; in ring order)
+        release(prev);  // ktiles >= 1, so prev is a stage
       }
 
       // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
@@ -313,6 +347,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  // No CTA leaves while its peer may still arrive on its barriers.
+  if constexpr (kCl > 1) cluster_sync();
 #else
   __trap();  // built for an architecture without wgmma: the host side never launches this
 #endif
@@ -320,23 +356,60 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- host side
 
-template <int kOut, int BN, bool kFp8, bool kPing>
+template <int kOut, int BN, bool kFp8, bool kPing, int kCl>
 void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
             int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name) {
   using C = Cfg<BN, kPing>;
+  auto* kernel = gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kCl>;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCl;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+  const char* pol = std::getenv("PERRY_WGMMA_CLUSTER_SPREAD");
+  attr[1].val.clusterSchedulingPolicyPreference =
+      pol && pol[0] == '1' ? cudaClusterSchedulingPolicySpread : cudaClusterSchedulingPolicyDefault;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = C::kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  // Clusters that fit on the GPU at once (the persistent grid): an SM whose partner in its GPC is
+  // missing cannot hold half a cluster, so this can be below #SMs / 2.
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
-  std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  static int max_units = 0;
+  std::call_once(once, [&] {
+    attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+    if (attr_err == cudaSuccess && kCl > 1) {
+      cudaLaunchConfig_t q = cfg;
+      q.gridDim = dim3(unsigned(kCl));
+      attr_err = cudaOccupancyMaxActiveClusters(&max_units, kernel, &q);
+    }
   });
-  if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
+  if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute / cluster occupancy(") + name + ")", attr_err);
+  const int units_max = kCl > 1 ? max_units : sms;
+  if (units_max <= 0) throw Error(std::string(name) + ": no cluster of " + std::to_string(kCl) + " CTAs fits on this GPU");
   const CUtensorMap ta = make_map(dX, M, K, kBK, C::kRows, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma"),
-                    tb = make_map(dW, N, K, kBK, BN, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
-  const long long tiles = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN);
-  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing><<<grid, kThreads, C::kSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias,
-                                                                                           dY, M, N, K, vec_ok);
+                    tb = make_map(dW, N, K, kBK, BN / kCl, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
+  const long long units = (long long)((M + C::kRows * kCl - 1) / (C::kRows * kCl)) * ((N + BN - 1) / BN);
+  cfg.gridDim = dim3(unsigned(units < units_max ? units : units_max) * kCl);
+  static std::once_flag told;
+  if (std::getenv("PERRY_WGMMA_DEBUG"))  // kernel-lab diagnostics: the persistent grid chosen
+    std::call_once(told, [&] {
+      std::fprintf(stderr, "[gemm_w8a8_wgmma] %s BN=%d ping=%d cluster=%d: grid %u CTAs (units %lld, at most %d at once)\n",
+                   name, BN, int(kPing), kCl, cfg.gridDim.x, units, units_max);
+    });
+  if constexpr (kCl == 1) {
+    // A plain launch: launched with a cluster attribute of one CTA, the same kernel ran up to
+    // 1.4x slower on the H200 at the K = 4096 shapes (ninth session, run 1).
+    kernel<<<cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok);
+  } else {
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok);
+    if (e != cudaSuccess) throw_cuda(std::string("launch of ") + name, e);
+  }
   check_launch(name);
 }
 
@@ -366,10 +439,30 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
   // forces it (read per call: the tests run both schedules).
   const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
   const bool ping = pp && *pp ? pp[0] == '1' : (wide && K <= 8192 && M >= 2048);
-  if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-  else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-  else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-  else launch<kOut, 128, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  // 2-CTA clusters with the B tile multicast: PERRY_WGMMA_CLUSTER=1 / 0 forces them on / off.
+  const char* cl = std::getenv("PERRY_WGMMA_CLUSTER");
+  const bool pair = cl && *cl ? cl[0] == '1' : false;
+  auto go = [&](auto bn, auto pg, auto ncl) {
+    launch<kOut, decltype(bn)::value, kFp8, decltype(pg)::value, decltype(ncl)::value>(dX, dSa, dW, dSw, dBias, dY, M,
+                                                                                        N, K, vec_ok, sms, stream, name);
+  };
+  using W = std::integral_constant<int, 256>;
+  using Nw = std::integral_constant<int, 128>;
+  using P = std::true_type;
+  using Co = std::false_type;
+  using C2 = std::integral_constant<int, 2>;
+  using C1 = std::integral_constant<int, 1>;
+  if (pair) {
+    if (ping && wide) go(W{}, P{}, C2{});
+    else if (ping) go(Nw{}, P{}, C2{});
+    else if (wide) go(W{}, Co{}, C2{});
+    else go(Nw{}, Co{}, C2{});
+  } else {
+    if (ping && wide) go(W{}, P{}, C1{});
+    else if (ping) go(Nw{}, P{}, C1{});
+    else if (wide) go(W{}, Co{}, C1{});
+    else go(Nw{}, Co{}, C1{});
+  }
 }
 
 // The argument checks gemm_w8a8_wgmma and gemm_fp8_wgmma share; returns vec_ok (bit 0: pair
