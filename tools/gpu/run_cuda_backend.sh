@@ -222,6 +222,7 @@ prefill_ab() {
           hung test_cuda_kernels && { say "- $mv skipped: test_cuda_kernels hung"; continue 2; }
           env+=(PERRY_WGMMA_CLUSTER=1) ;;
         nocluster) env+=(PERRY_WGMMA_CLUSTER=0) ;;  # ... one CTA per tile
+        ping128) env+=(PERRY_WGMMA_PING_ROWS=128) ;;  # ... ping-pong with 128 x 128 tiles per warpgroup
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         attnwgmma)  # the experimental wgmma attention (hd 128, sm_90): only after its test passed
