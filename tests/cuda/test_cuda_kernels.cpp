@@ -155,30 +155,17 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
   const int shapes[][3] = {{1, 8, 16},     {3, 5, 16},       {7, 130, 48},   {130, 7, 80},
                            {129, 131, 272}, {257, 384, 1024}, {300, 513, 1040}, {200, 1, 32},
                            {1400, 3400, 144}};
-  // Both schedules (cooperative, ping-pong), each tile width, alone and in 2-CTA clusters (B
-  // multicast; M = 1 and N < BN/2 leave a CTA's A or B box wholly outside the matrix).
-  for (const char* cl : {"0", "1"})
-    for (const char* ping : {"0", "1"})
-      for (const char* bn : {(const char*)nullptr, "128", "256"}) {
-        SCOPED_TRACE(std::string("PERRY_WGMMA_CLUSTER=") + cl + " PERRY_WGMMA_PINGPONG=" + ping +
-                     " PERRY_WGMMA_BN=" + (bn ? bn : "(auto)"));
-        setenv("PERRY_WGMMA_CLUSTER", cl, 1);
-        setenv("PERRY_WGMMA_PINGPONG", ping, 1);
-        if (bn) setenv("PERRY_WGMMA_BN", bn, 1);
-        else unsetenv("PERRY_WGMMA_BN");
-        for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g, pc::gemm_w8a8_wgmma);
-      }
+  // Both schedules (cooperative, ping-pong), each tile width.
+  for (const char* ping : {"0", "1"})
+    for (const char* bn : {(const char*)nullptr, "128", "256"}) {
+      SCOPED_TRACE(std::string("PERRY_WGMMA_PINGPONG=") + ping + " PERRY_WGMMA_BN=" + (bn ? bn : "(auto)"));
+      setenv("PERRY_WGMMA_PINGPONG", ping, 1);
+      if (bn) setenv("PERRY_WGMMA_BN", bn, 1);
+      else unsetenv("PERRY_WGMMA_BN");
+      for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g, pc::gemm_w8a8_wgmma);
+    }
   unsetenv("PERRY_WGMMA_BN");
   unsetenv("PERRY_WGMMA_PINGPONG");
-  // Ping-pong with 128 x 128 tiles per warpgroup (two m64 accumulator blocks), alone and clustered.
-  for (const char* cl : {"0", "1"}) {
-    SCOPED_TRACE(std::string("PERRY_WGMMA_PING_ROWS=128 PERRY_WGMMA_CLUSTER=") + cl);
-    setenv("PERRY_WGMMA_CLUSTER", cl, 1);
-    setenv("PERRY_WGMMA_PING_ROWS", "128", 1);
-    for (auto& s : shapes) check_gemm(s[0], s[1], s[2], g, pc::gemm_w8a8_wgmma);
-  }
-  unsetenv("PERRY_WGMMA_PING_ROWS");
-  unsetenv("PERRY_WGMMA_CLUSTER");
   // Output one element past an allocation: element stores, the same values.
   const int M = 5, N = 6, K = 32;
   auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);
@@ -248,14 +235,9 @@ TEST(CudaFp8, WgmmaGemmMatchesFloat64) {
     return v;
   };
   const int shapes[][3] = {{1, 8, 16}, {7, 130, 48}, {129, 131, 272}, {300, 513, 1040}, {1400, 3400, 144}};
-  // 256p: the ping-pong schedule; q: ping-pong with 128 x 128 tiles per warpgroup; c: in 2-CTA
-  // clusters (B multicast).
-  for (const char* bn : {"128", "256", "256p", "128c", "256pc", "128q", "128qc"}) {
-    const std::string v(bn);
-    setenv("PERRY_WGMMA_BN", v.substr(0, 3).c_str(), 1);
-    setenv("PERRY_WGMMA_PINGPONG", v.find('p') != std::string::npos ? "1" : "0", 1);
-    setenv("PERRY_WGMMA_CLUSTER", v.find('c') != std::string::npos ? "1" : "0", 1);
-    setenv("PERRY_WGMMA_PING_ROWS", v.find('q') != std::string::npos ? "128" : "", 1);
+  for (const char* bn : {"128", "256", "256p"}) {  // 256p: the ping-pong schedule
+    setenv("PERRY_WGMMA_BN", std::string(bn).substr(0, 3).c_str(), 1);
+    setenv("PERRY_WGMMA_PINGPONG", bn[3] == 'p' ? "1" : "0", 1);
     for (auto& sh : shapes) {
       const int M = sh[0], N = sh[1], K = sh[2];
       SCOPED_TRACE(::testing::Message() << "BN=" << bn << " M=" << M << " N=" << N << " K=" << K);
@@ -289,8 +271,6 @@ TEST(CudaFp8, WgmmaGemmMatchesFloat64) {
   }
   unsetenv("PERRY_WGMMA_BN");
   unsetenv("PERRY_WGMMA_PINGPONG");
-  unsetenv("PERRY_WGMMA_CLUSTER");
-  unsetenv("PERRY_WGMMA_PING_ROWS");
   EXPECT_THROW(pc::gemm_fp8_wgmma(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, DType::I32, 1, 1, 16, nullptr),
                perry::Error);
 
@@ -320,18 +300,13 @@ TEST(CudaFp8, WgmmaGemmMatchesFloat64) {
     return ms[2];
   };
   const double fp8 = time_ms([&] { pc::gemm_fp8_wgmma(X8.p, sa.p, W8.p, sw.p, nullptr, y.p, DType::BF16, M, N, K, nullptr); });
-  auto int8_gemm = [&] {
+  const double i8 = time_ms([&] {
     pc::gemm_w8a8_wgmma(reinterpret_cast<const int8_t*>(X8.p), sa.p, reinterpret_cast<const int8_t*>(W8.p), sw.p,
                         nullptr, y.p, DType::BF16, M, N, K, nullptr);
-  };
-  const double i8 = time_ms(int8_gemm);
-  setenv("PERRY_WGMMA_PING_ROWS", "128", 1);
-  const double i8q = time_ms(int8_gemm);
-  unsetenv("PERRY_WGMMA_PING_ROWS");
+  });
   const double ops = 2.0 * M * N * K;
-  std::printf("  gemm M=%d N=%d K=%d bf16 out: fp8 wgmma %.3f ms %.0f TFLOP/s, int8 wgmma %.3f ms %.0f TOPS, "
-              "int8 128x128 ping-pong %.3f ms %.0f TOPS\n",
-              M, N, K, fp8, ops / fp8 / 1e9, i8, ops / i8 / 1e9, i8q, ops / i8q / 1e9);
+  std::printf("  gemm M=%d N=%d K=%d bf16 out: fp8 wgmma %.3f ms %.0f TFLOP/s, int8 wgmma %.3f ms %.0f TOPS\n", M, N,
+              K, fp8, ops / fp8 / 1e9, i8, ops / i8 / 1e9);
   ASSERT_EQ(cudaGetLastError(), cudaSuccess);
 }
 

@@ -218,11 +218,6 @@ prefill_ab() {
         qkvf32) env+=(PERRY_QKV_F32=1) ;;  # q|k|v in fp32
         pingoff) env+=(PERRY_WGMMA_PINGPONG=0) ;;  # the w8a8 / fp8 wgmma GEMM: cooperative schedule only
         pingon) env+=(PERRY_WGMMA_PINGPONG=1) ;;  # ... ping-pong schedule at every shape
-        cluster)  # ... in 2-CTA clusters, the B tile multicast (not after its kernel test hung)
-          hung test_cuda_kernels && { say "- $mv skipped: test_cuda_kernels hung"; continue 2; }
-          env+=(PERRY_WGMMA_CLUSTER=1) ;;
-        nocluster) env+=(PERRY_WGMMA_CLUSTER=0) ;;  # ... one CTA per tile
-        ping128) env+=(PERRY_WGMMA_PING_ROWS=128) ;;  # ... ping-pong with 128 x 128 tiles per warpgroup
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         attnwgmma)  # the experimental wgmma attention (hd 128, sm_90): only after its test passed
@@ -284,13 +279,13 @@ case "$LEVEL" in
     peer_transformers llama3-8b ;;
   ops) bench_op ;;
   # `gemmvar`: bench-op (w8a8 + peers, GEMM_SHAPES x GEMM_MS) once per GEMM_VARIANTS entry
-  # "name:VAR=v,VAR=v" (environment of that run, e.g. PERRY_WGMMA_CLUSTER=1); one bench-op-NAME.md
-  # each, the w8a8 rows of all of them side by side in summary.md.
+  # "name:VAR=v,VAR=v" (environment of that run, e.g. PERRY_WGMMA_PINGPONG=0); one bench-op-NAME.md
+  # each, the w8a8 rows of all of them in summary.md.
   gemmvar)
     for v in ${GEMM_VARIANTS:-base:}; do
       name=${v%%:*}; envs=${v#*:}
-      # A cluster variant whose kernel test hung would hang here too.
-      hung test_cuda_kernels && [[ $envs == *CLUSTER=1* ]] && { say "- $name skipped: test_cuda_kernels hung"; continue; }
+      # A variant of the wgmma GEMM whose kernel test hung would hang here too.
+      hung test_cuda_kernels && [[ $envs == *WGMMA* ]] && { say "- $name skipped: test_cuda_kernels hung"; continue; }
       timeout ${GEMM_TIMEOUT:-150} env ${envs//,/ } "$P" bench-op --device cuda --modes ${GEMM_MODES:-w8a8} \
         --shapes ${GEMM_SHAPES:-14336x4096 4096x14336 6144x4096 10240x2560 2560x10240} -M ${GEMM_MS:-1024 2048 4096 8192} \
         -r ${GEMM_REPEATS:-10} -o "$OUT/bench-op-$name" > "$T/bench-op-$name.log" 2>&1

@@ -30,11 +30,9 @@
 // exactly 8 arrives per use, and producer and consumers iterate identical (tile, k) sequences.
 #include <cuda_bf16.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
-#include <type_traits>
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w8a8.h"
@@ -50,25 +48,19 @@ constexpr int kThreads = 384;    // producer warpgroup + 2 consumer warpgroups
 constexpr int kConsumerWarps = 8;
 constexpr int kGroupM = 8;       // grouped tile order: 8 row-tiles per group
 
-// kPingRows: 0 = the cooperative schedule (both consumer warpgroups on one 128-row tile, 64 rows
-// each); 64 or 128 = the ping-pong schedule (chosen by dispatch() below): each consumer
-// warpgroup owns whole tiles of kPingRows rows (128: two m64 accumulator blocks, BN = 128 only —
-// 128 accumulator registers either way), taken in turns, so one warpgroup's epilogue runs while
+// kPing: the ping-pong schedule (chosen by dispatch() below): each consumer
+// warpgroup owns whole tiles of 64 rows, taken in turns, so one warpgroup's epilogue runs while
 // the other's wgmmas keep the tensor cores busy. Nsight Compute on the cooperative schedule
-// (eighth session): tensor pipe 72% busy, L2 49%, DRAM 29% — the tensor cores wait through every
-// tile's epilogue, not for memory. cuBLASLt's int8 kernel on the same shape (ninth session, run
-// 4): 128 x 128 x 128 tiles, one per warpgroup, 7 stages — the kPingRows = 128 configuration.
-template <int BN, int kPingRows = 0>
+// (both warpgroups on one 128-row tile, eighth session): tensor pipe 72% busy, L2 49%, DRAM 29%
+// — the tensor cores wait through every tile's epilogue, not for memory.
+template <int BN, bool kPing = false>
 struct Cfg {
-  static constexpr bool kPing = kPingRows != 0;
-  static_assert(kPingRows == 0 || kPingRows == 64 || (kPingRows == 128 && BN == 128), "ping-pong tile shape");
-  static constexpr int kRows = kPing ? kPingRows : kBM;  // rows of X per tile (and per stage)
-  static constexpr int kSub = kPing ? kPingRows / 64 : 1;  // m64 accumulator blocks per warpgroup
-  static constexpr int kStages = kPing ? (BN == 256 ? 5 : kPingRows == 128 ? 7 : 8) : (BN == 256 ? 4 : 6);
-  static constexpr int kTileA = kRows * kBK;        // 16 KiB (8 with 64-row ping-pong tiles)
+  static constexpr int kRows = kPing ? 64 : kBM;    // rows of X per tile (and per stage)
+  static constexpr int kStages = kPing ? (BN == 256 ? 5 : 8) : (BN == 256 ? 4 : 6);
+  static constexpr int kTileA = kRows * kBK;        // 16 KiB (8 ping-pong)
   static constexpr int kTileB = BN * kBK;           // 32 or 16 KiB
   static constexpr int kStageBytes = kTileA + kTileB;
-  static constexpr int kGroupRows = kGroupM * kBM / kRows;  // row-tiles per L2 group: 1024 rows
+  static constexpr int kGroupRows = kPing ? 2 * kGroupM : kGroupM;  // row-tiles per L2 group: 1024 rows
   static constexpr int kEmptyArrivals = kPing ? 4 : kConsumerWarps;  // the warps that read a stage
   static constexpr int kBarrierBytes = 2 * kStages * 8 + 16;  // full[S], empty[S], turn[2]
   // + 1024: the dynamic shared window is only 16-byte aligned by contract; the kernel rounds up.
@@ -84,20 +76,17 @@ __device__ __forceinline__ float acc_value(int a) {
   else return float(a);
 }
 
-// kOut: 0 = bf16, 1 = f32, 2 = i32 (int8 only); kFp8: e4m3 operands, fp32 accumulators;
-// kPingRows: the schedule (Cfg); kCl: CTAs per cluster (1, or 2: the pair takes neighbouring row
-// tiles of one column tile and each CTA loads half of the B tile into both by TMA multicast —
-// half the L2 → shared-memory traffic of B, which 64-row ping-pong tiles otherwise read twice).
-template <int kOut, int BN, bool kFp8 = false, int kPingRows = 0, int kCl = 1>
+// kOut: 0 = bf16, 1 = f32, 2 = i32 (int8 only); kFp8: e4m3 operands, fp32 accumulators; kPing:
+// the ping-pong schedule (Cfg).
+template <int kOut, int BN, bool kFp8 = false, bool kPing = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
                            const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok) {
 #ifdef PERRY_WGMMA
   static_assert(!(kFp8 && kOut == 2), "e4m3 accumulates in fp32: no int32 output");
-  using C = Cfg<BN, kPingRows>;
-  constexpr bool kPing = C::kPing;
-  constexpr int S = C::kStages, kRows = C::kRows, kSub = C::kSub;
+  using C = Cfg<BN, kPing>;
+  constexpr int S = C::kStages, kRows = C::kRows;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sA = base;                          // S × [kRows × 128 B]
@@ -111,23 +100,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // Work unit: a cluster tile of kCl row tiles (one per CTA, rank r takes rows m0 + r·kRows) and
-  // one column tile; both CTAs of a cluster walk the same units in the same order.
-  uint32_t rank = 0, unit0 = blockIdx.x, units_step = gridDim.x;
-  if constexpr (kCl > 1) rank = cluster_ctarank(), unit0 = cluster_id_x(), units_step = cluster_count_x();
-  const int tiles_m = (M + kRows * kCl - 1) / (kRows * kCl), tiles_n = (N + BN - 1) / BN;
+  const int tiles_m = (M + kRows - 1) / kRows, tiles_n = (N + BN - 1) / BN;
   const int num_tiles = tiles_m * tiles_n;
   const int ktiles = (K + kBK - 1) / kBK;
-  auto origin = [&](int t, int& m0, int& n0) {
-    tile_origin<kRows * kCl, C::kGroupRows / kCl>(t, tiles_m, tiles_n, BN, m0, n0);
-    m0 += int(rank) * kRows;
-  };
 
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbar_init(full(s), 1);                     // the producer's arrive.expect_tx (+ the TMA bytes)
-      mbar_init(empty(s), kCl * C::kEmptyArrivals);  // one arrive per consumer warp (of each CTA) reading the stage
+      mbar_init(empty(s), C::kEmptyArrivals);  // one arrive per consumer warp that reads the stage
     }
     mbar_init(turn(0), 4);
     mbar_init(turn(1), 4);
@@ -135,8 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   }
-  if constexpr (kCl > 1) cluster_sync();  // the peer's barriers are initialized before any multicast / remote arrive
-  else __syncthreads();
+  __syncthreads();
 
   if (wg == 0) {
     // ---------------- producer warpgroup: one thread issues all TMA loads ----------------
@@ -146,30 +126,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmB)) : "memory");
       int s = 0;
       uint32_t phase = 0;
-      constexpr int kHalfRows = BN / kCl, kHalfBytes = C::kTileB / kCl;  // the B rows each CTA loads
-      for (int t = int(unit0); t < num_tiles; t += int(units_step)) {
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
         int m0, n0;
-        origin(t, m0, n0);
-        // Boxes wholly past M or N are not loaded (the rows they would fill are never stored);
-        // partly past, TMA zero-fills and still counts the whole box. Both CTAs of a cluster
-        // compute the same expected byte count for the B parts.
-        const bool a_in = m0 < M;
-        uint32_t bytes = a_in ? C::kTileA : 0;
-#pragma unroll
-        for (int h = 0; h < kCl; ++h) bytes += n0 + h * kHalfRows < N ? kHalfBytes : 0;
-        const int nb = n0 + int(rank) * kHalfRows;
+        tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
         for (int kt = 0; kt < ktiles; ++kt) {
-          // consumers (of both CTAs: the multicast writes both) have released this stage's last use
-          mbar_wait(empty(s), phase ^ 1);
-          mbar_arrive_expect_tx(full(s), bytes);
-          if (a_in) tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
-          if constexpr (kCl > 1) {
-            if (nb < N)
-              tma_load_2d_multicast(sB + s * C::kTileB + rank * kHalfBytes, &tmB, kt * kBK, nb, full(s),
-                                    uint16_t((1u << kCl) - 1));
-          } else {
-            tma_load_2d(sB + s * C::kTileB, &tmB, kt * kBK, n0, full(s));
-          }
+          mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
+          mbar_arrive_expect_tx(full(s), C::kStageBytes);
+          tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
+          tma_load_2d(sB + s * C::kTileB, &tmB, kt * kBK, n0, full(s));
           if (++s == S) { s = 0; phase ^= 1; }
         }
       }
@@ -178,30 +142,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- consumer warpgroups: wgmma + fused epilogue ----------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = wg - 1;  // cooperative: which 64-row half of the tile; ping-pong: whose turn
-    int acc[kSub][BN / 2];
+    int acc[BN / 2];
 #pragma unroll
-    for (int u = 0; u < kSub; ++u)
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[u][i] = 0;
-    auto fence_acc = [&] {
-#pragma unroll
-      for (int u = 0; u < kSub; ++u) fence_operands(acc[u]);
-    };
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0;
     int s = 0;
     uint32_t phase = 0;
     // Cooperative: both warpgroups take every tile of this CTA (blockIdx.x, +gridDim.x, ...).
     // Ping-pong: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... — the producer still loads
     // them all in order into one ring, so tile i's stages sit at ring positions i·ktiles + kt.
-    // A stage goes back to the producers of every CTA that wrote into it (kCl > 1: both).
-    auto release = [&](int st) {
-      mbar_arrive(empty(st));
-      if constexpr (kCl > 1) mbar_arrive_cluster(empty(st), rank ^ 1u);
-    };
     for (int i = kPing ? cw : 0;; i += kPing ? 2 : 1) {
-      const int t = int(unit0) + i * int(units_step);
+      const int t = blockIdx.x + i * gridDim.x;
       if (t >= num_tiles) break;
       int m0, n0;
-      origin(t, m0, n0);
+      tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
       if constexpr (kPing) {
         // Wait for the other warpgroup to have issued tile i − 1: only then are this tile's
         // stages at most one ring lap ahead of every full barrier (parity waits need that).
@@ -213,27 +166,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       int prev = -1, prev2 = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(full(s), phase);
-        const uint32_t a0 = sA + s * C::kTileA + (kPing ? 0 : cw * 64 * kBK);
+        const uint64_t da = make_desc_sw128(sA + s * C::kTileA + (kPing ? 0 : cw * 64 * kBK));
         const uint64_t db = make_desc_sw128(sB + s * C::kTileB);
-        fence_acc();
+        fence_operands(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 32; ++kk)  // +32 B along K = +2 in the address field
-#pragma unroll
-          for (int u = 0; u < kSub; ++u)  // m64 block u: rows 64u.. of the A tile
-            wgmma_tile<BN, kFp8>(acc[u], make_desc_sw128(a0 + u * 64 * kBK) + 2 * kk, db + 2 * kk, (kt | kk) != 0);
+          wgmma_tile<BN, kFp8>(acc, da + 2 * kk, db + 2 * kk, (kt | kk) != 0);
         wgmma_commit();
         if constexpr (kPing) {
           // One warpgroup alone feeds the tensor cores: keep two stages' wgmmas in flight, hand
           // back the stage before them.
           wgmma_wait<2>();
-          fence_acc();
-          if (prev2 >= 0 && lane == 0) release(prev2);
+          fence_operands(acc);
+          if (prev2 >= 0 && lane == 0) mbar_arrive(empty(prev2));
           prev2 = prev;
         } else {
           wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
-          fence_acc();
-          if (prev >= 0 && lane == 0) release(prev);
+          fence_operands(acc);
+          if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
         }
         prev = s;
         if (++s == S) { s = 0; phase ^= 1; }
@@ -242,131 +193,126 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) mbar_arrive(turn(1 - cw));  // every wgmma of this tile is issued: the other's turn
       }
       wgmma_wait<0>();
-      fence_acc();
+      fence_operands(acc);
       if (lane == 0) {
-        if (prev2 >= 0) release(prev2);  // (ping-pong only; in ring order)
-        release(prev);  // ktiles >= 1, so prev is a stage
+        if (prev2 >= 0) mbar_arrive(empty(prev2));  // (ping-pong only; in ring order)
+        mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
       }
 
-      // Epilogue, per m64 block. m64nBN accumulator layout: warp w of the warpgroup owns rows
-      // 16w..16w+15; acc[4j + 2h + e] is row g + 8h, column 8j + 2t + e (g = lane/4, t = lane%4).
+      // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
+      // acc[4j + 2h + e] is row g + 8h, column 8j + 2t + e (g = lane/4, t = lane%4).
       const int g = lane >> 2, tq = lane & 3;
-      auto epilogue = [&](const int (&acc)[BN / 2], const int r0) {
-        float sa[2] = {0.f, 0.f};
-        if constexpr (kOut != 2) {
-          sa[0] = __ldg(Sa + min(r0, M - 1));
-          sa[1] = __ldg(Sa + min(r0 + 8, M - 1));
-        }
-        if constexpr (kOut == 0) {
-          // bf16 fast path (the tile's columns all < N, N % 8 == 0, Y 16-byte aligned): a 4×4
-          // transpose of packed bf16 pairs inside each quad (3 shuffles) so that each thread
-          // stores 8 consecutive outputs (16 B) instead of 4 scattered 4-byte pairs.
-          if ((vec_ok & 2) && n0 + BN <= N) {
+      const int r0 = m0 + (kPing ? 0 : cw * 64) + warp * 16 + g;
+      float sa[2] = {0.f, 0.f};
+      if constexpr (kOut != 2) {
+        sa[0] = __ldg(Sa + min(r0, M - 1));
+        sa[1] = __ldg(Sa + min(r0 + 8, M - 1));
+      }
+      if constexpr (kOut == 0) {
+        // bf16 fast path (the tile's columns all < N, N % 8 == 0, Y 16-byte aligned): a 4×4
+        // transpose of packed bf16 pairs inside each quad (3 shuffles) so that each thread
+        // stores 8 consecutive outputs (16 B) instead of 4 scattered 4-byte pairs.
+        if ((vec_ok & 2) && n0 + BN <= N) {
 #pragma unroll
-            for (int q = 0; q < BN / 32; ++q) {
-              float sw0[4], sw1[4], b0[4], b1[4];
+          for (int q = 0; q < BN / 32; ++q) {
+            float sw0[4], sw1[4], b0[4], b1[4];
 #pragma unroll
-              for (int jj = 0; jj < 4; ++jj) {
-                const int c = n0 + 32 * q + 8 * jj + 2 * tq;
-                sw0[jj] = __ldg(Sw + c);
-                sw1[jj] = __ldg(Sw + c + 1);
-                b0[jj] = bias ? __ldg(bias + c) : 0.f;
-                b1[jj] = bias ? __ldg(bias + c + 1) : 0.f;
-              }
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                uint32_t pk[4];
-#pragma unroll
-                for (int jj = 0; jj < 4; ++jj) {
-                  const int j = 4 * q + jj;
-                  const float v0 = acc_value<kFp8>(acc[4 * j + 2 * h]) * (sa[h] * sw0[jj]) + b0[jj];
-                  const float v1 = acc_value<kFp8>(acc[4 * j + 2 * h + 1]) * (sa[h] * sw1[jj]) + b1[jj];
-                  const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
-                  pk[jj] = *reinterpret_cast<const uint32_t*>(&b2);
-                }
-                uint32_t got[4];
-                quad_exchange(pk, tq, got);
-                const int r = r0 + 8 * h;
-                if (r < M) {
-                  const uint4 v = quad_gather(got, tq);
-                  *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) = v;
-                }
-              }
+            for (int jj = 0; jj < 4; ++jj) {
+              const int c = n0 + 32 * q + 8 * jj + 2 * tq;
+              sw0[jj] = __ldg(Sw + c);
+              sw1[jj] = __ldg(Sw + c + 1);
+              b0[jj] = bias ? __ldg(bias + c) : 0.f;
+              b1[jj] = bias ? __ldg(bias + c + 1) : 0.f;
             }
-            return;  // this block is stored
-          }
-        }
-        // Column scales and bias in chunks of kJC column groups: the loads are unconditional
-        // (clamped indices) so all of a chunk's are in flight together, not one L2 latency each.
-        constexpr int kJC = kSub == 1 ? 8 : 2;  // (two m64 blocks: the other block's accumulators stay live)
-#pragma unroll
-        for (int j0 = 0; j0 < BN / 8; j0 += kJC) {
-          float sw0[kJC], sw1[kJC], b0[kJC], b1[kJC];
-#pragma unroll
-          for (int jj = 0; jj < kJC; ++jj) {
-            sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
-            if constexpr (kOut != 2) {
-              const int c = n0 + 8 * (j0 + jj) + 2 * tq;
-              const int ca = min(c, N - 1), cb = min(c + 1, N - 1);
-              sw0[jj] = __ldg(Sw + ca);
-              sw1[jj] = __ldg(Sw + cb);
-              if (bias) {
-                b0[jj] = __ldg(bias + ca);
-                b1[jj] = __ldg(bias + cb);
-              }
-            }
-          }
-#pragma unroll
-          for (int jj = 0; jj < kJC; ++jj) {
-            const int j = j0 + jj;
-            const int c = n0 + 8 * j + 2 * tq;
-            if (c >= N) continue;
-            const bool pair = c + 1 < N;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
+              uint32_t pk[4];
+#pragma unroll
+              for (int jj = 0; jj < 4; ++jj) {
+                const int j = 4 * q + jj;
+                const float v0 = acc_value<kFp8>(acc[4 * j + 2 * h]) * (sa[h] * sw0[jj]) + b0[jj];
+                const float v1 = acc_value<kFp8>(acc[4 * j + 2 * h + 1]) * (sa[h] * sw1[jj]) + b1[jj];
+                const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
+                pk[jj] = *reinterpret_cast<const uint32_t*>(&b2);
+              }
+              uint32_t got[4];
+              quad_exchange(pk, tq, got);
               const int r = r0 + 8 * h;
-              if (r >= M) continue;
-              const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
-              const size_t o = size_t(r) * N + c;
-              if constexpr (kOut == 2) {
-                int* y = static_cast<int*>(Y) + o;
+              if (r < M) {
+                const uint4 v = quad_gather(got, tq);
+                *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) = v;
+              }
+            }
+          }
+          continue;  // next tile
+        }
+      }
+      // Column scales and bias in chunks of kJC column groups: the loads are unconditional
+      // (clamped indices) so all of a chunk's are in flight together, not one L2 latency each.
+      constexpr int kJC = 8;
+#pragma unroll
+      for (int j0 = 0; j0 < BN / 8; j0 += kJC) {
+        float sw0[kJC], sw1[kJC], b0[kJC], b1[kJC];
+#pragma unroll
+        for (int jj = 0; jj < kJC; ++jj) {
+          sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
+          if constexpr (kOut != 2) {
+            const int c = n0 + 8 * (j0 + jj) + 2 * tq;
+            const int ca = min(c, N - 1), cb = min(c + 1, N - 1);
+            sw0[jj] = __ldg(Sw + ca);
+            sw1[jj] = __ldg(Sw + cb);
+            if (bias) {
+              b0[jj] = __ldg(bias + ca);
+              b1[jj] = __ldg(bias + cb);
+            }
+          }
+        }
+#pragma unroll
+        for (int jj = 0; jj < kJC; ++jj) {
+          const int j = j0 + jj;
+          const int c = n0 + 8 * j + 2 * tq;
+          if (c >= N) continue;
+          const bool pair = c + 1 < N;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            if (r >= M) continue;
+            const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
+            const size_t o = size_t(r) * N + c;
+            if constexpr (kOut == 2) {
+              int* y = static_cast<int*>(Y) + o;
+              if (pair && vec_ok) {
+                *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
+              } else {
+                y[0] = a0;
+                if (pair) y[1] = a1;
+              }
+            } else {
+              const float v0 = acc_value<kFp8>(a0) * (sa[h] * sw0[jj]) + b0[jj];
+              const float v1 = acc_value<kFp8>(a1) * (sa[h] * sw1[jj]) + b1[jj];
+              if constexpr (kOut == 1) {
+                float* y = static_cast<float*>(Y) + o;
                 if (pair && vec_ok) {
-                  *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
+                  *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
                 } else {
-                  y[0] = a0;
-                  if (pair) y[1] = a1;
+                  y[0] = v0;
+                  if (pair) y[1] = v1;
                 }
               } else {
-                const float v0 = acc_value<kFp8>(a0) * (sa[h] * sw0[jj]) + b0[jj];
-                const float v1 = acc_value<kFp8>(a1) * (sa[h] * sw1[jj]) + b1[jj];
-                if constexpr (kOut == 1) {
-                  float* y = static_cast<float*>(Y) + o;
-                  if (pair && vec_ok) {
-                    *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
-                  } else {
-                    y[0] = v0;
-                    if (pair) y[1] = v1;
-                  }
+                __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
+                if (pair && vec_ok) {
+                  *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
                 } else {
-                  __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
-                  if (pair && vec_ok) {
-                    *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
-                  } else {
-                    y[0] = __float2bfloat16_rn(v0);
-                    if (pair) y[1] = __float2bfloat16_rn(v1);
-                  }
+                  y[0] = __float2bfloat16_rn(v0);
+                  if (pair) y[1] = __float2bfloat16_rn(v1);
                 }
               }
             }
           }
         }
-      };
-#pragma unroll
-      for (int u = 0; u < kSub; ++u) epilogue(acc[u], m0 + (kPing ? 64 * u : cw * 64) + warp * 16 + g);
+      }
     }
   }
-  // No CTA leaves while its peer may still arrive on its barriers.
-  if constexpr (kCl > 1) cluster_sync();
 #else
   __trap();  // built for an architecture without wgmma: the host side never launches this
 #endif
@@ -374,60 +320,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- host side
 
-template <int kOut, int BN, bool kFp8, int kPingRows, int kCl>
+template <int kOut, int BN, bool kFp8, bool kPing>
 void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
             int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name) {
-  using C = Cfg<BN, kPingRows>;
-  auto* kernel = gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPingRows, kCl>;
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCl;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-  const char* pol = std::getenv("PERRY_WGMMA_CLUSTER_SPREAD");
-  attr[1].val.clusterSchedulingPolicyPreference =
-      pol && pol[0] == '1' ? cudaClusterSchedulingPolicySpread : cudaClusterSchedulingPolicyDefault;
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = C::kSmemBytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  // Clusters that fit on the GPU at once (the persistent grid): an SM whose partner in its GPC is
-  // missing cannot hold half a cluster, so this can be below #SMs / 2.
+  using C = Cfg<BN, kPing>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
-  static int max_units = 0;
-  std::call_once(once, [&] {
-    attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-    if (attr_err == cudaSuccess && kCl > 1) {
-      cudaLaunchConfig_t q = cfg;
-      q.gridDim = dim3(unsigned(kCl));
-      attr_err = cudaOccupancyMaxActiveClusters(&max_units, kernel, &q);
-    }
+  std::call_once(once, [] {
+    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   });
-  if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute / cluster occupancy(") + name + ")", attr_err);
-  const int units_max = kCl > 1 ? max_units : sms;
-  if (units_max <= 0) throw Error(std::string(name) + ": no cluster of " + std::to_string(kCl) + " CTAs fits on this GPU");
+  if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap ta = make_map(dX, M, K, kBK, C::kRows, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma"),
-                    tb = make_map(dW, N, K, kBK, BN / kCl, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
-  const long long units = (long long)((M + C::kRows * kCl - 1) / (C::kRows * kCl)) * ((N + BN - 1) / BN);
-  cfg.gridDim = dim3(unsigned(units < units_max ? units : units_max) * kCl);
-  static std::once_flag told;
-  if (std::getenv("PERRY_WGMMA_DEBUG"))  // kernel-lab diagnostics: the persistent grid chosen
-    std::call_once(told, [&] {
-      std::fprintf(stderr, "[gemm_w8a8_wgmma] %s BN=%d ping rows=%d cluster=%d: grid %u CTAs (units %lld, at most %d at once)\n",
-                   name, BN, kPingRows, kCl, cfg.gridDim.x, units, units_max);
-    });
-  if constexpr (kCl == 1) {
-    // A plain launch: launched with a cluster attribute of one CTA, the same kernel ran up to
-    // 1.4x slower on the H200 at the K = 4096 shapes (ninth session, run 1).
-    kernel<<<cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok);
-  } else {
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok);
-    if (e != cudaSuccess) throw_cuda(std::string("launch of ") + name, e);
-  }
+                    tb = make_map(dW, N, K, kBK, BN, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
+  const long long tiles = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN);
+  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
+  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing><<<grid, kThreads, C::kSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias,
+                                                                                           dY, M, N, K, vec_ok);
   check_launch(name);
 }
 
@@ -457,22 +366,10 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
   // forces it (read per call: the tests run both schedules).
   const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
   const bool ping = pp && *pp ? pp[0] == '1' : (wide && K <= 8192 && M >= 2048);
-  // Ping-pong with 128 x 128 tiles per warpgroup (Cfg<128, 128>): PERRY_WGMMA_PING_ROWS=128 forces it.
-  const char* pr = std::getenv("PERRY_WGMMA_PING_ROWS");
-  const bool ping128 = pr && *pr ? std::atoi(pr) == 128 : false;
-  // 2-CTA clusters with the B tile multicast: PERRY_WGMMA_CLUSTER=1 / 0 forces them on / off.
-  const char* cl = std::getenv("PERRY_WGMMA_CLUSTER");
-  const bool pair = cl && *cl ? cl[0] == '1' : false;
-  auto run = [&](auto ncl) {
-    constexpr int c = decltype(ncl)::value;
-    if (ping128) launch<kOut, 128, kFp8, 128, c>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-    else if (ping && wide) launch<kOut, 256, kFp8, 64, c>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-    else if (ping) launch<kOut, 128, kFp8, 64, c>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-    else if (wide) launch<kOut, 256, kFp8, 0, c>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-    else launch<kOut, 128, kFp8, 0, c>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-  };
-  if (pair) run(std::integral_constant<int, 2>{});
-  else run(std::integral_constant<int, 1>{});
+  if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else launch<kOut, 128, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
 }
 
 // The argument checks gemm_w8a8_wgmma and gemm_fp8_wgmma share; returns vec_ok (bit 0: pair

@@ -52,49 +52,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// ---- thread-block clusters (2 CTAs along M sharing the B tile by TMA multicast) ----
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_id_x() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_count_x() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster: after it, the barriers initialized before are visible
-// cluster-wide (start), or no peer will touch this CTA's shared memory again (exit).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// Arrive on the mbarrier at the same shared-memory offset in CTA `cta` of the cluster. CTA-scope
-// release (the default): the arrival only says that this CTA's wgmmas have finished reading a
-// stage (wgmma.wait_group), which orders nothing in global memory — a cluster-scope release
-// would also wait for the epilogue's outstanding global stores.
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
-      "r"(cta)
-      : "memory");
-}
-// tma_load_2d into the same shared-memory offset of every CTA in `mask`, each completing on its own
-// mbarrier at offset `bar`.
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int k0, int row0,
-                                                      uint32_t bar, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(bar), "h"(mask)
-      : "memory");
-}
-
 // ---- wgmma ----
 // Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format" for wgmma):
 //   bits  0-13 start address >> 4;  16-29 leading byte offset >> 4 (unused for K-major swizzled
