@@ -207,7 +207,8 @@ void Bench::setup() {
       continue;
     }
     if (std::find(ops_.begin(), ops_.end(), op) == ops_.end()) ops_.push_back(op);
-    // Its rows appear only where w8a8 takes the wgmma GEMM (has_row): sm_90, M > 128, wgmma on.
+    // Its rows appear only where w8a8 takes the wgmma GEMM (has_row): sm_90, M past gemm_small_m,
+    // wgmma on.
     if (op == Op::W8A8 && std::find(ops_.begin(), ops_.end(), Op::W8A8Mma) == ops_.end()) {
       ops_.push_back(Op::W8A8Mma);
       if (linear_path(pq::QuantMode::W8A8, 4096, 4096) != LinearPath::Wgmma)

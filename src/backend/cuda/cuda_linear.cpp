@@ -128,12 +128,15 @@ void gemm_bf16_cublas(const uint16_t* x, const uint16_t* w, void* y, DType out, 
                "cublasGemmEx (bf16 linear)");
 }
 
-// Hopper: the TMA + wgmma kernel (docs/cuda-gemm-w8a8-sm90.md) from M > 128 rows; below that its
-// 128-row tiles run mostly empty and the mma.sync kernel is as fast (H200 lab: M=128 546/310 vs
-// ~500 TOPS; M=1024 1175-1375 vs ~500).
-bool use_wgmma(int M) {
+// Hopper: the TMA + wgmma kernels (docs/cuda-gemm-w8a8-sm90.md). W8A8 takes gemm_w8a8_wgmma at
+// every M past gemm_small_m: with cold weights (bench-op, weights rotated past the L2) its
+// mostly empty 128-row tiles still stream the weights faster than mma.sync — at M = 128, 0.025
+// vs 0.050 ms (N 14336, K 4096) and 0.032 vs 0.109 (N 2560, K 10240); a 64-token Llama-3-8B
+// prefill 4.75 vs 10.31 ms (ninth session, runs 6-7; the lab's warm-L2 timing had put them
+// level). The grouped / int4 gemm_quant_wgmma from M > 128 (not measured below).
+bool wgmma_enabled() {
   static const bool ok = gemm_w8a8_wgmma_supported() && !env_flag("PERRY_NO_WGMMA");
-  return ok && M > 128;
+  return ok;
 }
 
 }  // namespace
@@ -248,8 +251,8 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K) {
   if (M <= kGemvOnlyMaxM) return Path::Gemv;
   if (M <= (a8 ? kSmallMA8MaxM : kGemmSmallMMaxM)) return Path::SmallM;
   if (!a8) return Path::DequantCublas;
-  if (mode == pq::QuantMode::W8A8) return use_wgmma(M) ? Path::Wgmma : Path::MmaSync;
-  return use_wgmma(M) && gemm_quant_wgmma_supported() ? Path::WgmmaQuant : Path::GemmQuant;
+  if (mode == pq::QuantMode::W8A8) return wgmma_enabled() ? Path::Wgmma : Path::MmaSync;
+  return wgmma_enabled() && M > 128 && gemm_quant_wgmma_supported() ? Path::WgmmaQuant : Path::GemmQuant;
 }
 
 std::string CudaLinear::kernel_name(int M) const { return linear_path_name(mode_, path(M)); }
