@@ -313,7 +313,9 @@ TEST(CudaBenchOp, TinyRunPasses) {
   for (int m : kStartupCheckMs) mma_startup_expected += pc::linear_path(pq::QuantMode::W8A8, m, 1024) == pc::LinearPath::Wgmma;
   EXPECT_EQ(mma_rows, wgmma ? 1 : 0);
   EXPECT_EQ(mma_startup, mma_startup_expected);
-  if (wgmma) EXPECT_GE(mma_startup, 1);
+  if (wgmma) {
+    EXPECT_GE(mma_startup, 1);
+  }
   std::remove((o.common.out_prefix + ".json").c_str());
   std::remove((o.common.out_prefix + ".md").c_str());
 }

@@ -156,7 +156,7 @@ class Bench {
   // The current shape.
   int N_ = 0, K_ = 0;
   std::map<WFmt, WeightPool> pools_;
-  DeviceBuffer x_, xq_, sa_, x8_, xf8_, sf8_, y_, scratch_;
+  DeviceBuffer x_, xq_, sa_, x8_, xf8_, sf8_, y_, scratch_, splitk_;
   std::vector<int> ns_;                                          // sampled output columns
   std::map<WFmt, std::vector<std::vector<uint8_t>>> host_w_;     // copy 0, rows ns_
   std::map<std::pair<WFmt, int>, std::vector<std::vector<float>>> host_s_;
@@ -318,6 +318,10 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   }
   y_ = DeviceBuffer(pool_, size_t(Mmax) * N * 4, "bench-op outputs");
   scratch_ = DeviceBuffer(pool_, size_t(N) * K * 2, "bench-op dequantized weight scratch");
+  size_t splitk = 0;  // what CudaLinear's split-K would use at any M up to Mmax
+  if (std::find(ops_.begin(), ops_.end(), Op::W8A8) != ops_.end())
+    for (int m = 1; m <= Mmax; ++m) splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
+  splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
   fill_random_bf16(x_.get<uint16_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);
   fill_random_e4m3(x8_.get<uint8_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);
   PERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -337,7 +341,7 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   }
   for (int M : Ms) run_case(M);
   pools_.clear();
-  for (DeviceBuffer* b : {&x_, &xq_, &sa_, &x8_, &xf8_, &sf8_, &y_, &scratch_}) b->reset();
+  for (DeviceBuffer* b : {&x_, &xq_, &sa_, &x8_, &xf8_, &sf8_, &y_, &scratch_, &splitk_}) b->reset();
 }
 
 // Sampled activation rows (first, last, random) on the host: the bf16 values, their per-token
@@ -425,7 +429,8 @@ void Bench::run_case(int M) {
   const std::unique_ptr<LtGemm> lt32 = make_lt(Op::LtI8I32, LtGemmKind::I8_I32, 1.0f),
                                 lt8 = make_lt(Op::LtI8I8, LtGemmKind::I8_I8, i8_alpha),
                                 lte = make_lt(Op::LtE4M3, LtGemmKind::E4M3_BF16, 1.0f);
-  const OpContext ctx{stream_, blas_, scratch_.get<uint16_t>(), lt_ws_.get(), lt32.get(), lt8.get(), lte.get()};
+  const OpContext ctx{stream_,   blas_,     scratch_.get<uint16_t>(), lt_ws_.get(), lt32.get(),
+                      lt8.get(), lte.get(), splitk_.get<int32_t>(),   splitk_.bytes()};
   std::vector<Op> ops;
   for (Op op : ops_) {
     if (!has_row(op, M, K)) continue;

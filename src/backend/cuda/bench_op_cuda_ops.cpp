@@ -178,7 +178,8 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
       cublas_gemm_bf16(c.blas, c.dequant_scratch, a.x, y, DType::F32, M, N, K);
       return;
     case LinearPath::Wgmma:
-      gemm_w8a8_wgmma(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
+      gemm_w8a8_wgmma(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream,
+                      c.splitk, c.splitk_bytes);
       return;
     case LinearPath::MmaSync:
       gemm_w8a8(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream);

@@ -90,6 +90,8 @@ struct OpContext {
   const LtGemm* lt_i8_i32 = nullptr;
   const LtGemm* lt_i8_i8 = nullptr;
   const LtGemm* lt_e4m3 = nullptr;
+  int32_t* splitk = nullptr;  // w8a8 on sm_90: gemm_w8a8_wgmma's split-K partial sums, as CudaLinear
+  size_t splitk_bytes = 0;
 };
 
 // Waits for `stream` like cudaStreamSynchronize, but gives up after `seconds`: a kernel that

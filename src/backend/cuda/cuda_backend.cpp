@@ -298,6 +298,15 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     scratch_m_ = M;
     ++scratch_gen_;
   }
+  if (!layers_.empty()) {  // w8a8 split-K partial sums: not monotone in M (only small M splits)
+    const Layer& L0 = layers_[0];  // every layer has the same shapes
+    const size_t sk = std::max({L0.qkv.splitk_bytes(M), L0.o.splitk_bytes(M), L0.gate_up.splitk_bytes(M),
+                                L0.down.splitk_bytes(M)});
+    if (sk > lctx_.splitk.bytes()) {
+      lctx_.splitk.ensure(pool_, sk, "split-K partial sums");
+      ++scratch_gen_;  // a captured decode graph holds the old pointer
+    }
+  }
   if (out_rows > scratch_rows_) {
     xlast_.ensure(pool_, size_t(out_rows) * H * 4, "final hidden states");
     logits_.ensure(pool_, size_t(out_rows) * V * 4, "logits");

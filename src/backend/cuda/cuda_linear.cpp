@@ -160,6 +160,10 @@ bool CudaLinear::bf16_output(int M) const {
   }
 }
 
+size_t CudaLinear::splitk_bytes(int M) const {
+  return path(M) == Path::Wgmma ? gemm_w8a8_wgmma_workspace_bytes(M, n_, k_) : 0;
+}
+
 void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearContext& ctx) const {
   PERRY_CHECK(M > 0, "{}: no rows", name_);
   const float* bias = bias_.get<float>();
@@ -189,9 +193,13 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
                              ctx.dequant_scratch.get<uint16_t>(), ctx.stream);
       gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, out, M, n_, k_, bias, ctx);
       return;
-    case Path::Wgmma:
-      gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
+    case Path::Wgmma: {
+      const size_t ws = splitk_bytes(M);
+      const bool split = ws > 0 && ctx.splitk.bytes() >= ws;
+      gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream,
+                      split ? ctx.splitk.get<int32_t>() : nullptr, split ? ctx.splitk.bytes() : 0);
       return;
+    }
     case Path::MmaSync:
       gemm_w8a8(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
       return;

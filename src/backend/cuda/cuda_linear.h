@@ -55,6 +55,10 @@ struct LinearContext {
   DeviceBuffer dequant_scratch;  // bf16 [N, K] of the largest weight-only linear used at M > kGemvMaxM
   DeviceBuffer cublas_workspace;
   DeviceBuffer fp8_act, fp8_scale;  // w8a8-fp8: e4m3 [M, K] and fp32 [M] of the layer's input
+  // w8a8 on sm_90: the split-K partial sums of gemm_w8a8_wgmma at small M (splitk_bytes); sized by
+  // the backend before a step, never here (a decode step may be under graph capture). Smaller
+  // than a linear needs: that linear runs unsplit (same outputs, slower).
+  DeviceBuffer splitk;
 };
 
 class CudaLinear {
@@ -94,6 +98,8 @@ class CudaLinear {
   // w8a8-fp8: bytes of the e4m3 copy of M input rows (the backend allocates LinearContext::fp8_act
   // with its other scratch, outside any graph capture; fp8_scale takes 4 bytes a row).
   size_t fp8_act_bytes(int M) const { return fp8() ? size_t(M) * size_t(k_) : 0; }
+  // Bytes of LinearContext::splitk that M rows use (0: no split-K at this M).
+  size_t splitk_bytes(int M) const;
 
  private:
   using Path = LinearPath;

@@ -43,13 +43,22 @@ const char* gemm_w8a8_kernel_name();
 }  // namespace perry::cuda
 
 namespace perry::cuda {
-// EXPERIMENTAL (src/kernels/cuda/gemm_w8a8_sm90.cu, docs/cuda-gemm-w8a8-sm90.md): the same
-// contract as gemm_w8a8, on sm_90a: TMA loads into a 128-byte-swizzled mbarrier ring, a producer
-// warpgroup and 2 consumer warpgroups issuing wgmma m64n256k32 (or n128), persistent grid, fused
-// epilogue. Verified exact on an H200 by the kernel lab (1.39-1.61 POPS bf16-out at M >= 4096);
-// not yet dispatched to by gemm_w8a8. Throws perry::Error on other devices. The environment
-// variable PERRY_WGMMA_BN=128|256 (read per call) forces the column tile width, for the lab.
+// src/kernels/cuda/gemm_w8a8_sm90.cu, docs/cuda-gemm-w8a8-sm90.md: the same contract as
+// gemm_w8a8, on sm_90a (CudaLinear's w8a8 kernel there past gemm_small_m): TMA loads into a
+// 128-byte-swizzled mbarrier ring, a producer warpgroup and 2 consumer warpgroups issuing wgmma
+// m64n256k32 (or n128), cooperative or ping-pong schedule, persistent grid, fused epilogue.
+// Throws perry::Error on other devices. Environment (read per call, for the lab and the tests):
+// PERRY_WGMMA_BN=128|256 forces the column tile width, PERRY_WGMMA_PINGPONG=0|1 the schedule,
+// PERRY_WGMMA_SPLITK=0|N split-K off / N splits.
 bool gemm_w8a8_wgmma_supported();
+// With a workspace of at least gemm_w8a8_wgmma_workspace_bytes(M, N, K) bytes (16-byte aligned),
+// shapes whose tiles would leave most SMs idle (small M and N) run split over K: int32 partial
+// sums per k-range into the workspace, then one pass that adds them and applies the epilogue —
+// the same outputs bit for bit. Without one (or when it returns 0) the kernel runs unsplit.
+size_t gemm_w8a8_wgmma_workspace_bytes(int M, int N, int K);
+void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
+                     const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream,
+                     int32_t* workspace, size_t workspace_bytes);
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
                      const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream);
 

@@ -30,6 +30,7 @@
 // exactly 8 arrives per use, and producer and consumers iterate identical (tile, k) sequences.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -82,7 +83,8 @@ template <int kOut, int BN, bool kFp8 = false, bool kPing = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
-                           const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok) {
+                           const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok,
+                           int splits, int kt_per) {
 #ifdef PERRY_WGMMA
   static_assert(!(kFp8 && kOut == 2), "e4m3 accumulates in fp32: no int32 output");
   using C = Cfg<BN, kPing>;
@@ -101,8 +103,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int tiles_m = (M + kRows - 1) / kRows, tiles_n = (N + BN - 1) / BN;
-  const int num_tiles = tiles_m * tiles_n;
   const int ktiles = (K + kBK - 1) / kBK;
+  // Split-K (splits > 1, cooperative schedule, I32 partials only): work unit u is k-tiles
+  // [split·kt_per, +kt_per) of tile u / splits, its int32 sums stored at Y + split·M·N.
+  const int num_units = tiles_m * tiles_n * splits;
+  auto k_range = [&](int u, int& kt0, int& kt1) {
+    kt0 = (u % splits) * kt_per;
+    kt1 = min(ktiles, kt0 + kt_per);
+  };
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -126,10 +134,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmB)) : "memory");
       int s = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int m0, n0;
-        tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
-        for (int kt = 0; kt < ktiles; ++kt) {
+      for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+        int m0, n0, kt0, kt1;
+        tile_origin<kRows, C::kGroupRows>(u / splits, tiles_m, tiles_n, BN, m0, n0);
+        k_range(u, kt0, kt1);
+        for (int kt = kt0; kt < kt1; ++kt) {
           mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
           mbar_arrive_expect_tx(full(s), C::kStageBytes);
           tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
@@ -151,10 +160,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Ping-pong: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... — the producer still loads
     // them all in order into one ring, so tile i's stages sit at ring positions i·ktiles + kt.
     for (int i = kPing ? cw : 0;; i += kPing ? 2 : 1) {
-      const int t = blockIdx.x + i * gridDim.x;
-      if (t >= num_tiles) break;
-      int m0, n0;
-      tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
+      const int u = blockIdx.x + i * gridDim.x;
+      if (u >= num_units) break;
+      int m0, n0, kt0, kt1;
+      tile_origin<kRows, C::kGroupRows>(u / splits, tiles_m, tiles_n, BN, m0, n0);
+      k_range(u, kt0, kt1);
       if constexpr (kPing) {
         // Wait for the other warpgroup to have issued tile i − 1: only then are this tile's
         // stages at most one ring lap ahead of every full barrier (parity waits need that).
@@ -164,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         phase = uint32_t(pos / S) & 1u;
       }
       int prev = -1, prev2 = -1;
-      for (int kt = 0; kt < ktiles; ++kt) {
+      for (int kt = kt0; kt < kt1; ++kt) {
         mbar_wait(full(s), phase);
         const uint64_t da = make_desc_sw128(sA + s * C::kTileA + (kPing ? 0 : cw * 64 * kBK));
         const uint64_t db = make_desc_sw128(sB + s * C::kTileB);
@@ -172,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 32; ++kk)  // +32 B along K = +2 in the address field
-          wgmma_tile<BN, kFp8>(acc, da + 2 * kk, db + 2 * kk, (kt | kk) != 0);
+          wgmma_tile<BN, kFp8>(acc, da + 2 * kk, db + 2 * kk, kt != kt0 || kk != 0);
         wgmma_commit();
         if constexpr (kPing) {
           // One warpgroup alone feeds the tensor cores: keep two stages' wgmmas in flight, hand
@@ -280,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
             const size_t o = size_t(r) * N + c;
             if constexpr (kOut == 2) {
-              int* y = static_cast<int*>(Y) + o;
+              int* y = static_cast<int*>(Y) + size_t(u % splits) * size_t(M) * N + o;
               if (pair && vec_ok) {
                 *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
               } else {
@@ -322,7 +332,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <int kOut, int BN, bool kFp8, bool kPing>
 void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
-            int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name) {
+            int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name, int splits = 1,
+            int kt_per = 0) {
   using C = Cfg<BN, kPing>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
@@ -333,10 +344,11 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap ta = make_map(dX, M, K, kBK, C::kRows, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma"),
                     tb = make_map(dW, N, K, kBK, BN, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
-  const long long tiles = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN);
-  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing><<<grid, kThreads, C::kSmemBytes, stream>>>(ta, tb, dSa, dSw, dBias,
-                                                                                           dY, M, N, K, vec_ok);
+  const long long units = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN) * splits;
+  const unsigned grid = unsigned(units < sms ? units : sms);
+  if (kt_per <= 0) kt_per = (K + kBK - 1) / kBK;
+  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing><<<grid, kThreads, C::kSmemBytes, stream>>>(
+      ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, splits, kt_per);
   check_launch(name);
 }
 
@@ -354,11 +366,76 @@ int pick_bn(int M, int N, int sms) {
   return eff(128) > 1.1 * eff(256) ? 128 : 256;
 }
 
+// Split-K of the int8 GEMM where its tiles would leave most SMs idle (small M with small N: at
+// M = 128, N = 4096 there are 32 tiles for 132 SMs, and each streams the weights at one SM's
+// rate): units of (tile, k-range) fill the GPU, each writes its int32 sums to its own slice of a
+// workspace, and splitk_epilogue_kernel adds the slices (exactly: integers) and applies the same
+// epilogue expression as the GEMM, so the outputs are the unsplit kernel's bit for bit.
+// Returns the number of splits (1: none); kt_per = k-tiles per split. PERRY_WGMMA_SPLITK=0 turns
+// it off, =N forces N splits (tests, lab).
+int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
+  const int ktiles = (K + kBK - 1) / kBK;
+  kt_per = ktiles;
+  const char* e = std::getenv("PERRY_WGMMA_SPLITK");  // read per call: the tests switch it
+  const int forced = e && *e ? std::atoi(e) : -1;
+  if (forced == 0 || forced == 1) return 1;
+  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + pick_bn(M, N, sms) - 1) / pick_bn(M, N, sms));
+  int splits;
+  if (forced > 1) {
+    splits = forced;
+  } else {
+    if (tiles * 2 > sms) return 1;  // at least half the SMs have a tile: no split
+    // Fill the SMs, with at least 8 k-tiles (1024 of K) a unit so the pipeline has work.
+    splits = std::min<long long>(sms / tiles, ktiles / 8);
+  }
+  splits = std::min(splits, ktiles);
+  if (splits < 2) return 1;
+  kt_per = (ktiles + splits - 1) / splits;
+  return (ktiles + kt_per - 1) / kt_per;  // no empty split
+}
+
+// y[m, n] = float(Σ_s part[s][m][n])·(sa[m]·sw[n]) + bias[n] — the GEMM epilogue's expression.
+template <int kOut>
+__global__ void splitk_epilogue_kernel(const int* __restrict__ part, int splits, int M, int N,
+                                       const float* __restrict__ Sa, const float* __restrict__ Sw,
+                                       const float* __restrict__ bias, void* __restrict__ Y) {
+  const size_t total = size_t(M) * N;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    int acc = 0;
+    for (int sp = 0; sp < splits; ++sp) acc += __ldg(part + size_t(sp) * total + i);
+    if constexpr (kOut == 2) {
+      static_cast<int*>(Y)[i] = acc;
+    } else {
+      const int m = int(i / size_t(N)), n = int(i - size_t(m) * N);
+      const float b = bias ? __ldg(bias + n) : 0.f;
+      const float v = float(acc) * (__ldg(Sa + m) * __ldg(Sw + n)) + b;
+      if constexpr (kOut == 1) static_cast<float*>(Y)[i] = v;
+      else static_cast<__nv_bfloat16*>(Y)[i] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
 template <int kOut, bool kFp8 = false>
 void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
-              int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name) {
+              int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name, int32_t* workspace = nullptr,
+              size_t workspace_bytes = 0) {
   const int sms = sm_count();
   const bool wide = pick_bn(M, N, sms) == 256;
+  if constexpr (!kFp8) {  // (e4m3 accumulates in fp32: its partial sums would not add exactly)
+    int kt_per = 0;
+    const int splits = splitk_splits(M, N, K, sms, kt_per);
+    const size_t need = size_t(splits) * size_t(M) * N * 4;
+    if (splits > 1 && workspace && workspace_bytes >= need) {
+      const int vec_part = N % 2 == 0 ? 1 : 0;  // pair stores into the slices (256-byte aligned workspace)
+      if (wide) launch<2, 256, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
+      else launch<2, 128, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
+      const size_t total = size_t(M) * N;
+      const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sms) * 8));
+      splitk_epilogue_kernel<kOut><<<blocks, 256, 0, stream>>>(workspace, splits, M, N, dSa, dSw, dBias, dY);
+      check_launch("splitk_epilogue_kernel");
+      return;
+    }
+  }
   // The ping-pong schedule (Cfg) where it measured faster on the H200 (bench-op, eighth session,
   // s8-run7-pingpong-*.md): K <= 8192 with M >= 2048 (N 14336 / 6144, K 4096: +4–7%, the epilogue
   // is a large share of 32 k-steps); not at K = 14336 (−5–9%: 112 k-steps hide little, and
@@ -400,15 +477,36 @@ bool gemm_w8a8_wgmma_supported() {  // sm_90a code runs on sm_90 only
   return code;
 }
 
-void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
-                     const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream) {
+size_t gemm_w8a8_wgmma_workspace_bytes(int M, int N, int K) {
+  if (M <= 0 || N <= 0 || K <= 0 || !gemm_w8a8_wgmma_supported()) return 0;
+  int kt_per = 0;
+  const int splits = splitk_splits(M, N, K, sm_count(), kt_per);
+  return splits > 1 ? size_t(splits) * size_t(M) * size_t(N) * 4 : 0;
+}
+
+void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias,
+                     void* dY, DType out, int M, int N, int K, cudaStream_t stream, int32_t* workspace,
+                     size_t workspace_bytes) {
   const int vec_ok = check_args("gemm_w8a8_wgmma", dX, dSa, dW, dSw, dY, out, M, N, K);
+  if (workspace && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    throw Error("gemm_w8a8_wgmma: the split-K workspace must be 16-byte aligned");
   switch (out) {
-    case DType::BF16: dispatch<0>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<bf16>"); return;
-    case DType::F32: dispatch<1>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<f32>"); return;
-    case DType::I32: dispatch<2>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<i32>"); return;
+    case DType::BF16:
+      dispatch<0>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<bf16>", workspace, workspace_bytes);
+      return;
+    case DType::F32:
+      dispatch<1>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<f32>", workspace, workspace_bytes);
+      return;
+    case DType::I32:
+      dispatch<2>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<i32>", workspace, workspace_bytes);
+      return;
     default: throw Error("gemm_w8a8_wgmma: output dtype must be BF16, F32 or I32");
   }
+}
+
+void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
+                     const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream) {
+  gemm_w8a8_wgmma(dX, dSa, dW, dSw, dBias, dY, out, M, N, K, stream, nullptr, 0);
 }
 
 void gemm_fp8_wgmma(const uint8_t* dX, const float* dSa, const uint8_t* dW, const float* dSw, const float* dBias,
