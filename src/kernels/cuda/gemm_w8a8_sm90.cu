@@ -387,6 +387,11 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
     if (tiles * 2 > sms) return 1;  // at least half the SMs have a tile: no split
     // Fill the SMs, with at least 8 k-tiles (1024 of K) a unit so the pipeline has work.
     splits = std::min<long long>(sms / tiles, ktiles / 8);
+    // The epilogue pass costs a few microseconds: two splits pay only over a long K. H200, ninth
+    // session, run 8 (bench-op, split vs unsplit): N 6144, K 4096 (2 splits of 16 k-tiles) lost
+    // 7–10% at M 64 and 128; N 4096, K 14336 at M 256 (2 of 56) gained 15%; 4–6 splits gained
+    // 30–58% at N 4096 / 2560.
+    if (splits == 2 && (ktiles + 1) / 2 < 32) return 1;
   }
   splits = std::min(splits, ktiles);
   if (splits < 2) return 1;
