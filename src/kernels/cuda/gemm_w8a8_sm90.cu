@@ -379,7 +379,8 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
   const char* e = std::getenv("PERRY_WGMMA_SPLITK");  // read per call: the tests switch it
   const int forced = e && *e ? std::atoi(e) : -1;
   if (forced == 0 || forced == 1) return 1;
-  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + pick_bn(M, N, sms) - 1) / pick_bn(M, N, sms));
+  const int bn = pick_bn(M, N, sms);
+  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + bn - 1) / bn);
   int splits;
   if (forced > 1) {
     splits = forced;
