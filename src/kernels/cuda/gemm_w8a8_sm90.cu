@@ -1,8 +1,10 @@
-// EXPERIMENTAL sm_90a W8A8 GEMM on wgmma + TMA (not dispatched to by gemm_w8a8 until the kernel
-// lab has verified and timed it on an H100/H200; `lab_cuda_gemm_w8a8 --wgmma` and the gtest
-// CudaGemmW8A8.WgmmaExperimentalExactOnSm90 exercise it). Design notes:
-// docs/cuda-gemm-w8a8-sm90.md. The sm_90a building blocks it shares with gemm_quant_sm90.cu
+// The sm_90a W8A8 GEMM on wgmma + TMA: CudaLinear's w8a8 kernel on an H100/H200 past
+// gemm_small_m (M > 32), and the kernel of w8a8-fp8 (e4m3 operands). Tested exact by
+// CudaGemmW8A8.WgmmaExperimentalExactOnSm90 / WgmmaSplitKMatchesUnsplitBitForBit, timed by
+// `perry bench-op --device cuda` and `lab_cuda_gemm_w8a8 --wgmma`. Design notes and the measured
+// steps: docs/cuda-gemm-w8a8-sm90.md. The sm_90a building blocks it shares with gemm_quant_sm90.cu
 // (mbarriers, TMA, wgmma wrappers, tile order, tensor maps) live in sm90_gemm_common.cuh.
+// Split-K (splitk_splits below) for small M × N: (tile, k-range) units, exact int32 partials.
 //
 // Y[M,N] = X[M,K]·W[N,K]ᵀ, both operands K-major int8 (the only layout int8 wgmma takes).
 //   * Block tile 128×BN×128 (BN = 256, or 128 when 256-wide tiles would leave SMs idle), a ring
