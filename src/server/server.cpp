@@ -11,6 +11,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -396,6 +397,7 @@ void Server::handle_generate(const std::string& req_body, httplib::Response& res
   st->chat = chat;
   st->include_usage = p.include_usage;
   res.set_header("Cache-Control", "no-cache");
+  open_streams_.fetch_add(1);
   res.set_chunked_content_provider(
       "text/event-stream",
       [st](size_t, httplib::DataSink& sink) {
@@ -427,7 +429,10 @@ void Server::handle_generate(const std::string& req_body, httplib::Response& res
         sink.done();
         return true;
       },
-      [st](bool) { st->ch->cancel(); });  // no-op once finished; frees the slot if the client vanished
+      [this, st](bool) {
+        st->ch->cancel();  // no-op once finished; frees the slot if the client vanished
+        open_streams_.fetch_sub(1);
+      });
 }
 
 void Server::setup_routes() {
@@ -535,7 +540,14 @@ void Server::stop(std::chrono::milliseconds drain) {
   if (stopped_.exchange(true)) return;
   // Running streams finish (or are cancelled at the deadline) before the listener closes, so
   // every client gets a well-formed end of stream.
+  const auto t0 = std::chrono::steady_clock::now();
   sched_->drain(drain);
+  // A stream's last chunks (finish reason, usage, [DONE]) are written by its HTTP thread after
+  // the sequence ends, and httplib stops every content provider once the listener closes: wait
+  // for them too (to the drain deadline, plus a short grace for streams cancelled at it).
+  const auto until = t0 + drain + std::chrono::seconds(2);
+  while (open_streams_.load() > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   sched_->stop();
   http_->stop();
 }

@@ -78,6 +78,9 @@ class Server {
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<bool> stopped_{false};
+  // Streaming responses whose HTTP side has not finished (their last chunks may still be
+  // unwritten after the scheduler sequence ended): stop() closes the listener only when none is.
+  std::atomic<int> open_streams_{0};
 };
 
 }  // namespace perry::server
