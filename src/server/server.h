@@ -76,11 +76,12 @@ class Server {
   int port_ = 0;
   std::unique_ptr<Scheduler> sched_;
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<httplib::Server> http_;
-  std::atomic<bool> stopped_{false};
   // Streaming responses whose HTTP side has not finished (their last chunks may still be
   // unwritten after the scheduler sequence ended): stop() closes the listener only when none is.
+  // Declared before http_ so that it outlives httplib's threads, whose releasers decrement it.
   std::atomic<int> open_streams_{0};
+  std::unique_ptr<httplib::Server> http_;
+  std::atomic<bool> stopped_{false};
 };
 
 }  // namespace perry::server
