@@ -194,7 +194,7 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, out, M, n_, k_, bias, ctx);
       return;
     case Path::Wgmma: {
-      const size_t ws = splitk_bytes(M);
+      const size_t ws = gemm_w8a8_wgmma_workspace_bytes(M, n_, k_);  // (the path is known: no splitk_bytes)
       const bool split = ws > 0 && ctx.splitk.bytes() >= ws;
       gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream,
                       split ? ctx.splitk.get<int32_t>() : nullptr, split ? ctx.splitk.bytes() : 0);
