@@ -393,8 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (w.slot >= 0) {
         // A stream-K segment: its int32 sums to the slot, in this thread's register order (16-byte
         // chunk c of consumer thread t at c·256 + t: coalesced; streamk_fixup_kernel reads them the
-        // same way). Warps whose 16 rows are all past M store nothing (the fixup skips them too).
-        if (m0 + cw * 64 + warp * 16 >= M) continue;
+        // same way).
         int4* part = reinterpret_cast<int4*>(sc.partials + size_t(w.slot) * (kBM * BN)) + (threadIdx.x - 128);
 #pragma unroll
         for (int c = 0; c < BN / 8; ++c)
@@ -524,22 +523,14 @@ bool streamk_plan(int M, int N, int K, int sms, int& dp_tiles, int& sk_tiles) {
 size_t streamk_workspace_bytes(int sms) { return size_t(2) * sms * kBM * 256 * 4; }
 
 // Stream-K tail tile blockIdx.x: add its segments' int32 partial sums (slots of the CTAs whose
-// ranges cover its k-iterations, in CTA order: exact), then the GEMM's own epilogue. Each thread
-// stands in for the consumer thread whose registers it reads (consumer thread blockIdx.y·64 +
-// threadIdx.x), so the outputs are the unsplit kernel's bit for bit. Two warps a block, four
-// blocks a tile: a tile's segments are read by 8 SMs' worth of loads, not one block's.
-constexpr int kFixupThreads = 64;
+// ranges cover its k-iterations, in CTA order: exact), then the GEMM's own epilogue. 256 threads,
+// each in the place of the consumer thread whose registers it reads, so the outputs are the
+// unsplit kernel's bit for bit.
 template <int kOut, int BN>
-__global__ void __launch_bounds__(kFixupThreads)
+__global__ void __launch_bounds__(256, 1)
     streamk_fixup_kernel(Sched sc, int grid, int ktiles, const float* __restrict__ Sa, const float* __restrict__ Sw,
                          const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int vec_ok) {
   const int j = blockIdx.x;
-  const int ct = blockIdx.y * kFixupThreads + threadIdx.x;  // the consumer thread (0..255)
-  const int cw = ct / 128, warp = (ct / 32) % 4, lane = ct % 32;
-  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + BN - 1) / BN;
-  int m0, n0;
-  tile_origin<kBM, kGroupM>(sc.dp_tiles + j, tiles_m, tiles_n, BN, m0, n0);
-  if (m0 + cw * 64 + warp * 16 >= M) return;  // a warp of rows past M: nothing stored (whole warp)
   const long long first = (long long)j * ktiles, end = first + ktiles;
   // The CTA whose range holds the tile's first iteration: sk_lo(b) <= first < sk_lo(b + 1).
   int b = int(first * grid / ((long long)sc.sk_tiles * ktiles));
@@ -553,7 +544,7 @@ __global__ void __launch_bounds__(kFixupThreads)
     if (lo >= end) break;
     if (lo >= hi) continue;  // an empty range
     const int slot = 2 * b + (lo / ktiles == j ? 0 : 1);
-    const int4* part = reinterpret_cast<const int4*>(sc.partials + size_t(slot) * (kBM * BN)) + ct;
+    const int4* part = reinterpret_cast<const int4*>(sc.partials + size_t(slot) * (kBM * BN)) + threadIdx.x;
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c) {
       const int4 v = __ldcg(part + c * 256);
@@ -563,6 +554,10 @@ __global__ void __launch_bounds__(kFixupThreads)
       acc[4 * c + 3] += v.w;
     }
   }
+  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + BN - 1) / BN;
+  int m0, n0;
+  tile_origin<kBM, kGroupM>(sc.dp_tiles + j, tiles_m, tiles_n, BN, m0, n0);
+  const int cw = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   store_epilogue<kOut, BN, false>(acc, m0 + cw * 64, n0, warp, lane, Sa, Sw, bias, Y, M, N, vec_ok, 0);
 }
 
@@ -618,9 +613,8 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
         streamk_plan(M, N, K, sms, sc.dp_tiles, sc.sk_tiles)) {
       sc.partials = workspace;
       launch<kOut, 256, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, sc);
-      const dim3 fixup_grid(sc.sk_tiles, 256 / kFixupThreads);
-      streamk_fixup_kernel<kOut, 256><<<fixup_grid, kFixupThreads, 0, stream>>>(sc, sms, (K + kBK - 1) / kBK, dSa, dSw,
-                                                                                dBias, dY, M, N, vec_ok);
+      streamk_fixup_kernel<kOut, 256><<<sc.sk_tiles, 256, 0, stream>>>(sc, sms, (K + kBK - 1) / kBK, dSa, dSw, dBias,
+                                                                       dY, M, N, vec_ok);
       check_launch("streamk_fixup_kernel");
       return;
     }
