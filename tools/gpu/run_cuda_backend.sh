@@ -220,7 +220,6 @@ prefill_ab() {
         pingon) env+=(PERRY_WGMMA_PINGPONG=1) ;;  # ... ping-pong schedule at every shape
         nowgmma) env+=(PERRY_NO_WGMMA=1) ;;  # no sm_90 int8 wgmma GEMMs (mma.sync at every M)
         nosplitk) env+=(PERRY_WGMMA_SPLITK=0) ;;  # the w8a8 wgmma GEMM never split over K
-        nostreamk) env+=(PERRY_WGMMA_STREAMK=0) ;;  # ... no stream-K tail
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         attnwgmma)  # the experimental wgmma attention (hd 128, sm_90): only after its test passed

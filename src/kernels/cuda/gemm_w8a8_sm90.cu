@@ -79,191 +79,6 @@ __device__ __forceinline__ float acc_value(int a) {
   else return float(a);
 }
 
-// The work of one launch. Three decompositions, all walked identically by producer and consumers
-// through work_item():
-//   * data-parallel (splits = 1, sk_tiles = 0): unit u = tile u, the whole of K;
-//   * split-K (splits > 1): unit u = k-tiles [split·kt_per, +kt_per) of tile u / splits, its int32
-//     sums stored at Y + split·M·N (I32 output; splitk_epilogue_kernel finishes);
-//   * stream-K tail (sk_tiles > 0, grid = sms): tiles [0, dp_tiles) data-parallel (dp_tiles a
-//     multiple of the grid: whole waves), then the last sk_tiles tiles' k-iterations, sk_tiles·ktiles
-//     of them, cut into one contiguous range per CTA (sk_lo). A range is shorter than one tile's
-//     K (sk_tiles < grid), so it touches at most two tiles: its segments write their int32 sums
-//     to partial slots 2b and 2b + 1, and streamk_fixup_kernel adds each tile's slots and applies
-//     the epilogue. Why: at M = 1024, N 14336 (448 tiles of 128 × 256) the fourth wave had 52
-//     tiles for 132 SMs; spread over every SM it takes 13 k-iterations instead of 32.
-struct Sched {
-  int splits = 1, kt_per = 0;
-  int dp_tiles = 0, sk_tiles = 0;
-  int32_t* partials = nullptr;  // stream-K: 2·grid slots of kBM·BN int32
-};
-
-// First stream-K iteration of CTA b (b = grid: the end).
-__host__ __device__ __forceinline__ long long sk_lo(const Sched& sc, int ktiles, int grid, int b) {
-  return (long long)b * sc.sk_tiles * ktiles / grid;
-}
-
-struct WorkItem {
-  int tile, kt0, kt1;
-  int slice;  // split-K: the Y slice of the partial sums
-  int slot;   // stream-K: the partial slot (-1: a whole tile, fused epilogue)
-};
-
-// The CTA's i-th work item; false past its last.
-__device__ __forceinline__ bool work_item(const Sched& sc, int i, int num_tiles, int ktiles, WorkItem& w) {
-  const int b = blockIdx.x, grid = gridDim.x;
-  w.slice = 0;
-  w.slot = -1;
-  if (sc.sk_tiles == 0) {
-    const int u = b + i * grid;
-    if (u >= num_tiles * sc.splits) return false;
-    w.tile = u / sc.splits;
-    w.slice = u % sc.splits;
-    w.kt0 = w.slice * sc.kt_per;
-    w.kt1 = min(ktiles, w.kt0 + sc.kt_per);
-    return true;
-  }
-  const int n_dp = sc.dp_tiles / grid;
-  if (i < n_dp) {
-    w.tile = b + i * grid;
-    w.kt0 = 0;
-    w.kt1 = ktiles;
-    return true;
-  }
-  const int j = i - n_dp;
-  if (j > 1) return false;
-  const long long lo = sk_lo(sc, ktiles, grid, b), hi = sk_lo(sc, ktiles, grid, b + 1);
-  if (lo >= hi) return false;
-  const int ft = int(lo / ktiles) + j;  // the segment's tile among the stream-K tiles
-  const long long t0 = (long long)ft * ktiles;
-  if (t0 >= hi) return false;
-  w.tile = sc.dp_tiles + ft;
-  w.kt0 = int(max(lo, t0) - t0);
-  w.kt1 = int(min(hi, t0 + ktiles) - t0);
-  w.slot = 2 * b + j;
-  return true;
-}
-
-// The fused epilogue of one consumer warpgroup's 64 × BN accumulator (m64nBN layout: warp w of
-// the warpgroup owns rows 16w..16w+15; acc[4j + 2h + e] is row g + 8h, column 8j + 2t + e,
-// g = lane/4, t = lane%4): y = acc·sa[m]·sw[n] (+bias[n]) → bf16 / f32, or the raw int32 at
-// Y + slice·M·N. rm0: the warpgroup's first row. All 32 lanes of the warp must call it.
-template <int kOut, int BN, bool kFp8>
-__device__ __forceinline__ void store_epilogue(const int (&acc)[BN / 2], int rm0, int n0, int warp, int lane,
-                                               const float* __restrict__ Sa, const float* __restrict__ Sw,
-                                               const float* __restrict__ bias, void* __restrict__ Y, int M, int N,
-                                               int vec_ok, int slice) {
-  const int g = lane >> 2, tq = lane & 3;
-  const int r0 = rm0 + warp * 16 + g;
-  float sa[2] = {0.f, 0.f};
-  if constexpr (kOut != 2) {
-    sa[0] = __ldg(Sa + min(r0, M - 1));
-    sa[1] = __ldg(Sa + min(r0 + 8, M - 1));
-  }
-  if constexpr (kOut == 0) {
-    // bf16 fast path (the tile's columns all < N, N % 8 == 0, Y 16-byte aligned): a 4×4
-    // transpose of packed bf16 pairs inside each quad (3 shuffles) so that each thread
-    // stores 8 consecutive outputs (16 B) instead of 4 scattered 4-byte pairs.
-    if ((vec_ok & 2) && n0 + BN <= N) {
-#pragma unroll
-      for (int q = 0; q < BN / 32; ++q) {
-        float sw0[4], sw1[4], b0[4], b1[4];
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const int c = n0 + 32 * q + 8 * jj + 2 * tq;
-          sw0[jj] = __ldg(Sw + c);
-          sw1[jj] = __ldg(Sw + c + 1);
-          b0[jj] = bias ? __ldg(bias + c) : 0.f;
-          b1[jj] = bias ? __ldg(bias + c + 1) : 0.f;
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t pk[4];
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            const int j = 4 * q + jj;
-            const float v0 = acc_value<kFp8>(acc[4 * j + 2 * h]) * (sa[h] * sw0[jj]) + b0[jj];
-            const float v1 = acc_value<kFp8>(acc[4 * j + 2 * h + 1]) * (sa[h] * sw1[jj]) + b1[jj];
-            const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
-            pk[jj] = *reinterpret_cast<const uint32_t*>(&b2);
-          }
-          uint32_t got[4];
-          quad_exchange(pk, tq, got);
-          const int r = r0 + 8 * h;
-          if (r < M) {
-            const uint4 v = quad_gather(got, tq);
-            *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) = v;
-          }
-        }
-      }
-      return;
-    }
-  }
-  // Column scales and bias in chunks of kJC column groups: the loads are unconditional
-  // (clamped indices) so all of a chunk's are in flight together, not one L2 latency each.
-  constexpr int kJC = 8;
-#pragma unroll
-  for (int j0 = 0; j0 < BN / 8; j0 += kJC) {
-    float sw0[kJC], sw1[kJC], b0[kJC], b1[kJC];
-#pragma unroll
-    for (int jj = 0; jj < kJC; ++jj) {
-      sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
-      if constexpr (kOut != 2) {
-        const int c = n0 + 8 * (j0 + jj) + 2 * tq;
-        const int ca = min(c, N - 1), cb = min(c + 1, N - 1);
-        sw0[jj] = __ldg(Sw + ca);
-        sw1[jj] = __ldg(Sw + cb);
-        if (bias) {
-          b0[jj] = __ldg(bias + ca);
-          b1[jj] = __ldg(bias + cb);
-        }
-      }
-    }
-#pragma unroll
-    for (int jj = 0; jj < kJC; ++jj) {
-      const int j = j0 + jj;
-      const int c = n0 + 8 * j + 2 * tq;
-      if (c >= N) continue;
-      const bool pair = c + 1 < N;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r0 + 8 * h;
-        if (r >= M) continue;
-        const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
-        const size_t o = size_t(r) * N + c;
-        if constexpr (kOut == 2) {
-          int* y = static_cast<int*>(Y) + size_t(slice) * size_t(M) * N + o;
-          if (pair && vec_ok) {
-            *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
-          } else {
-            y[0] = a0;
-            if (pair) y[1] = a1;
-          }
-        } else {
-          const float v0 = acc_value<kFp8>(a0) * (sa[h] * sw0[jj]) + b0[jj];
-          const float v1 = acc_value<kFp8>(a1) * (sa[h] * sw1[jj]) + b1[jj];
-          if constexpr (kOut == 1) {
-            float* y = static_cast<float*>(Y) + o;
-            if (pair && vec_ok) {
-              *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
-            } else {
-              y[0] = v0;
-              if (pair) y[1] = v1;
-            }
-          } else {
-            __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
-            if (pair && vec_ok) {
-              *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
-            } else {
-              y[0] = __float2bfloat16_rn(v0);
-              if (pair) y[1] = __float2bfloat16_rn(v1);
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
 // kOut: 0 = bf16, 1 = f32, 2 = i32 (int8 only); kFp8: e4m3 operands, fp32 accumulators; kPing:
 // the ping-pong schedule (Cfg).
 template <int kOut, int BN, bool kFp8 = false, bool kPing = false>
@@ -271,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
                            const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok,
-                           Sched sc) {
+                           int splits, int kt_per) {
 #ifdef PERRY_WGMMA
   static_assert(!(kFp8 && kOut == 2), "e4m3 accumulates in fp32: no int32 output");
   using C = Cfg<BN, kPing>;
@@ -291,7 +106,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int tiles_m = (M + kRows - 1) / kRows, tiles_n = (N + BN - 1) / BN;
   const int ktiles = (K + kBK - 1) / kBK;
-  const int num_tiles = tiles_m * tiles_n;
+  // Split-K (splits > 1, cooperative schedule, I32 partials only): work unit u is k-tiles
+  // [split·kt_per, +kt_per) of tile u / splits, its int32 sums stored at Y + split·M·N.
+  const int num_units = tiles_m * tiles_n * splits;
+  auto k_range = [&](int u, int& kt0, int& kt1) {
+    kt0 = (u % splits) * kt_per;
+    kt1 = min(ktiles, kt0 + kt_per);
+  };
 
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -315,11 +136,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmB)) : "memory");
       int s = 0;
       uint32_t phase = 0;
-      WorkItem w;
-      for (int i = 0; work_item(sc, i, num_tiles, ktiles, w); ++i) {
-        int m0, n0;
-        tile_origin<kRows, C::kGroupRows>(w.tile, tiles_m, tiles_n, BN, m0, n0);
-        for (int kt = w.kt0; kt < w.kt1; ++kt) {
+      for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+        int m0, n0, kt0, kt1;
+        tile_origin<kRows, C::kGroupRows>(u / splits, tiles_m, tiles_n, BN, m0, n0);
+        k_range(u, kt0, kt1);
+        for (int kt = kt0; kt < kt1; ++kt) {
           mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
           mbar_arrive_expect_tx(full(s), C::kStageBytes);
           tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
@@ -340,12 +161,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Cooperative: both warpgroups take every tile of this CTA (blockIdx.x, +gridDim.x, ...).
     // Ping-pong: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... — the producer still loads
     // them all in order into one ring, so tile i's stages sit at ring positions i·ktiles + kt.
-    // (Split-K and stream-K items: the cooperative schedule only.)
-    WorkItem w;
-    for (int i = kPing ? cw : 0; work_item(sc, i, num_tiles, ktiles, w); i += kPing ? 2 : 1) {
-      int m0, n0;
-      tile_origin<kRows, C::kGroupRows>(w.tile, tiles_m, tiles_n, BN, m0, n0);
-      const int kt0 = w.kt0, kt1 = w.kt1;
+    for (int i = kPing ? cw : 0;; i += kPing ? 2 : 1) {
+      const int u = blockIdx.x + i * gridDim.x;
+      if (u >= num_units) break;
+      int m0, n0, kt0, kt1;
+      tile_origin<kRows, C::kGroupRows>(u / splits, tiles_m, tiles_n, BN, m0, n0);
+      k_range(u, kt0, kt1);
       if constexpr (kPing) {
         // Wait for the other warpgroup to have issued tile i − 1: only then are this tile's
         // stages at most one ring lap ahead of every full barrier (parity waits need that).
@@ -390,18 +211,118 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
       }
 
-      if (w.slot >= 0) {
-        // A stream-K segment: its int32 sums to the slot, in this thread's register order (16-byte
-        // chunk c of consumer thread t at c·256 + t: coalesced; streamk_fixup_kernel reads them the
-        // same way).
-        int4* part = reinterpret_cast<int4*>(sc.partials + size_t(w.slot) * (kBM * BN)) + (threadIdx.x - 128);
-#pragma unroll
-        for (int c = 0; c < BN / 8; ++c)
-          part[c * 256] = make_int4(acc[4 * c], acc[4 * c + 1], acc[4 * c + 2], acc[4 * c + 3]);
-        continue;
+      // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
+      // acc[4j + 2h + e] is row g + 8h, column 8j + 2t + e (g = lane/4, t = lane%4).
+      const int g = lane >> 2, tq = lane & 3;
+      const int r0 = m0 + (kPing ? 0 : cw * 64) + warp * 16 + g;
+      float sa[2] = {0.f, 0.f};
+      if constexpr (kOut != 2) {
+        sa[0] = __ldg(Sa + min(r0, M - 1));
+        sa[1] = __ldg(Sa + min(r0 + 8, M - 1));
       }
-      store_epilogue<kOut, BN, kFp8>(acc, m0 + (kPing ? 0 : cw * 64), n0, warp, lane, Sa, Sw, bias, Y, M, N, vec_ok,
-                                     w.slice);
+      if constexpr (kOut == 0) {
+        // bf16 fast path (the tile's columns all < N, N % 8 == 0, Y 16-byte aligned): a 4×4
+        // transpose of packed bf16 pairs inside each quad (3 shuffles) so that each thread
+        // stores 8 consecutive outputs (16 B) instead of 4 scattered 4-byte pairs.
+        if ((vec_ok & 2) && n0 + BN <= N) {
+#pragma unroll
+          for (int q = 0; q < BN / 32; ++q) {
+            float sw0[4], sw1[4], b0[4], b1[4];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+              const int c = n0 + 32 * q + 8 * jj + 2 * tq;
+              sw0[jj] = __ldg(Sw + c);
+              sw1[jj] = __ldg(Sw + c + 1);
+              b0[jj] = bias ? __ldg(bias + c) : 0.f;
+              b1[jj] = bias ? __ldg(bias + c + 1) : 0.f;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              uint32_t pk[4];
+#pragma unroll
+              for (int jj = 0; jj < 4; ++jj) {
+                const int j = 4 * q + jj;
+                const float v0 = acc_value<kFp8>(acc[4 * j + 2 * h]) * (sa[h] * sw0[jj]) + b0[jj];
+                const float v1 = acc_value<kFp8>(acc[4 * j + 2 * h + 1]) * (sa[h] * sw1[jj]) + b1[jj];
+                const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
+                pk[jj] = *reinterpret_cast<const uint32_t*>(&b2);
+              }
+              uint32_t got[4];
+              quad_exchange(pk, tq, got);
+              const int r = r0 + 8 * h;
+              if (r < M) {
+                const uint4 v = quad_gather(got, tq);
+                *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) = v;
+              }
+            }
+          }
+          continue;  // next tile
+        }
+      }
+      // Column scales and bias in chunks of kJC column groups: the loads are unconditional
+      // (clamped indices) so all of a chunk's are in flight together, not one L2 latency each.
+      constexpr int kJC = 8;
+#pragma unroll
+      for (int j0 = 0; j0 < BN / 8; j0 += kJC) {
+        float sw0[kJC], sw1[kJC], b0[kJC], b1[kJC];
+#pragma unroll
+        for (int jj = 0; jj < kJC; ++jj) {
+          sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
+          if constexpr (kOut != 2) {
+            const int c = n0 + 8 * (j0 + jj) + 2 * tq;
+            const int ca = min(c, N - 1), cb = min(c + 1, N - 1);
+            sw0[jj] = __ldg(Sw + ca);
+            sw1[jj] = __ldg(Sw + cb);
+            if (bias) {
+              b0[jj] = __ldg(bias + ca);
+              b1[jj] = __ldg(bias + cb);
+            }
+          }
+        }
+#pragma unroll
+        for (int jj = 0; jj < kJC; ++jj) {
+          const int j = j0 + jj;
+          const int c = n0 + 8 * j + 2 * tq;
+          if (c >= N) continue;
+          const bool pair = c + 1 < N;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = r0 + 8 * h;
+            if (r >= M) continue;
+            const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
+            const size_t o = size_t(r) * N + c;
+            if constexpr (kOut == 2) {
+              int* y = static_cast<int*>(Y) + size_t(u % splits) * size_t(M) * N + o;
+              if (pair && vec_ok) {
+                *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
+              } else {
+                y[0] = a0;
+                if (pair) y[1] = a1;
+              }
+            } else {
+              const float v0 = acc_value<kFp8>(a0) * (sa[h] * sw0[jj]) + b0[jj];
+              const float v1 = acc_value<kFp8>(a1) * (sa[h] * sw1[jj]) + b1[jj];
+              if constexpr (kOut == 1) {
+                float* y = static_cast<float*>(Y) + o;
+                if (pair && vec_ok) {
+                  *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
+                } else {
+                  y[0] = v0;
+                  if (pair) y[1] = v1;
+                }
+              } else {
+                __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
+                if (pair && vec_ok) {
+                  *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+                } else {
+                  y[0] = __float2bfloat16_rn(v0);
+                  if (pair) y[1] = __float2bfloat16_rn(v1);
+                }
+              }
+            }
+          }
+        }
+      }
     }
   }
 #else
@@ -413,7 +334,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <int kOut, int BN, bool kFp8, bool kPing>
 void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
-            int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name, Sched sc = {}) {
+            int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name, int splits = 1,
+            int kt_per = 0) {
   using C = Cfg<BN, kPing>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
@@ -424,12 +346,11 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap ta = make_map(dX, M, K, kBK, C::kRows, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma"),
                     tb = make_map(dW, N, K, kBK, BN, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
-  const long long units = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN) * sc.splits;
-  // Stream-K: the grid is the SMs its ranges were cut for.
-  const unsigned grid = sc.sk_tiles > 0 ? unsigned(sms) : unsigned(units < sms ? units : sms);
-  if (sc.kt_per <= 0) sc.kt_per = (K + kBK - 1) / kBK;
+  const long long units = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN) * splits;
+  const unsigned grid = unsigned(units < sms ? units : sms);
+  if (kt_per <= 0) kt_per = (K + kBK - 1) / kBK;
   gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing><<<grid, kThreads, C::kSmemBytes, stream>>>(
-      ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, sc);
+      ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, splits, kt_per);
   check_launch(name);
 }
 
@@ -481,86 +402,6 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
   return (ktiles + kt_per - 1) / kt_per;  // no empty split
 }
 
-// The ping-pong schedule (Cfg) where it measured faster on the H200 (bench-op, eighth session,
-// s8-run7-pingpong-*.md): K <= 8192 with M >= 2048 (N 14336 / 6144, K 4096: +4–7%, the epilogue
-// is a large share of 32 k-steps); not at K = 14336 (−5–9%: 112 k-steps hide little, and
-// 64-row tiles read B twice as often) nor at M = 1024 (−4–6%). PERRY_WGMMA_PINGPONG=1 / 0
-// forces it (read per call: the tests run both schedules).
-bool pingpong_schedule(int M, int K, bool wide) {
-  const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
-  return pp && *pp ? pp[0] == '1' : (wide && K <= 8192 && M >= 2048);
-}
-
-// Stream-K tail (Sched) where the last data-parallel wave would leave SMs idle, with 256-wide
-// tiles; returns false for none. The model, in k-iterations of a 128 × 256 tile: data-parallel
-// costs its waves × ktiles at pick_bn's width (a 128-wide iteration taken as 0.55 of a 256-wide
-// one: half the work, a little less efficient), stream-K its whole waves plus the tail's
-// iterations spread over every SM plus 3 for the partial sums and the fixup launch.
-// PERRY_WGMMA_STREAMK=0 turns it off, =1 takes it wherever the tiles do not fill whole waves
-// (tests, lab).
-bool streamk_plan(int M, int N, int K, int sms, int& dp_tiles, int& sk_tiles) {
-  dp_tiles = sk_tiles = 0;
-  const char* e = std::getenv("PERRY_WGMMA_STREAMK");  // read per call: the tests switch it
-  const int forced = e && *e ? std::atoi(e) : -1;
-  if (forced == 0) return false;
-  const int ktiles = (K + kBK - 1) / kBK;
-  const long long tm = (M + kBM - 1) / kBM;
-  const long long tiles = tm * ((N + 255) / 256);
-  const long long waves = tiles / sms, rest = tiles % sms;
-  if (rest == 0) return false;
-  if (forced != 1) {
-    const int bn = pick_bn(M, N, sms);
-    const long long t_bn = tm * ((N + bn - 1) / bn);
-    const double dp = double((t_bn + sms - 1) / sms) * ktiles * (bn == 128 ? 0.55 : 1.0);
-    const double sk = double(waves * ktiles) + double((rest * ktiles + sms - 1) / sms) + 3.0;
-    if (sk >= dp) return false;
-  }
-  dp_tiles = int(waves * sms);
-  sk_tiles = int(rest);
-  return true;
-}
-
-size_t streamk_workspace_bytes(int sms) { return size_t(2) * sms * kBM * 256 * 4; }
-
-// Stream-K tail tile blockIdx.x: add its segments' int32 partial sums (slots of the CTAs whose
-// ranges cover its k-iterations, in CTA order: exact), then the GEMM's own epilogue. 256 threads,
-// each in the place of the consumer thread whose registers it reads, so the outputs are the
-// unsplit kernel's bit for bit.
-template <int kOut, int BN>
-__global__ void __launch_bounds__(256, 1)
-    streamk_fixup_kernel(Sched sc, int grid, int ktiles, const float* __restrict__ Sa, const float* __restrict__ Sw,
-                         const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int vec_ok) {
-  const int j = blockIdx.x;
-  const long long first = (long long)j * ktiles, end = first + ktiles;
-  // The CTA whose range holds the tile's first iteration: sk_lo(b) <= first < sk_lo(b + 1).
-  int b = int(first * grid / ((long long)sc.sk_tiles * ktiles));
-  while (b + 1 < grid && sk_lo(sc, ktiles, grid, b + 1) <= first) ++b;
-  while (b > 0 && sk_lo(sc, ktiles, grid, b) > first) --b;
-  int acc[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0;
-  for (; b < grid; ++b) {
-    const long long lo = sk_lo(sc, ktiles, grid, b), hi = sk_lo(sc, ktiles, grid, b + 1);
-    if (lo >= end) break;
-    if (lo >= hi) continue;  // an empty range
-    const int slot = 2 * b + (lo / ktiles == j ? 0 : 1);
-    const int4* part = reinterpret_cast<const int4*>(sc.partials + size_t(slot) * (kBM * BN)) + threadIdx.x;
-#pragma unroll
-    for (int c = 0; c < BN / 8; ++c) {
-      const int4 v = __ldcg(part + c * 256);
-      acc[4 * c] += v.x;
-      acc[4 * c + 1] += v.y;
-      acc[4 * c + 2] += v.z;
-      acc[4 * c + 3] += v.w;
-    }
-  }
-  const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + BN - 1) / BN;
-  int m0, n0;
-  tile_origin<kBM, kGroupM>(sc.dp_tiles + j, tiles_m, tiles_n, BN, m0, n0);
-  const int cw = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  store_epilogue<kOut, BN, false>(acc, m0 + cw * 64, n0, warp, lane, Sa, Sw, bias, Y, M, N, vec_ok, 0);
-}
-
 // y[m, n] = float(Σ_s part[s][m][n])·(sa[m]·sw[n]) + bias[n] — the GEMM epilogue's expression.
 template <int kOut>
 __global__ void splitk_epilogue_kernel(const int* __restrict__ part, int splits, int M, int N,
@@ -593,12 +434,9 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
     const int splits = splitk_splits(M, N, K, sms, kt_per);
     const size_t need = size_t(splits) * size_t(M) * N * 4;
     if (splits > 1 && workspace && workspace_bytes >= need) {
-      Sched sk;
-      sk.splits = splits;
-      sk.kt_per = kt_per;
       const int vec_part = N % 2 == 0 ? 1 : 0;  // pair stores into the slices (256-byte aligned workspace)
-      if (wide) launch<2, 256, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, sk);
-      else launch<2, 128, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, sk);
+      if (wide) launch<2, 256, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
+      else launch<2, 128, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
       const size_t total = size_t(M) * N;
       const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sms) * 8));
       splitk_epilogue_kernel<kOut><<<blocks, 256, 0, stream>>>(workspace, splits, M, N, dSa, dSw, dBias, dY);
@@ -606,19 +444,13 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
       return;
     }
   }
-  const bool ping = pingpong_schedule(M, K, wide);
-  if constexpr (!kFp8) {
-    Sched sc;
-    if (!ping && workspace && workspace_bytes >= streamk_workspace_bytes(sms) &&
-        streamk_plan(M, N, K, sms, sc.dp_tiles, sc.sk_tiles)) {
-      sc.partials = workspace;
-      launch<kOut, 256, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, sc);
-      streamk_fixup_kernel<kOut, 256><<<sc.sk_tiles, 256, 0, stream>>>(sc, sms, (K + kBK - 1) / kBK, dSa, dSw, dBias,
-                                                                       dY, M, N, vec_ok);
-      check_launch("streamk_fixup_kernel");
-      return;
-    }
-  }
+  // The ping-pong schedule (Cfg) where it measured faster on the H200 (bench-op, eighth session,
+  // s8-run7-pingpong-*.md): K <= 8192 with M >= 2048 (N 14336 / 6144, K 4096: +4–7%, the epilogue
+  // is a large share of 32 k-steps); not at K = 14336 (−5–9%: 112 k-steps hide little, and
+  // 64-row tiles read B twice as often) nor at M = 1024 (−4–6%). PERRY_WGMMA_PINGPONG=1 / 0
+  // forces it (read per call: the tests run both schedules).
+  const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
+  const bool ping = pp && *pp ? pp[0] == '1' : (wide && K <= 8192 && M >= 2048);
   if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
@@ -655,14 +487,9 @@ bool gemm_w8a8_wgmma_supported() {  // sm_90a code runs on sm_90 only
 
 size_t gemm_w8a8_wgmma_workspace_bytes(int M, int N, int K) {
   if (M <= 0 || N <= 0 || K <= 0 || !gemm_w8a8_wgmma_supported()) return 0;
-  const int sms = sm_count();
   int kt_per = 0;
-  const int splits = splitk_splits(M, N, K, sms, kt_per);
-  if (splits > 1) return size_t(splits) * size_t(M) * size_t(N) * 4;
-  int dp = 0, sk = 0;
-  const bool wide = pick_bn(M, N, sms) == 256;
-  const bool ping = pingpong_schedule(M, K, wide);
-  return !ping && streamk_plan(M, N, K, sms, dp, sk) ? streamk_workspace_bytes(sms) : 0;
+  const int splits = splitk_splits(M, N, K, sm_count(), kt_per);
+  return splits > 1 ? size_t(splits) * size_t(M) * size_t(N) * 4 : 0;
 }
 
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias,
