@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -307,6 +308,40 @@ TEST(CudaGemmQuantWgmma, GroupedAndInt4MatchFloat64) {
     run_gemm_case(mode, 1400, 2200, 96, true, DType::F32, g, wg, nm);   // CTAs loop over tiles
     run_gemm_case(mode, 130, 257, 4160, true, DType::BF16, g, wg, nm);  // odd N: element stores
   }
+}
+
+// gemm_quant_wgmma with the split-K workspace CudaLinear gives it (grouped modes at small M × N):
+// every split folds whole groups into fp32, a second kernel adds the slices and applies sa and
+// the bias. Same float64 checks (fp32 summation order differs from the unsplit fold, within the
+// bounds); I32 partials exact. Shapes that split by themselves and forced counts with K off the
+// 128-byte stage (a last g64 group past K), a count that divides K unevenly.
+void gemm_quant_wgmma_split(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
+                            const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+  const size_t ws = pc::gemm_quant_wgmma_workspace_bytes(mode, M, N, K);
+  EXPECT_GT(ws, 0u) << "expected a split-K shape: M=" << M << " N=" << N << " K=" << K;
+  Dev<float> dws(ws / 4 + 4);
+  pc::gemm_quant_wgmma(mode, x, sa, w, s, bias, y, out, M, N, K, stream, dws.p, ws);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST(CudaGemmQuantWgmma, SplitKMatchesFloat64) {
+  REQUIRE_SM90();
+  std::mt19937 g(23);
+  const char* nm = "gemm_quant_wgmma split-K ";
+  for (QuantMode mode : {QuantMode::W8A8_G128, QuantMode::W8A8_G64, QuantMode::W4A8_G128}) {
+    unsetenv("PERRY_GQ_SPLITK");
+    for (DType out : {DType::F32, DType::BF16, DType::I32}) {
+      run_gemm_case(mode, 64, 1000, 4160, out != DType::F32, out, g, gemm_quant_wgmma_split, nm);
+      run_gemm_case(mode, 100, 520, 2048, true, out, g, gemm_quant_wgmma_split, nm);
+    }
+    setenv("PERRY_GQ_SPLITK", "3", 1);
+    for (DType out : {DType::F32, DType::BF16, DType::I32})
+      run_gemm_case(mode, 9, 200, 1040, true, out, g, gemm_quant_wgmma_split, nm);
+    setenv("PERRY_GQ_SPLITK", "5", 1);
+    for (DType out : {DType::F32, DType::I32})
+      run_gemm_case(mode, 77, 130, 4160, false, out, g, gemm_quant_wgmma_split, nm);
+  }
+  unsetenv("PERRY_GQ_SPLITK");
 }
 
 TEST(CudaGemmQuantWgmma, BadArgumentsThrow) {

@@ -41,6 +41,7 @@
 #include "backend/cuda/device_memory.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
 
@@ -318,9 +319,13 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   }
   y_ = DeviceBuffer(pool_, size_t(Mmax) * N * 4, "bench-op outputs");
   scratch_ = DeviceBuffer(pool_, size_t(N) * K * 2, "bench-op dequantized weight scratch");
-  size_t splitk = 0;  // what CudaLinear's split-K uses at the Ms timed here
-  if (std::find(ops_.begin(), ops_.end(), Op::W8A8) != ops_.end())
-    for (int m : Ms) splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
+  size_t splitk = 0;  // what CudaLinear's split-K uses at the Ms timed here (w8a8; grouped W*A8)
+  for (Op op : ops_)
+    for (int m : Ms) {
+      if (op == Op::W8A8) splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
+      else if (op_path(op, m, int(K)) == LinearPath::WgmmaQuant)
+        splitk = std::max(splitk, gemm_quant_wgmma_workspace_bytes(op_info(op).mode, m, int(N), int(K)));
+    }
   splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
   fill_random_bf16(x_.get<uint16_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);
   fill_random_e4m3(x8_.get<uint8_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);

@@ -188,7 +188,8 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
       gemm_quant(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
       return;
     case LinearPath::WgmmaQuant:
-      gemm_quant_wgmma(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
+      gemm_quant_wgmma(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K, c.stream,
+                       reinterpret_cast<float*>(c.splitk), c.splitk_bytes);
       return;
     case LinearPath::Fp8Wgmma:
       gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K,

@@ -90,7 +90,7 @@ struct OpContext {
   const LtGemm* lt_i8_i32 = nullptr;
   const LtGemm* lt_i8_i8 = nullptr;
   const LtGemm* lt_e4m3 = nullptr;
-  int32_t* splitk = nullptr;  // w8a8 on sm_90: gemm_w8a8_wgmma's split-K partial sums, as CudaLinear
+  int32_t* splitk = nullptr;  // sm_90: the split-K partial sums of gemm_w8a8_wgmma / gemm_quant_wgmma, as CudaLinear
   size_t splitk_bytes = 0;
 };
 

@@ -133,7 +133,8 @@ void gemm_bf16_cublas(const uint16_t* x, const uint16_t* w, void* y, DType out, 
 // mostly empty 128-row tiles still stream the weights faster than mma.sync — at M = 128, 0.025
 // vs 0.050 ms (N 14336, K 4096) and 0.032 vs 0.109 (N 2560, K 10240); a 64-token Llama-3-8B
 // prefill 4.75 vs 10.31 ms (ninth session, runs 6-7; the lab's warm-L2 timing had put them
-// level). The grouped / int4 gemm_quant_wgmma from M > 128 (not measured below).
+// level). The grouped / int4 modes take gemm_quant_wgmma from the same M (tenth session: their
+// mma.sync gemm_quant was 0.13-0.48x cuBLAS bf16 at M = 128; measured in docs/perf/cuda/README.md).
 bool wgmma_enabled() {
   static const bool ok = gemm_w8a8_wgmma_supported() && !env_flag("PERRY_NO_WGMMA");
   return ok;
@@ -161,7 +162,11 @@ bool CudaLinear::bf16_output(int M) const {
 }
 
 size_t CudaLinear::splitk_bytes(int M) const {
-  return path(M) == Path::Wgmma ? gemm_w8a8_wgmma_workspace_bytes(M, n_, k_) : 0;
+  switch (path(M)) {
+    case Path::Wgmma: return gemm_w8a8_wgmma_workspace_bytes(M, n_, k_);
+    case Path::WgmmaQuant: return gemm_quant_wgmma_workspace_bytes(mode_, M, n_, k_);
+    default: return 0;
+  }
 }
 
 void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearContext& ctx) const {
@@ -206,9 +211,13 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
     case Path::GemmQuant:
       gemm_quant(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
       return;
-    case Path::WgmmaQuant:
-      gemm_quant_wgmma(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
+    case Path::WgmmaQuant: {
+      const size_t ws = gemm_quant_wgmma_workspace_bytes(mode_, M, n_, k_);
+      const bool split = ws > 0 && ctx.splitk.bytes() >= ws;
+      gemm_quant_wgmma(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream,
+                       split ? ctx.splitk.get<float>() : nullptr, split ? ctx.splitk.bytes() : 0);
       return;
+    }
     case Path::Fp8Wgmma:
       PERRY_CHECK(ctx.fp8_act.bytes() >= fp8_act_bytes(M) && ctx.fp8_scale.bytes() >= size_t(M) * 4,
                   "{}: the e4m3 activation scratch holds fewer than {} rows", name_, M);
@@ -260,7 +269,7 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K) {
   if (M <= (a8 ? kSmallMA8MaxM : kGemmSmallMMaxM)) return Path::SmallM;
   if (!a8) return Path::DequantCublas;
   if (mode == pq::QuantMode::W8A8) return wgmma_enabled() ? Path::Wgmma : Path::MmaSync;
-  return wgmma_enabled() && M > 128 && gemm_quant_wgmma_supported() ? Path::WgmmaQuant : Path::GemmQuant;
+  return wgmma_enabled() && gemm_quant_wgmma_supported() ? Path::WgmmaQuant : Path::GemmQuant;
 }
 
 std::string CudaLinear::kernel_name(int M) const { return linear_path_name(mode_, path(M)); }

@@ -56,6 +56,16 @@ constexpr int kBM = 128, kBN = 128, kBK = 128;  // X rows (tokens), weight rows,
 constexpr int kHelpers = 96;  // producer warps 1-3
 constexpr int kGroupTiles = 8;
 
+// Split-K of the grouped modes (kSwap): work unit u is k-stages [kt0, kt1) = [sp·kt_per, +kt_per)
+// of tile u / splits, sp = u % splits (splits = 1: unit = tile, all of K). Producer, helpers and
+// consumers walk the same units. A stage holds whole groups (128 k = one g128 or two g64 groups),
+// so a unit folds whole groups.
+__device__ __forceinline__ void unit_range(int u, int splits, int kt_per, int ktiles, int& t, int& kt0, int& kt1) {
+  t = u / splits;
+  kt0 = (u % splits) * kt_per;
+  kt1 = min(ktiles, kt0 + kt_per);
+}
+
 // kSwap (the grouped modes): the weight tile is the wgmma A operand and the activations B, so the
 // accumulator's rows are output columns n and a thread's group scales are two values (its two
 // rows) rather than 32 (see the file comment).
@@ -101,7 +111,7 @@ template <int kBits, int kGS, int kOut, int S, int kCons>
 __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32_t bars, int cw, int warp, int lane,
                                                 const float* __restrict__ Sa, const float* __restrict__ Sw,
                                                 const float* __restrict__ bias, void* __restrict__ Y, int M, int N,
-                                                int K, int G) {
+                                                int K, int G, int splits, int kt_per, float* __restrict__ part) {
   constexpr int kSub = kBK / kGS;   // groups per stage (1 or 2)
   constexpr int kKK = 4 / kSub;     // k32 wgmmas per group
   constexpr float kWMul = kBits == 4 ? 0.0625f : 1.0f;  // the int4 bytes hold 16·w: fold sw/16 (exact)
@@ -111,8 +121,8 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
   constexpr bool kTwoSets = kCons == 2;
   const int g = lane >> 2, tq = lane & 3;
   const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kNStep - 1) / kNStep;
-  const int num_tiles = tiles_m * tiles_n;
-  const int ngroups = (K + kBK - 1) / kBK * kSub;
+  const int num_units = tiles_m * tiles_n * splits;
+  const int ktiles = (K + kBK - 1) / kBK;
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (S + s); };
   int acc0[64], acc1[kTwoSets ? 64 : 1];
@@ -123,9 +133,13 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
   for (int i = 0; i < (kTwoSets ? 64 : 1); ++i) acc1[i] = 0;
   int s = 0;  // the stage slot of the group being issued
   uint32_t phase = 0;
-  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    int m0, n0;
+  for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+    int t, kt0, kt1, m0, n0;
+    unit_range(u, splits, kt_per, ktiles, t, kt0, kt1);
     tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kNStep, m0, n0);
+    // This unit's groups [g_first, g_end) (g64: the second group of a stage past K is skipped in
+    // finish); gi below is the group's index in all of K (its scales, its I32 output slot).
+    const int g_first = kt0 * kSub, g_end = kt1 * kSub;
     const int r0 = n0 + cw * 64 + warp * 16 + g;  // this thread's output columns r0, r0 + 8
 #pragma unroll
     for (int i = 0; i < 64; ++i) facc[i] = 0.f;
@@ -138,7 +152,7 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
         v[hh] = kOut != 2 && r0 + 8 * hh < N && gi < G ? __ldg(Sw + size_t(r0 + 8 * hh) * G + gi) * kWMul : 0.f;
     };
     float sw_cur[2], sw_next[2];
-    load_scales(0, sw_cur);
+    load_scales(g_first, sw_cur);
     // Issue group gi (stage gi / kSub, k32 steps of its sub-range) into cur.
     auto issue = [&](int (&cur)[64], int gi) {
       const int sub = kSub == 1 ? 0 : gi % kSub;
@@ -196,11 +210,12 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
     const std::false_type more;
     const std::true_type last;
     if constexpr (kTwoSets) {
-      // Even groups in acc0, odd in acc1; group gi is issued before group gi-1 is folded.
-      issue(acc0, 0);
-      advance(0);
-      int gi = 1;
-      for (; gi + 1 < ngroups; gi += 2) {
+      // The unit's even-numbered groups in acc0, odd in acc1; group gi is issued before group
+      // gi-1 is folded.
+      issue(acc0, g_first);
+      advance(g_first);
+      int gi = g_first + 1;
+      for (; gi + 1 < g_end; gi += 2) {
         issue(acc1, gi);
         finish(acc0, gi - 1, ps, more);
         advance(gi);
@@ -208,7 +223,7 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
         finish(acc1, gi, ps, more);
         advance(gi + 1);
       }
-      if (gi < ngroups) {
+      if (gi < g_end) {
         issue(acc1, gi);
         finish(acc0, gi - 1, ps, more);
         advance(gi);
@@ -219,13 +234,29 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
     } else {
       // One set: each group waited for and folded before the next is issued; the other two
       // warpgroups' wgmmas keep the tensor core busy meanwhile.
-      for (int gi = 0; gi < ngroups; ++gi) {
+      for (int gi = g_first; gi < g_end; ++gi) {
         issue(acc0, gi);
         advance(gi);
         finish(acc0, gi, ps, last);
       }
     }
     if constexpr (kOut != 2) {  // (I32: the partials went out at the folds)
+      if (splits > 1) {
+        // Split-K: this unit's fp32 sum over its groups to slice u % splits of the workspace;
+        // splitk_reduce_kernel adds the slices in order and applies sa[m] and the bias.
+        float* pp = part + size_t(u % splits) * size_t(M) * N;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int m = m0 + 8 * j + 2 * tq + e;
+            if (m >= M) continue;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+              if (r0 + 8 * hh < N) pp[size_t(m) * N + r0 + 8 * hh] = facc[4 * j + 2 * hh + e];
+          }
+        continue;
+      }
       // y[m, n] = facc·sa[m] + bias[n] for n = r0 + 8hh, m = m0 + 8j + 2tq + e. Eight lanes (gq)
       // store eight consecutive n of one row m: one 32-byte sector (f32) or half of one that the
       // same thread's hh = 1 store completes (bf16); ~64 stores per thread against K/32 wgmmas,
@@ -260,7 +291,7 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
     gemm_quant_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                             const float* __restrict__ Sa, const float* __restrict__ Sw,
                             const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int G,
-                            int vec_ok) {
+                            int vec_ok, int splits, int kt_per, float* __restrict__ part) {
 #ifdef PERRY_WGMMA
   constexpr bool kSwap = kGS != 0;
   static_assert(kCons == 2 || (kSwap && kCons == 3), "three consumer warpgroups: grouped modes only");
@@ -285,7 +316,8 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kNStep - 1) / kNStep;
-  const int num_tiles = tiles_m * tiles_n;
+  const int num_tiles = tiles_m * tiles_n;  // (splits == 1 unless kSwap: units = tiles)
+  const int num_units = num_tiles * splits;
   const int ktiles = (K + kBK - 1) / kBK;
 
   if (threadIdx.x == 0) {
@@ -307,10 +339,11 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
         prefetch_tensormaps(&tmA, &tmB);
         int s = 0;
         uint32_t phase = 0;
-        for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-          int m0, n0;
+        for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+          int t, kt0, kt1, m0, n0;
+          unit_range(u, splits, kt_per, ktiles, t, kt0, kt1);
           tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kNStep, m0, n0);
-          for (int kt = 0; kt < ktiles; ++kt) {
+          for (int kt = kt0; kt < kt1; ++kt) {
             mbar_wait(empty(s), phase ^ 1);
             // kSwap: X goes to the B operand tile, the (int8) weights to A.
             const uint32_t xdst = kSwap ? sB + s * C::kTileB : sA + s * C::kTileA;
@@ -349,14 +382,19 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
       };
       int s = 0;
       uint32_t phase = 0;
-      int t = blockIdx.x, kt = 0;
+      // (unit u, its k-stage kt); t = the unit's tile, kt_end its last k-stage + 1.
+      int u = blockIdx.x, t = 0, kt = 0, kt_end = 0;
+      if (u < num_units) unit_range(u, splits, kt_per, ktiles, t, kt, kt_end);
       float cur[kSlots];
-      if (t < num_tiles) load_scales(t, cur);
-      while (t < num_tiles) {
-        int t2 = t, kt2 = kt + 1;
-        if (kt2 == ktiles) { kt2 = 0; t2 += gridDim.x; }
+      if (u < num_units) load_scales(t, cur);
+      while (u < num_units) {
+        int u2 = u, t2 = t, kt2 = kt + 1, kt2_end = kt_end;
+        if (kt2 == kt_end) {
+          u2 += gridDim.x;
+          if (u2 < num_units) unit_range(u2, splits, kt_per, ktiles, t2, kt2, kt2_end);
+        }
         float nxt[kSlots];
-        if (t2 < num_tiles) load_scales(t2, nxt);  // in flight while this stage is handled
+        if (u2 < num_units) load_scales(t2, nxt);  // in flight while this stage is handled
         mbar_wait(empty(s), phase ^ 1);
         if constexpr (!kSwap) {
           float* ss = reinterpret_cast<float*>(gen(sS + s * 4 * C::kScaleFloats));
@@ -387,8 +425,10 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
         }
         mbar_arrive(full(s));
         if (++s == S) { s = 0; phase ^= 1; }
+        u = u2;
         t = t2;
         kt = kt2;
+        kt_end = kt2_end;
 #pragma unroll
         for (int q = 0; q < kSlots; ++q) cur[q] = nxt[q];
       }
@@ -399,7 +439,8 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
     const int cw = wg - 1;
     const int g = lane >> 2, tq = lane & 3;
     if constexpr (kSwap) {
-      consume_grouped<kBits, kGS, kOut, S, kCons>(sA, sB, bars, cw, warp, lane, Sa, Sw, bias, Y, M, N, K, G);
+      consume_grouped<kBits, kGS, kOut, S, kCons>(sA, sB, bars, cw, warp, lane, Sa, Sw, bias, Y, M, N, K, G, splits,
+                                                  kt_per, part);
     } else {
       int acc[64];
       float facc[64];
@@ -530,9 +571,52 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
 }
 
 // ---------------------------------------------------------------- host side
+// Split-K for the grouped modes where the tiles would leave most SMs idle (M <= 128-ish with
+// N = 4096: 32 tiles of 128 weight rows, 22 of 192, for 132 SMs): units of (tile, k-range), as
+// gemm_w8a8_wgmma's split-K, each folding its whole groups into fp32. Returns the splits (1: none)
+// and sets kt_per, the k-stages a split. PERRY_GQ_SPLITK=0 turns it off, =N forces N (tests, lab).
+int grouped_splits(int M, int N, int K, int wrows, int& kt_per) {
+  const int ktiles = (K + kBK - 1) / kBK;
+  kt_per = ktiles;
+  const char* e = std::getenv("PERRY_GQ_SPLITK");  // read per call: the tests switch it
+  const int forced = e && *e ? std::atoi(e) : -1;
+  if (forced == 0 || forced == 1) return 1;
+  const int sms = sm_count();
+  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + wrows - 1) / wrows);
+  int splits;
+  if (forced > 1) {
+    splits = forced;
+  } else {
+    if (tiles * 2 > sms) return 1;  // at least half the SMs have a tile
+    splits = int(std::min<long long>(sms / tiles, ktiles / 8));  // >= 8 stages a unit
+  }
+  splits = std::min(splits, ktiles);
+  if (splits < 2) return 1;
+  kt_per = (ktiles + splits - 1) / splits;
+  return (ktiles + kt_per - 1) / kt_per;  // no empty split
+}
+
+// y[m, n] = fmaf(Σ_s part[s][m][n], sa[m], bias[n]): the unsplit epilogue's expression on the
+// slices' sum (added in split order; fp32, so not the unsplit kernel's bits: its fold is one
+// running sum over all groups).
+template <int kOut>
+__global__ void grouped_splitk_reduce_kernel(const float* __restrict__ part, int splits, int M, int N,
+                                             const float* __restrict__ Sa, const float* __restrict__ bias,
+                                             void* __restrict__ Y) {
+  const size_t total = size_t(M) * N;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    float acc = 0.f;
+    for (int sp = 0; sp < splits; ++sp) acc += __ldcg(part + size_t(sp) * total + i);
+    const int m = int(i / size_t(N)), n = int(i - size_t(m) * N);
+    const float v = fmaf(acc, __ldg(Sa + m), bias ? __ldg(bias + n) : 0.f);
+    if constexpr (kOut == 1) static_cast<float*>(Y)[i] = v;
+    else static_cast<__nv_bfloat16*>(Y)[i] = __float2bfloat16_rn(v);
+  }
+}
+
 template <int kBits, int kGS, int kOut, int kCons = 2>
 void launch(const int8_t* x, const float* sa, const void* w, const float* sw, const float* bias, void* y, int M,
-            int N, int K, int G, int vec_ok, cudaStream_t stream, const char* name) {
+            int N, int K, int G, int vec_ok, cudaStream_t stream, const char* name, float* ws, size_t ws_bytes) {
   using C = QCfg<kBits, kGS != 0, kCons>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
@@ -544,37 +628,60 @@ void launch(const int8_t* x, const float* sa, const void* w, const float* sw, co
   const CUtensorMap ta = make_map(x, M, K, kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B, name);
   const CUtensorMap tb = kBits == 8 ? make_map(w, N, K, kBK, C::kWRows, CU_TENSOR_MAP_SWIZZLE_128B, name)
                                     : make_map(w, N, K / 2, kBK / 2, C::kWRows, CU_TENSOR_MAP_SWIZZLE_NONE, name);
-  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + C::kWRows - 1) / C::kWRows);
+  int kt_per = (K + kBK - 1) / kBK, splits = 1;
+  if constexpr (kGS != 0) {
+    int kp = 0;
+    const int sp = grouped_splits(M, N, K, C::kWRows, kp);
+    // I32 (the exactness tests) stores each group's partials directly: no workspace needed.
+    if (sp > 1 && (kOut == 2 || (ws && ws_bytes >= size_t(sp) * size_t(M) * size_t(N) * 4))) {
+      splits = sp;
+      kt_per = kp;
+    }
+  }
+  const long long units = (long long)((M + kBM - 1) / kBM) * ((N + C::kWRows - 1) / C::kWRows) * splits;
   const int sms = sm_count();
-  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
+  const unsigned grid = unsigned(units < sms ? units : sms);
+  float* part = splits > 1 && kOut != 2 ? ws : nullptr;
   gemm_quant_wgmma_kernel<kBits, kGS, kOut, kCons><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-      ta, tb, sa, sw, bias, y, M, N, K, G, vec_ok);
+      ta, tb, sa, sw, bias, part ? static_cast<void*>(nullptr) : y, M, N, K, G, vec_ok, splits, kt_per, part);
   check_launch(name);
+  if constexpr (kOut != 2) {
+    if (part) {
+      const size_t total = size_t(M) * N;
+      const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sms) * 8));
+      grouped_splitk_reduce_kernel<kOut><<<blocks, 256, 0, stream>>>(part, splits, M, N, sa, bias, y);
+      check_launch("grouped_splitk_reduce_kernel");
+    }
+  }
 }
 
-template <int kBits, int kGS>
-void launch_out(DType out, const int8_t* x, const float* sa, const void* w, const float* sw, const float* bias,
-                void* y, int M, int N, int K, int G, int vec_ok, cudaStream_t s) {
-  // Grouped modes: three consumer warpgroups (192 × 128 tiles, one accumulator set) for int4,
-  // two (two sets) for int8 — H200 lab, M 4096 N 14336 K 4096, same run: w4a8-g128 598 vs 562
-  // TOPS, w8a8-g128 780 vs 787. PERRY_GEMM_QUANT_WG=2|3 forces one for A/B runs.
+// Consumer warpgroups of the grouped modes: three (192 × 128 tiles, one accumulator set) for int4,
+// two (two sets) for int8 — H200 lab, M 4096 N 14336 K 4096, same run: w4a8-g128 598 vs 562
+// TOPS, w8a8-g128 780 vs 787. PERRY_GEMM_QUANT_WG=2|3 forces one for A/B runs.
+int grouped_warpgroups(int bits) {
   static const int wg_env = [] {
     const char* e = std::getenv("PERRY_GEMM_QUANT_WG");
     return e && std::string(e) == "3" ? 3 : e && std::string(e) == "2" ? 2 : 0;
   }();
+  return wg_env != 0 ? wg_env : bits == 4 ? 3 : 2;
+}
+
+template <int kBits, int kGS>
+void launch_out(DType out, const int8_t* x, const float* sa, const void* w, const float* sw, const float* bias,
+                void* y, int M, int N, int K, int G, int vec_ok, cudaStream_t s, float* ws, size_t wb) {
   if constexpr (kGS != 0) {
-    if (wg_env == 3 || (wg_env == 0 && kBits == 4)) {
+    if (grouped_warpgroups(kBits) == 3) {
       switch (out) {
-        case DType::I32: return launch<kBits, kGS, 2, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<i32>");
-        case DType::F32: return launch<kBits, kGS, 1, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<f32>");
-        default: return launch<kBits, kGS, 0, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<bf16>");
+        case DType::I32: return launch<kBits, kGS, 2, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<i32>", ws, wb);
+        case DType::F32: return launch<kBits, kGS, 1, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<f32>", ws, wb);
+        default: return launch<kBits, kGS, 0, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<bf16>", ws, wb);
       }
     }
   }
   switch (out) {
-    case DType::I32: return launch<kBits, kGS, 2>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma<i32>");
-    case DType::F32: return launch<kBits, kGS, 1>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma<f32>");
-    default: return launch<kBits, kGS, 0>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma<bf16>");
+    case DType::I32: return launch<kBits, kGS, 2>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma<i32>", ws, wb);
+    case DType::F32: return launch<kBits, kGS, 1>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma<f32>", ws, wb);
+    default: return launch<kBits, kGS, 0>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma<bf16>", ws, wb);
   }
 }
 
@@ -588,8 +695,23 @@ bool gemm_quant_wgmma_supported() {
   return code;
 }
 
+size_t gemm_quant_wgmma_workspace_bytes(QuantMode mode, int M, int N, int K) {
+  if (M <= 0 || N <= 0 || K <= 0 || !gemm_quant_wgmma_supported()) return 0;
+  const QuantModeBits mb = quant_mode_bits(mode);
+  if (!mb.a8 || mb.group_size == 0) return 0;
+  int kt_per = 0;
+  const int splits = grouped_splits(M, N, K, 64 * grouped_warpgroups(mb.bits), kt_per);
+  return splits > 1 ? size_t(splits) * size_t(M) * size_t(N) * 4 : 0;
+}
+
 void gemm_quant_wgmma(QuantMode mode, const int8_t* x, const float* sa, const void* qweight, const float* scales,
                       const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+  gemm_quant_wgmma(mode, x, sa, qweight, scales, bias, y, out, M, N, K, stream, nullptr, 0);
+}
+
+void gemm_quant_wgmma(QuantMode mode, const int8_t* x, const float* sa, const void* qweight, const float* scales,
+                      const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream,
+                      float* workspace, size_t workspace_bytes) {
   const QuantModeBits mb = quant_mode_bits(mode);
   const std::string where = std::string("gemm_quant_wgmma(") + mb.name + ", M=" + std::to_string(M) +
                             ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")";
@@ -607,13 +729,16 @@ void gemm_quant_wgmma(QuantMode mode, const int8_t* x, const float* sa, const vo
   // Bit 0: pair stores (N even, y 2-element aligned); bit 1: 16-byte bf16 stores (N % 8 == 0).
   int vec_ok = (N % 2 == 0 && aligned(y, 2 * es)) ? 1 : 0;
   if (out == DType::BF16 && N % 8 == 0 && aligned(y, 16)) vec_ok |= 2;
+  if (workspace && !aligned(workspace, 16)) throw Error(where + ": the split-K workspace must be 16-byte aligned");
+  float* ws = workspace;
+  const size_t wb = workspace_bytes;
   if (mb.bits == 8) {
-    if (gs == 128) launch_out<8, 128>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream);
-    else if (gs == 64) launch_out<8, 64>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream);
-    else launch_out<8, 0>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream);
+    if (gs == 128) launch_out<8, 128>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream, ws, wb);
+    else if (gs == 64) launch_out<8, 64>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream, ws, wb);
+    else launch_out<8, 0>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream, ws, wb);
   } else {
-    if (gs == 128) launch_out<4, 128>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream);
-    else launch_out<4, 0>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream);
+    if (gs == 128) launch_out<4, 128>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream, ws, wb);
+    else launch_out<4, 0>(out, x, sa, qweight, scales, bias, y, M, N, K, G, vec_ok, stream, ws, wb);
   }
 }
 

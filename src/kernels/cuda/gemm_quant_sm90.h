@@ -1,5 +1,5 @@
-// The sm_90a (H100/H200) version of gemm_quant (gemv_quant.h), which CudaLinear runs above 128
-// rows there: the W*A8 GEMM with grouped weight scales and/or int4 weights on TMA + wgmma
+// The sm_90a (H100/H200) version of gemm_quant (gemv_quant.h), which CudaLinear runs past its
+// small-M kernels (M > 32) there: the W*A8 GEMM with grouped weight scales and/or int4 weights on TMA + wgmma
 // (src/kernels/cuda/gemm_quant_sm90.cu,
 // design notes in docs/cuda-gemm-w8a8-sm90.md, section "Grouped and int4 modes").
 //
@@ -15,7 +15,6 @@
 // Requirements (checked, perry::Error otherwise): an sm_90 device; a W*A8 mode; M, N >= 1;
 // 1 <= K <= 65536 with K % 16 == 0 (int8 weights) or K % 32 == 0 (int4); x, qweight 16-byte
 // aligned; y aligned to its element; sa / scales (and bias when given) 4-byte aligned.
-// Not dispatched to by anything yet: the backend (src/backend/cuda) decides when to call it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -30,5 +29,16 @@ bool gemm_quant_wgmma_supported();  // true on an sm_90 device
 void gemm_quant_wgmma(quant::QuantMode mode, const int8_t* x, const float* sa, const void* qweight,
                       const float* scales, const float* bias, void* y, DType out, int M, int N, int K,
                       cudaStream_t stream);
+
+// Split-K of the grouped modes where the tiles would leave most SMs idle (small M × N): units of
+// (tile, k-range) fold their groups into fp32 sums, one slice each of `workspace` (16-byte
+// aligned), added in order by a second kernel that applies sa[m] and the bias. The result is the
+// same expression summed in another order (fp32: not the unsplit bits). The bytes M rows need
+// (0: no split at this shape); with a smaller or null workspace the call runs unsplit.
+// PERRY_GQ_SPLITK=0 turns split-K off, =N forces N splits.
+size_t gemm_quant_wgmma_workspace_bytes(quant::QuantMode mode, int M, int N, int K);
+void gemm_quant_wgmma(quant::QuantMode mode, const int8_t* x, const float* sa, const void* qweight,
+                      const float* scales, const float* bias, void* y, DType out, int M, int N, int K,
+                      cudaStream_t stream, float* workspace, size_t workspace_bytes);
 
 }  // namespace perry::cuda
