@@ -284,7 +284,7 @@ TEST(CudaGemmQuant, BadArgumentsThrow) {
 TEST(CudaGemmQuantWgmma, Int32GroupPartialsExact) {
   REQUIRE_SM90();
   std::mt19937 g(21);
-  const auto wg = pc::gemm_quant_wgmma;
+  const GemmQuantFn wg = pc::gemm_quant_wgmma;  // (the overload without a workspace)
   for (QuantMode mode : kA8Modes)
     for (auto [M, N, K] : {std::tuple{9, 200, 320}, {200, 37, 192}, {64, 1000, 4160}, {130, 130, 96},
                            {129, 131, 160}, {1, 8, 32}, {1400, 2200, 96}, {300, 520, 1024}})
@@ -294,7 +294,7 @@ TEST(CudaGemmQuantWgmma, Int32GroupPartialsExact) {
 TEST(CudaGemmQuantWgmma, GroupedAndInt4MatchFloat64) {
   REQUIRE_SM90();
   std::mt19937 g(22);
-  const auto wg = pc::gemm_quant_wgmma;
+  const GemmQuantFn wg = pc::gemm_quant_wgmma;  // (the overload without a workspace)
   const char* nm = "gemm_quant_wgmma ";
   const std::pair<int, int> shapes[] = {{200, 320}, {3, 128}, {37, 192}, {130, 96}, {131, 160}};
   for (QuantMode mode : kA8Modes) {
