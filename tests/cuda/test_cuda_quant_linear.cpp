@@ -314,7 +314,7 @@ TEST(CudaGemmQuantWgmma, GroupedAndInt4MatchFloat64) {
 // every split folds whole groups into fp32, a second kernel adds the slices and applies sa and
 // the bias. Same float64 checks (fp32 summation order differs from the unsplit fold, within the
 // bounds); I32 partials exact. Shapes that split by themselves and forced counts with K off the
-// 128-byte stage (a last g64 group past K), a count that divides K unevenly.
+// 128-byte stage (K = 1056: a last g64 group past K), a count that divides K unevenly.
 void gemm_quant_wgmma_split(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
                             const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
   const size_t ws = pc::gemm_quant_wgmma_workspace_bytes(mode, M, N, K);
@@ -336,7 +336,7 @@ TEST(CudaGemmQuantWgmma, SplitKMatchesFloat64) {
     }
     setenv("PERRY_GQ_SPLITK", "3", 1);
     for (DType out : {DType::F32, DType::BF16, DType::I32})
-      run_gemm_case(mode, 9, 200, 1040, true, out, g, gemm_quant_wgmma_split, nm);
+      run_gemm_case(mode, 9, 200, 1056, true, out, g, gemm_quant_wgmma_split, nm);
     setenv("PERRY_GQ_SPLITK", "5", 1);
     for (DType out : {DType::F32, DType::I32})
       run_gemm_case(mode, 77, 130, 4160, false, out, g, gemm_quant_wgmma_split, nm);

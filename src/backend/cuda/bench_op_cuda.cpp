@@ -323,7 +323,7 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   for (Op op : ops_)
     for (int m : Ms) {
       if (op == Op::W8A8) splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
-      else if (op_path(op, m, int(K)) == LinearPath::WgmmaQuant)
+      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K)) == LinearPath::WgmmaQuant)
         splitk = std::max(splitk, gemm_quant_wgmma_workspace_bytes(op_info(op).mode, m, int(N), int(K)));
     }
   splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
