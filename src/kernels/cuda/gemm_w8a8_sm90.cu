@@ -423,6 +423,25 @@ __global__ void splitk_epilogue_kernel(const int* __restrict__ part, int splits,
   }
 }
 
+// The ping-pong schedule (Cfg) where it measured faster on the H200 (bench-op):
+//   * K <= 8192 with M >= 2048 (eighth session, s8-run7-pingpong-*.md: N 14336 / 6144, K 4096
+//     +4–7%, the epilogue is a large share of 32 k-steps); not at K = 14336 (−5–9%: 112 k-steps
+//     hide little, and 64-row tiles read B twice as often) nor at M = 1024 (−4–6%);
+//   * M <= 128 where its 64-row tiles still give every CTA at most one tile, or M <= 64 (tenth
+//     session, run 3, unsplit shapes): a 128-row tile at M <= 64 is half empty rows the tensor
+//     cores still multiply, and at M = 128 two 64-row tiles spread the weights over twice the
+//     SMs. N 6144 K 4096 M 64 / 128: 0.0147 / 0.0148 vs 0.0178 / 0.0181 ms; N 10240 K 2560 M 64
+//     0.0139 vs 0.0169; N 14336 K 4096 M 64 0.0227 vs 0.0268. Where the tiles would double up
+//     (N 10240 M 128: 160 of them) it lost 9%. (Split-K shapes keep the cooperative schedule.)
+// PERRY_WGMMA_PINGPONG=1 / 0 forces it (read per call: the tests run both schedules).
+bool pingpong_schedule(int M, int N, int K, int sms, bool wide) {
+  const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
+  if (pp && *pp) return pp[0] == '1';
+  if (wide && K <= 8192 && M >= 2048) return true;
+  const int bn = wide ? 256 : 128;
+  return M <= 64 || (M <= 128 && (long long)((M + 63) / 64) * ((N + bn - 1) / bn) <= sms);
+}
+
 template <int kOut, bool kFp8 = false>
 void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
               int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name, int32_t* workspace = nullptr,
@@ -444,13 +463,7 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
       return;
     }
   }
-  // The ping-pong schedule (Cfg) where it measured faster on the H200 (bench-op, eighth session,
-  // s8-run7-pingpong-*.md): K <= 8192 with M >= 2048 (N 14336 / 6144, K 4096: +4–7%, the epilogue
-  // is a large share of 32 k-steps); not at K = 14336 (−5–9%: 112 k-steps hide little, and
-  // 64-row tiles read B twice as often) nor at M = 1024 (−4–6%). PERRY_WGMMA_PINGPONG=1 / 0
-  // forces it (read per call: the tests run both schedules).
-  const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
-  const bool ping = pp && *pp ? pp[0] == '1' : (wide && K <= 8192 && M >= 2048);
+  const bool ping = pingpong_schedule(M, N, K, sms, wide);
   if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
