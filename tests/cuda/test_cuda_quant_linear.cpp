@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -342,6 +343,68 @@ TEST(CudaGemmQuantWgmma, SplitKMatchesFloat64) {
       run_gemm_case(mode, 77, 130, 4160, false, out, g, gemm_quant_wgmma_split, nm);
   }
   unsetenv("PERRY_GQ_SPLITK");
+}
+
+// The W4A8 prefill path (LinearPath::ExpandWgmma): expand_int4_weight gives the host's int4
+// values exactly (every nibble 0..15 in both halves of a byte), and the int8 wgmma GEMMs on the
+// expansion, with the int4 mode's scales, give the float64 results — for w4a8-g128 the int4
+// kernel's outputs bit for bit (the same integer group sums, the same fold order: sw·acc vs
+// (sw/16)·(16·acc), both exact).
+void expanded_int4_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
+                        const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+  Dev<int8_t> w8(size_t(N) * K);
+  pc::expand_int4_weight(w, N, K, w8.p, stream);
+  if (mode == QuantMode::W4A8) pc::gemm_w8a8_wgmma(x, sa, w8.p, s, bias, y, out, M, N, K, stream);
+  else pc::gemm_quant_wgmma(QuantMode::W8A8_G128, x, sa, w8.p, s, bias, y, out, M, N, K, stream);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST(CudaGemmQuantWgmma, ExpandedInt4MatchesFloat64AndInt4Kernel) {
+  REQUIRE_SM90();
+  std::mt19937 g(24);
+  {  // the expansion alone, exact
+    const int N = 37, K = 4160;
+    const QuantizedWeight w = make_weight(QuantMode::W4A8_G128, N, K, g);
+    const auto wu = unpack(w);
+    DevWeight dw(w);
+    Dev<int8_t> w8(size_t(N) * K);
+    pc::expand_int4_weight(dw.q.p, N, K, w8.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = w8.get();
+    size_t bad = 0;
+    int lo = 0, hi = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      bad += int(got[i]) != wu[i];
+      lo = std::min(lo, int(got[i]));
+      hi = std::max(hi, int(got[i]));
+    }
+    EXPECT_EQ(bad, 0u) << "expanded int4 differs from the host's values";
+    EXPECT_EQ(lo, -8);
+    EXPECT_EQ(hi, 7);
+  }
+  const char* nm = "expand_int4 + int8 wgmma ";
+  for (QuantMode mode : {QuantMode::W4A8, QuantMode::W4A8_G128}) {
+    for (DType out : {DType::F32, DType::BF16, DType::I32}) {
+      run_gemm_case(mode, 300, 520, 1024, out != DType::F32, out, g, expanded_int4_gemm, nm);
+      run_gemm_case(mode, 130, 257, 4160, true, out, g, expanded_int4_gemm, nm);  // odd N, partial group
+    }
+  }
+  // Bit for bit against the int4 kernel (w4a8-g128, f32 and bf16 out, with a bias).
+  for (DType out : {DType::F32, DType::BF16}) {
+    const int M = 300, N = 520, K = 1024;
+    const QuantizedWeight w = make_weight(QuantMode::W4A8_G128, N, K, g);
+    const Act a = make_act(M, K, g);
+    const auto bias = rand_f(size_t(N), g, -1.f, 1.f);
+    DevWeight dw(w);
+    Dev<int8_t> dq(a.q);
+    Dev<float> dsa(a.sa), db(bias);
+    const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
+    Dev<uint8_t> y4(bytes), y8(bytes);
+    pc::gemm_quant_wgmma(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y4.p, out, M, N, K, nullptr);
+    expanded_int4_gemm(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y8.p, out, M, N, K, nullptr);
+    const auto h4 = y4.get(), h8 = y8.get();
+    EXPECT_EQ(std::memcmp(h4.data(), h8.data(), bytes), 0) << "expanded vs int4 kernel, out " << int(out);
+  }
 }
 
 TEST(CudaGemmQuantWgmma, BadArgumentsThrow) {

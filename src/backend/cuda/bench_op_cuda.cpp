@@ -325,6 +325,8 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
       if (op == Op::W8A8) splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
       else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K)) == LinearPath::WgmmaQuant)
         splitk = std::max(splitk, gemm_quant_wgmma_workspace_bytes(op_info(op).mode, m, int(N), int(K)));
+      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K)) == LinearPath::ExpandWgmma)
+        splitk = std::max(splitk, expanded_int4_splitk_bytes(op_info(op).mode, m, int(N), int(K)));
     }
   splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
   fill_random_bf16(x_.get<uint16_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);

@@ -191,6 +191,11 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
       gemm_quant_wgmma(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K, c.stream,
                        reinterpret_cast<float*>(c.splitk), c.splitk_bytes);
       return;
+    case LinearPath::ExpandWgmma:
+      PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the expansion scratch", op_info(op).name);
+      run_expanded_int4(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K,
+                        reinterpret_cast<int8_t*>(c.dequant_scratch), c.splitk, c.splitk_bytes, c.stream);
+      return;
     case LinearPath::Fp8Wgmma:
       gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K,
                      c.stream);

@@ -165,6 +165,7 @@ size_t CudaLinear::splitk_bytes(int M) const {
   switch (path(M)) {
     case Path::Wgmma: return gemm_w8a8_wgmma_workspace_bytes(M, n_, k_);
     case Path::WgmmaQuant: return gemm_quant_wgmma_workspace_bytes(mode_, M, n_, k_);
+    case Path::ExpandWgmma: return expanded_int4_splitk_bytes(mode_, M, n_, k_);
     default: return 0;
   }
 }
@@ -218,6 +219,12 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
                        split ? ctx.splitk.get<float>() : nullptr, split ? ctx.splitk.bytes() : 0);
       return;
     }
+    case Path::ExpandWgmma:
+      PERRY_CHECK(ctx.dequant_scratch.bytes() >= size_t(n_) * size_t(k_), "{}: the int4 expansion scratch is missing",
+                  name_);
+      run_expanded_int4(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_,
+                        ctx.dequant_scratch.get<int8_t>(), ctx.splitk.get(), ctx.splitk.bytes(), ctx.stream);
+      return;
     case Path::Fp8Wgmma:
       PERRY_CHECK(ctx.fp8_act.bytes() >= fp8_act_bytes(M) && ctx.fp8_scale.bytes() >= size_t(M) * 4,
                   "{}: the e4m3 activation scratch holds fewer than {} rows", name_, M);
@@ -269,7 +276,44 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K) {
   if (M <= (a8 ? kSmallMA8MaxM : kGemmSmallMMaxM)) return Path::SmallM;
   if (!a8) return Path::DequantCublas;
   if (mode == pq::QuantMode::W8A8) return wgmma_enabled() ? Path::Wgmma : Path::MmaSync;
-  return wgmma_enabled() && gemm_quant_wgmma_supported() ? Path::WgmmaQuant : Path::GemmQuant;
+  if (!wgmma_enabled() || !gemm_quant_wgmma_supported()) return Path::GemmQuant;
+  // int4 at prefill sizes: expanding the weight to int8 once costs ~30 us for 58 M weights, the
+  // int4 kernel's in-shared-memory expansion (helper warps, one accumulator set) costs more
+  // (bench-op, H200: w4a8-g128 0.55-0.75x cuBLAS bf16 at M >= 512 where w8a8-g128 is 0.74-1.17x).
+  // PERRY_NO_INT4_EXPAND=1 keeps the int4 kernel at every M (A/B runs).
+  static const bool expand = !env_flag("PERRY_NO_INT4_EXPAND");
+  if (expand && quant_mode_bits(mode).bits == 4 && M >= CudaLinear::kExpandInt4MinM) return Path::ExpandWgmma;
+  return Path::WgmmaQuant;
+}
+
+namespace {
+// The int8 mode that runs an expanded int4 weight with the same scales.
+pq::QuantMode expanded_mode(pq::QuantMode mode) {
+  PERRY_CHECK(mode == pq::QuantMode::W4A8 || mode == pq::QuantMode::W4A8_G128, "int4 expansion: {} is not a W4A8 mode",
+              pq::quant_mode_name(mode));
+  return mode == pq::QuantMode::W4A8 ? pq::QuantMode::W8A8 : pq::QuantMode::W8A8_G128;
+}
+}  // namespace
+
+size_t expanded_int4_splitk_bytes(pq::QuantMode mode, int M, int N, int K) {
+  const pq::QuantMode m8 = expanded_mode(mode);
+  return m8 == pq::QuantMode::W8A8 ? gemm_w8a8_wgmma_workspace_bytes(M, N, K)
+                                   : gemm_quant_wgmma_workspace_bytes(m8, M, N, K);
+}
+
+void run_expanded_int4(pq::QuantMode mode, const int8_t* x, const float* sa, const void* qweight, const float* scales,
+                       const float* bias, void* y, DType out, int M, int N, int K, int8_t* scratch, void* splitk,
+                       size_t splitk_bytes, cudaStream_t stream) {
+  const pq::QuantMode m8 = expanded_mode(mode);
+  expand_int4_weight(qweight, N, K, scratch, stream);
+  const size_t ws = expanded_int4_splitk_bytes(mode, M, N, K);
+  const bool split = ws > 0 && splitk && splitk_bytes >= ws;
+  if (m8 == pq::QuantMode::W8A8)
+    gemm_w8a8_wgmma(x, sa, scratch, scales, bias, y, out, M, N, K, stream, split ? static_cast<int32_t*>(splitk) : nullptr,
+                    split ? splitk_bytes : 0);
+  else
+    gemm_quant_wgmma(m8, x, sa, scratch, scales, bias, y, out, M, N, K, stream,
+                     split ? static_cast<float*>(splitk) : nullptr, split ? splitk_bytes : 0);
 }
 
 std::string CudaLinear::kernel_name(int M) const { return linear_path_name(mode_, path(M)); }
@@ -286,6 +330,8 @@ std::string linear_path_name(pq::QuantMode qmode, LinearPath path) {
     case Path::MmaSync: return mode + ":" + gemm_w8a8_kernel_name();
     case Path::GemmQuant: return mode + ":gemm_quant_mma";
     case Path::WgmmaQuant: return mode + ":gemm_quant_wgmma_tma";
+    case Path::ExpandWgmma:
+      return mode + (qmode == pq::QuantMode::W4A8 ? ":expand_int4+gemm_w8a8_wgmma_tma" : ":expand_int4+gemm_quant_wgmma_tma");
     case Path::Fp8Wgmma: return mode + ":quantize_per_token_fp8+gemm_fp8_wgmma_tma";
   }
   return mode;

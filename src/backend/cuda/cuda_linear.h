@@ -39,13 +39,25 @@ struct LinearInput {
 };
 
 // Which kernels a linear layer runs for M rows (CudaLinear::run has one case per value).
-enum class LinearPath { CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, Fp8Wgmma };
+// ExpandWgmma: int4 W*A8 at prefill sizes — the packed weight expanded to int8 in the dequant
+// scratch, then the int8 wgmma GEMM of the same scales (run_expanded_int4).
+enum class LinearPath {
+  CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, ExpandWgmma, Fp8Wgmma
+};
 // The choice for a layer of `mode` with K inputs at M rows: the one place it is made, so that
 // CudaLinear runs and `perry bench-op --device cuda` times the same kernels. The wgmma paths
 // depend on the device (sm_90) and PERRY_NO_WGMMA, both read once, at the first call that asks.
 LinearPath linear_path(quant::QuantMode mode, int M, int K);
 // The kernels of a path as logs and bench-op print them ("w8a8:gemm_w8a8_wgmma_tma").
 std::string linear_path_name(quant::QuantMode mode, LinearPath path);
+// LinearPath::ExpandWgmma for a w4a8 / w4a8-g128 layer: expand_int4_weight into `scratch` (N·K
+// bytes, 16-byte aligned), then gemm_w8a8_wgmma (w4a8) or gemm_quant_wgmma as w8a8-g128
+// (w4a8-g128) with the layer's scales and the split-K workspace when it is large enough
+// (expanded_int4_splitk_bytes). Shared by CudaLinear and bench-op so both run the same thing.
+void run_expanded_int4(quant::QuantMode mode, const int8_t* x, const float* sa, const void* qweight,
+                       const float* scales, const float* bias, void* y, DType out, int M, int N, int K,
+                       int8_t* scratch, void* splitk, size_t splitk_bytes, cudaStream_t stream);
+size_t expanded_int4_splitk_bytes(quant::QuantMode mode, int M, int N, int K);
 
 // Per-stream state shared by all linears: cuBLAS handle, scratch for dequantized weights.
 struct LinearContext {
@@ -66,7 +78,10 @@ class CudaLinear {
  public:
   static constexpr int kGemvMaxM = 8;      // = kGemvQuantMaxM of gemv_quant.h (rows per gemv_quant call)
   static constexpr int kGemvOnlyMaxM = 3;  // gemv_quant up to here, then gemm_small_m
-  static constexpr int kSmallMA8MaxM = 32; // W*A8: gemm_small_m up to here, then the GEMMs  // largest M that takes the weight-streaming small-M kernel
+  static constexpr int kSmallMA8MaxM = 32;  // W*A8: gemm_small_m up to here, then the GEMMs
+  // W4A8 modes on sm_90 from here: the int4 weight expanded to int8 once a call, then the int8
+  // GEMM (LinearPath::ExpandWgmma); below it the int4 GEMM (expanding in shared memory) is faster.
+  static constexpr int kExpandInt4MinM = 257;
 
   // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order.
   static CudaLinear upload(DevicePool& pool, const std::vector<const model::Linear*>& parts, const std::string& name);
@@ -92,9 +107,11 @@ class CudaLinear {
   std::string kernel_name(int M) const;
   // Bytes of the bf16 scratch a weight-only layer needs above the small-M range (0 otherwise):
   // the backend allocates it once, so no allocation happens inside a recorded CUDA graph.
+  // W4A8 modes: the int8 expansion of the weight (LinearPath::ExpandWgmma), N·K bytes.
   size_t dequant_scratch_bytes() const {
-    return quant::is_quantized(mode_) && !fp8() && input_format() == ActFormat::BF16 ? size_t(n_) * size_t(k_) * 2
-                                                                                      : 0;
+    if (!quant::is_quantized(mode_) || fp8()) return 0;
+    if (input_format() == ActFormat::BF16) return size_t(n_) * size_t(k_) * 2;
+    return bits_ == 4 ? size_t(n_) * size_t(k_) : 0;
   }
   // w8a8-fp8: bytes of the e4m3 copy of M input rows (the backend allocates LinearContext::fp8_act
   // with its other scratch, outside any graph capture; fp8_scale takes 4 bytes a row).

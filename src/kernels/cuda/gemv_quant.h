@@ -95,4 +95,10 @@ void gemm_quant(QuantMode mode, const int8_t* x, const float* sa, const void* qw
 void dequantize_weight_bf16(const void* qweight, const float* scales, int bits, int group_size,
                             int N, int K, uint16_t* out_bf16, cudaStream_t stream);
 
+// W4A8 at prefill sizes: the canonical packed int4 weight [N, K/2] (low nibble = even k, two's
+// complement) as int8 [N, K], sign-extended, so the int8 wgmma GEMMs run it with the mode's own
+// scales (the same integer products: bit for bit what the int4 GEMM computes). K % 32 == 0;
+// qweight and out 16-byte aligned.
+void expand_int4_weight(const void* qweight, int N, int K, int8_t* out, cudaStream_t stream);
+
 }  // namespace perry::cuda
