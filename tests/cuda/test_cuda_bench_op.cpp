@@ -163,11 +163,11 @@ TEST(CudaBenchOp, LinearPathChoice) {
     EXPECT_EQ(pc::linear_path(mode, 8, 40), LinearPath::Gemv);  // odd K: the GEMV up to 8 rows,
     EXPECT_EQ(pc::linear_path(mode, 9, 40), LinearPath::DequantCublas);  // then dequantize + cuBLAS
   }
-  // int4 W*A8 on sm_90: the int4 GEMM below kExpandInt4MinM rows, the int8 one on the expanded
-  // weight from there (without wgmma: gemm_quant throughout).
+  // int4 W*A8 on sm_90: the int4 GEMM below kExpandInt4MinM (w4a8-g128: kExpandInt4G128MinM)
+  // rows, the int8 one on the expanded weight from there (without wgmma: gemm_quant throughout).
   const bool wg = pc::linear_path(QM::W8A8_G128, 1000, 4096) == LinearPath::WgmmaQuant;
   for (QM mode : {QM::W4A8, QM::W4A8_G128}) {
-    const int m0 = pc::CudaLinear::kExpandInt4MinM;
+    const int m0 = mode == QM::W4A8 ? pc::CudaLinear::kExpandInt4MinM : pc::CudaLinear::kExpandInt4G128MinM;
     EXPECT_EQ(pc::linear_path(mode, m0 - 1, 4096), wg ? LinearPath::WgmmaQuant : LinearPath::GemmQuant);
     EXPECT_EQ(pc::linear_path(mode, m0, 4096), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
   }

@@ -362,7 +362,8 @@ void expanded_int4_gemm(QuantMode mode, const int8_t* x, const float* sa, const 
 TEST(CudaGemmQuantWgmma, ExpandedInt4MatchesFloat64AndInt4Kernel) {
   REQUIRE_SM90();
   std::mt19937 g(24);
-  {  // the expansion alone, exact
+  {  // the expansion alone, exact: perry's quantizer's weights (values -7..7) against unpack, and
+     // raw random bytes (every nibble, -8 included) against the packing rule
     const int N = 37, K = 4160;
     const QuantizedWeight w = make_weight(QuantMode::W4A8_G128, N, K, g);
     const auto wu = unpack(w);
@@ -372,13 +373,23 @@ TEST(CudaGemmQuantWgmma, ExpandedInt4MatchesFloat64AndInt4Kernel) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto got = w8.get();
     size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += int(got[i]) != wu[i];
+    EXPECT_EQ(bad, 0u) << "expanded int4 differs from the quantizer's values";
+    std::vector<uint8_t> raw(size_t(N) * K / 2);
+    for (auto& b : raw) b = uint8_t(g());
+    Dev<uint8_t> draw(raw);
+    pc::expand_int4_weight(draw.p, N, K, w8.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got2 = w8.get();
+    bad = 0;
     int lo = 0, hi = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      bad += int(got[i]) != wu[i];
-      lo = std::min(lo, int(got[i]));
-      hi = std::max(hi, int(got[i]));
+    for (size_t i = 0; i < got2.size(); ++i) {
+      const int nib = i % 2 ? raw[i / 2] >> 4 : raw[i / 2] & 15;  // low nibble = even k
+      bad += int(got2[i]) != ((nib ^ 8) - 8);
+      lo = std::min(lo, int(got2[i]));
+      hi = std::max(hi, int(got2[i]));
     }
-    EXPECT_EQ(bad, 0u) << "expanded int4 differs from the host's values";
+    EXPECT_EQ(bad, 0u) << "expanded raw int4 bytes differ from the two's complement nibbles";
     EXPECT_EQ(lo, -8);
     EXPECT_EQ(hi, 7);
   }

@@ -277,12 +277,14 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K) {
   if (!a8) return Path::DequantCublas;
   if (mode == pq::QuantMode::W8A8) return wgmma_enabled() ? Path::Wgmma : Path::MmaSync;
   if (!wgmma_enabled() || !gemm_quant_wgmma_supported()) return Path::GemmQuant;
-  // int4 at prefill sizes: expanding the weight to int8 once costs ~30 us for 58 M weights, the
-  // int4 kernel's in-shared-memory expansion (helper warps, one accumulator set) costs more
-  // (bench-op, H200: w4a8-g128 0.55-0.75x cuBLAS bf16 at M >= 512 where w8a8-g128 is 0.74-1.17x).
-  // PERRY_NO_INT4_EXPAND=1 keeps the int4 kernel at every M (A/B runs).
+  // int4 at prefill sizes: expanding the weight to int8 once (~10-30 us for 10-58 M weights)
+  // costs less than the int4 kernel's in-shared-memory expansion (helper warps, one accumulator
+  // set). Bench-op, H200, tenth session run 5, M 4096: w4a8 0.70-0.73x cuBLAS bf16 → 1.57-1.77x,
+  // w4a8-g128 0.66-0.75x → 0.86-1.10x. PERRY_NO_INT4_EXPAND=1 keeps the int4 kernel (A/B runs).
   static const bool expand = !env_flag("PERRY_NO_INT4_EXPAND");
-  if (expand && quant_mode_bits(mode).bits == 4 && M >= CudaLinear::kExpandInt4MinM) return Path::ExpandWgmma;
+  const int expand_from =
+      mode == pq::QuantMode::W4A8_G128 ? CudaLinear::kExpandInt4G128MinM : CudaLinear::kExpandInt4MinM;
+  if (expand && quant_mode_bits(mode).bits == 4 && M >= expand_from) return Path::ExpandWgmma;
   return Path::WgmmaQuant;
 }
 

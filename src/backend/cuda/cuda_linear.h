@@ -79,9 +79,12 @@ class CudaLinear {
   static constexpr int kGemvMaxM = 8;      // = kGemvQuantMaxM of gemv_quant.h (rows per gemv_quant call)
   static constexpr int kGemvOnlyMaxM = 3;  // gemv_quant up to here, then gemm_small_m
   static constexpr int kSmallMA8MaxM = 32;  // W*A8: gemm_small_m up to here, then the GEMMs
-  // W4A8 modes on sm_90 from here: the int4 weight expanded to int8 once a call, then the int8
-  // GEMM (LinearPath::ExpandWgmma); below it the int4 GEMM (expanding in shared memory) is faster.
-  static constexpr int kExpandInt4MinM = 257;
+  // W4A8 modes on sm_90 from these M: the int4 weight expanded to int8 once a call, then the int8
+  // GEMM (LinearPath::ExpandWgmma); below them the int4 GEMM (expanding in shared memory) is
+  // faster. Per channel the int8 kernel is gemm_w8a8_wgmma (2-3x the int4 kernel's speed), so it
+  // pays early; w4a8-g128 runs gemm_quant_wgmma, which at M 512 with N 6144 / 10240 has worse
+  // wave quantization than the int4 kernel's 192-row tiles (tenth session, run 5).
+  static constexpr int kExpandInt4MinM = 257, kExpandInt4G128MinM = 1024;
 
   // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order.
   static CudaLinear upload(DevicePool& pool, const std::vector<const model::Linear*>& parts, const std::string& name);
