@@ -32,6 +32,9 @@
 //     folded once; bf16 out leaves by 16-byte stores after a quad transpose. I32 out: the int32
 //     partials (per group) are stored at each fold instead.
 //   * Persistent grid, grouped tile order, TMA zero fill at the M / N / K edges: as gemm_w8a8_sm90.
+//   * Grouped split-K (grouped_splits, small M × N): units of (tile, k-range of whole stages), each
+//     folding its groups into fp32 and storing facc to its workspace slice;
+//     grouped_splitk_reduce_kernel adds the slices in order and applies sa and the bias.
 // No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (TMA thread) +
 // 96 helper arrives (0 for grouped int8), empty 4·kCons consumer-warp arrives (8 or 12), packed
 // (int4) 1 arrive.expect_tx; all roles walk the same (tile, k-stage) sequence.
