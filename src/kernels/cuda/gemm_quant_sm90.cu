@@ -244,45 +244,35 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
       }
     }
     if constexpr (kOut != 2) {  // (I32: the partials went out at the folds)
-      if (splits > 1) {
-        // Split-K: this unit's fp32 sum over its groups to slice u % splits of the workspace;
-        // splitk_reduce_kernel adds the slices in order and applies sa[m] and the bias.
-        float* pp = part + size_t(u % splits) * size_t(M) * N;
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int m = m0 + 8 * j + 2 * tq + e;
-            if (m >= M) continue;
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-              if (r0 + 8 * hh < N) pp[size_t(m) * N + r0 + 8 * hh] = facc[4 * j + 2 * hh + e];
-          }
-        continue;
-      }
-      // y[m, n] = facc·sa[m] + bias[n] for n = r0 + 8hh, m = m0 + 8j + 2tq + e. Eight lanes (gq)
-      // store eight consecutive n of one row m: one 32-byte sector (f32) or half of one that the
-      // same thread's hh = 1 store completes (bf16); ~64 stores per thread against K/32 wgmmas,
-      // so no shared-memory transpose.
+      // y[m, n] = facc·sa[m] + bias[n] for n = r0 + 8hh, m = m0 + 8j + 2tq + e; split-K: facc alone
+      // to slice u % splits of the workspace (grouped_splitk_reduce_kernel adds the slices in order
+      // and applies sa[m] and the bias). Eight lanes (gq) store eight consecutive n of one row m:
+      // one 32-byte sector (f32) or half of one that the same thread's hh = 1 store completes
+      // (bf16); ~64 stores per thread against K/32 wgmmas, so no shared-memory transpose.
+      const bool split = splits > 1;
+      float* const slice = split ? part + size_t(u % splits) * size_t(M) * N : nullptr;
       float bn[2];
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) bn[hh] = bias && r0 + 8 * hh < N ? __ldg(bias + r0 + 8 * hh) : 0.f;
+      for (int hh = 0; hh < 2; ++hh) bn[hh] = !split && bias && r0 + 8 * hh < N ? __ldg(bias + r0 + 8 * hh) : 0.f;
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int m = m0 + 8 * j + 2 * tq + e;
           if (m >= M) continue;
-          const float sam = __ldg(Sa + m);
+          const float sam = split ? 1.f : __ldg(Sa + m);
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             if (r0 + 8 * hh >= N) continue;
-            const float v = fmaf(facc[4 * j + 2 * hh + e], sam, bn[hh]);
             const size_t o = size_t(m) * N + r0 + 8 * hh;
+            if (split) {
+              slice[o] = facc[4 * j + 2 * hh + e];
+              continue;
+            }
+            const float v = fmaf(facc[4 * j + 2 * hh + e], sam, bn[hh]);
             if constexpr (kOut == 1) static_cast<float*>(Y)[o] = v;
             else static_cast<__nv_bfloat16*>(Y)[o] = __float2bfloat16_rn(v);
-          }
-        }
+          }        }
     }
   }
 }
@@ -581,22 +571,10 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
 int grouped_splits(int M, int N, int K, int wrows, int& kt_per) {
   const int ktiles = (K + kBK - 1) / kBK;
   kt_per = ktiles;
-  const char* e = std::getenv("PERRY_GQ_SPLITK");  // read per call: the tests switch it
-  const int forced = e && *e ? std::atoi(e) : -1;
+  const int forced = split_env("PERRY_GQ_SPLITK");
   if (forced == 0 || forced == 1) return 1;
-  const int sms = sm_count();
   const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + wrows - 1) / wrows);
-  int splits;
-  if (forced > 1) {
-    splits = forced;
-  } else {
-    if (tiles * 2 > sms) return 1;  // at least half the SMs have a tile
-    splits = int(std::min<long long>(sms / tiles, ktiles / 8));  // >= 8 stages a unit
-  }
-  splits = std::min(splits, ktiles);
-  if (splits < 2) return 1;
-  kt_per = (ktiles + splits - 1) / splits;
-  return (ktiles + kt_per - 1) / kt_per;  // no empty split
+  return finish_splits(forced > 1 ? forced : fill_splits(tiles, ktiles, sm_count()), ktiles, kt_per);
 }
 
 // y[m, n] = fmaf(Σ_s part[s][m][n], sa[m], bias[n]): the unsplit epilogue's expression on the

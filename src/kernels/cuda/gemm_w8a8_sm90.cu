@@ -378,28 +378,19 @@ int pick_bn(int M, int N, int sms) {
 int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
   const int ktiles = (K + kBK - 1) / kBK;
   kt_per = ktiles;
-  const char* e = std::getenv("PERRY_WGMMA_SPLITK");  // read per call: the tests switch it
-  const int forced = e && *e ? std::atoi(e) : -1;
+  const int forced = split_env("PERRY_WGMMA_SPLITK");
   if (forced == 0 || forced == 1) return 1;
-  const int bn = pick_bn(M, N, sms);
-  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + bn - 1) / bn);
-  int splits;
-  if (forced > 1) {
-    splits = forced;
-  } else {
-    if (tiles * 2 > sms) return 1;  // at least half the SMs have a tile: no split
-    // Fill the SMs, with at least 8 k-tiles (1024 of K) a unit so the pipeline has work.
-    splits = std::min<long long>(sms / tiles, ktiles / 8);
+  int splits = forced;
+  if (forced < 0) {
+    const int bn = pick_bn(M, N, sms);
+    splits = fill_splits((long long)((M + kBM - 1) / kBM) * ((N + bn - 1) / bn), ktiles, sms);
     // The epilogue pass costs a few microseconds: two splits pay only over a long K. H200, ninth
     // session, run 8 (bench-op, split vs unsplit): N 6144, K 4096 (2 splits of 16 k-tiles) lost
     // 7–10% at M 64 and 128; N 4096, K 14336 at M 256 (2 of 56) gained 15%; 4–6 splits gained
     // 30–58% at N 4096 / 2560.
     if (splits == 2 && (ktiles + 1) / 2 < 32) return 1;
   }
-  splits = std::min(splits, ktiles);
-  if (splits < 2) return 1;
-  kt_per = (ktiles + splits - 1) / splits;
-  return (ktiles + kt_per - 1) / kt_per;  // no empty split
+  return finish_splits(splits, ktiles, kt_per);
 }
 
 // y[m, n] = float(Σ_s part[s][m][n])·(sa[m]·sw[n]) + bias[n] — the GEMM epilogue's expression.

@@ -7,7 +7,9 @@
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from cudaGetDriverEntryPoint
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -242,6 +244,26 @@ inline bool device_is_sm90() {
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
   return major == 9 && minor == 0;
+}
+
+// Split-K plans of the sm_90 GEMMs (host side). split_env: the count an environment variable
+// forces (-1: none set; 0 or 1: no split). fill_splits: the default — fill the SMs, at least 8
+// k-tiles a unit, only where fewer than half the SMs have a tile. finish_splits: cap `want` at
+// the k-tiles, set kt_per (k-tiles a split) and return the count with no empty split (1: none).
+inline int split_env(const char* name) {
+  const char* e = std::getenv(name);  // read per call: the tests switch it
+  return e && *e ? std::atoi(e) : -1;
+}
+inline int fill_splits(long long tiles, int ktiles, int sms) {
+  if (tiles * 2 > sms) return 1;
+  return int(std::min<long long>(sms / tiles, ktiles / 8));
+}
+inline int finish_splits(int want, int ktiles, int& kt_per) {
+  kt_per = ktiles;
+  const int splits = std::min(want, ktiles);
+  if (splits < 2) return 1;
+  kt_per = (ktiles + splits - 1) / splits;
+  return (ktiles + kt_per - 1) / kt_per;
 }
 
 }  // namespace perry::cuda::sm90
