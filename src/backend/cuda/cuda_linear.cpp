@@ -199,26 +199,20 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
                              ctx.dequant_scratch.get<uint16_t>(), ctx.stream);
       gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, out, M, n_, k_, bias, ctx);
       return;
-    case Path::Wgmma: {
-      const size_t ws = gemm_w8a8_wgmma_workspace_bytes(M, n_, k_);  // (the path is known: no splitk_bytes)
-      const bool split = ws > 0 && ctx.splitk.bytes() >= ws;
+    case Path::Wgmma:  // (the GEMMs split only when the workspace is large enough; else they run unsplit)
       gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream,
-                      split ? ctx.splitk.get<int32_t>() : nullptr, split ? ctx.splitk.bytes() : 0);
+                      ctx.splitk.get<int32_t>(), ctx.splitk.bytes());
       return;
-    }
     case Path::MmaSync:
       gemm_w8a8(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
       return;
     case Path::GemmQuant:
       gemm_quant(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
       return;
-    case Path::WgmmaQuant: {
-      const size_t ws = gemm_quant_wgmma_workspace_bytes(mode_, M, n_, k_);
-      const bool split = ws > 0 && ctx.splitk.bytes() >= ws;
+    case Path::WgmmaQuant:
       gemm_quant_wgmma(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream,
-                       split ? ctx.splitk.get<float>() : nullptr, split ? ctx.splitk.bytes() : 0);
+                       ctx.splitk.get<float>(), ctx.splitk.bytes());
       return;
-    }
     case Path::ExpandWgmma:
       PERRY_CHECK(ctx.dequant_scratch.bytes() >= size_t(n_) * size_t(k_), "{}: the int4 expansion scratch is missing",
                   name_);
@@ -308,14 +302,10 @@ void run_expanded_int4(pq::QuantMode mode, const int8_t* x, const float* sa, con
                        size_t splitk_bytes, cudaStream_t stream) {
   const pq::QuantMode m8 = expanded_mode(mode);
   expand_int4_weight(qweight, N, K, scratch, stream);
-  const size_t ws = expanded_int4_splitk_bytes(mode, M, N, K);
-  const bool split = ws > 0 && splitk && splitk_bytes >= ws;
   if (m8 == pq::QuantMode::W8A8)
-    gemm_w8a8_wgmma(x, sa, scratch, scales, bias, y, out, M, N, K, stream, split ? static_cast<int32_t*>(splitk) : nullptr,
-                    split ? splitk_bytes : 0);
+    gemm_w8a8_wgmma(x, sa, scratch, scales, bias, y, out, M, N, K, stream, static_cast<int32_t*>(splitk), splitk_bytes);
   else
-    gemm_quant_wgmma(m8, x, sa, scratch, scales, bias, y, out, M, N, K, stream,
-                     split ? static_cast<float*>(splitk) : nullptr, split ? splitk_bytes : 0);
+    gemm_quant_wgmma(m8, x, sa, scratch, scales, bias, y, out, M, N, K, stream, static_cast<float*>(splitk), splitk_bytes);
 }
 
 std::string CudaLinear::kernel_name(int M) const { return linear_path_name(mode_, path(M)); }
