@@ -329,7 +329,8 @@ TEST(CudaGemmQuantWgmma, SplitKMatchesFloat64) {
   REQUIRE_SM90();
   std::mt19937 g(23);
   const char* nm = "gemm_quant_wgmma split-K ";
-  for (QuantMode mode : {QuantMode::W8A8_G128, QuantMode::W8A8_G64, QuantMode::W4A8_G128}) {
+  for (QuantMode mode : {QuantMode::W8A8_G128, QuantMode::W8A8_G64, QuantMode::W4A8_G128, QuantMode::W4A8,
+                         QuantMode::W8A8}) {
     unsetenv("PERRY_GQ_SPLITK");
     for (DType out : {DType::F32, DType::BF16, DType::I32}) {
       run_gemm_case(mode, 64, 1000, 4160, out != DType::F32, out, g, gemm_quant_wgmma_split, nm);
@@ -341,6 +342,44 @@ TEST(CudaGemmQuantWgmma, SplitKMatchesFloat64) {
     setenv("PERRY_GQ_SPLITK", "5", 1);
     for (DType out : {DType::F32, DType::I32})
       run_gemm_case(mode, 77, 130, 4160, false, out, g, gemm_quant_wgmma_split, nm);
+  }
+  unsetenv("PERRY_GQ_SPLITK");
+}
+
+// Per channel (w4a8, and w8a8 through this API) the split partials are int32 sums: the split
+// outputs are the unsplit kernel's bit for bit, f32, bf16 and I32 — with the splits the default
+// plan picks and with forced counts (uneven k-ranges, K off the 128-byte stage, odd N).
+TEST(CudaGemmQuantWgmma, PerChannelSplitKIsBitExact) {
+  REQUIRE_SM90();
+  std::mt19937 g(25);
+  struct Shape { int M, N, K; const char* forced; };
+  for (QuantMode mode : {QuantMode::W4A8, QuantMode::W8A8}) {
+    for (const Shape sh : {Shape{128, 1024, 4096, nullptr}, Shape{64, 520, 2048, nullptr}, Shape{9, 201, 1056, "3"},
+                           Shape{77, 130, 4160, "5"}}) {
+      const QuantizedWeight w = make_weight(mode, sh.N, sh.K, g);
+      const Act a = make_act(sh.M, sh.K, g);
+      const auto bias = rand_f(size_t(sh.N), g, -1.f, 1.f);
+      DevWeight dw(w);
+      Dev<int8_t> dq(a.q);
+      Dev<float> dsa(a.sa), db(bias);
+      for (DType out : {DType::F32, DType::BF16, DType::I32}) {
+        const size_t bytes = size_t(sh.M) * sh.N * (out == DType::BF16 ? 2 : 4);
+        Dev<uint8_t> y1(bytes), ys(bytes);
+        setenv("PERRY_GQ_SPLITK", "0", 1);
+        pc::gemm_quant_wgmma(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y1.p, out, sh.M, sh.N, sh.K, nullptr);
+        if (sh.forced) setenv("PERRY_GQ_SPLITK", sh.forced, 1);
+        else unsetenv("PERRY_GQ_SPLITK");
+        const size_t ws = pc::gemm_quant_wgmma_workspace_bytes(mode, sh.M, sh.N, sh.K);
+        EXPECT_GT(ws, 0u) << "expected a split-K shape: M=" << sh.M << " N=" << sh.N << " K=" << sh.K;
+        Dev<float> dws(ws / 4 + 4);
+        pc::gemm_quant_wgmma(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, ys.p, out, sh.M, sh.N, sh.K, nullptr, dws.p, ws);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto h1 = y1.get(), hs = ys.get();
+        EXPECT_EQ(std::memcmp(h1.data(), hs.data(), bytes), 0)
+            << perry::quant::quant_mode_name(mode) << " M=" << sh.M << " N=" << sh.N << " K=" << sh.K << " out " << int(out)
+            << ": split-K differs from the unsplit kernel";
+      }
+    }
   }
   unsetenv("PERRY_GQ_SPLITK");
 }

@@ -32,9 +32,11 @@
 //     folded once; bf16 out leaves by 16-byte stores after a quad transpose. I32 out: the int32
 //     partials (per group) are stored at each fold instead.
 //   * Persistent grid, grouped tile order, TMA zero fill at the M / N / K edges: as gemm_w8a8_sm90.
-//   * Grouped split-K (grouped_splits, small M × N): units of (tile, k-range of whole stages), each
-//     folding its groups into fp32 and storing facc to its workspace slice;
-//     grouped_splitk_reduce_kernel adds the slices in order and applies sa and the bias.
+//   * Split-K (grouped_splits, small M × N): units of (tile, k-range of whole stages). Grouped:
+//     each folds its groups into fp32 and stores facc to its workspace slice;
+//     grouped_splitk_reduce_kernel adds the slices in order and applies sa and the bias. Per
+//     channel: each stores its int32 sums; perchannel_splitk_reduce_kernel adds them (exact) and
+//     applies the unsplit epilogue's expression.
 // No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (TMA thread) +
 // 96 helper arrives (0 for grouped int8), empty 4·kCons consumer-warp arrives (8 or 12), packed
 // (int4) 1 arrive.expect_tx; all roles walk the same (tile, k-stage) sequence.
@@ -114,7 +116,8 @@ template <int kBits, int kGS, int kOut, int S, int kCons>
 __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32_t bars, int cw, int warp, int lane,
                                                 const float* __restrict__ Sa, const float* __restrict__ Sw,
                                                 const float* __restrict__ bias, void* __restrict__ Y, int M, int N,
-                                                int K, int G, int splits, int kt_per, float* __restrict__ part) {
+                                                int K, int G, int splits, int kt_per, float* __restrict__ part,
+                                                int flags) {
   constexpr int kSub = kBK / kGS;   // groups per stage (1 or 2)
   constexpr int kKK = 4 / kSub;     // k32 wgmmas per group
   constexpr float kWMul = kBits == 4 ? 0.0625f : 1.0f;  // the int4 bytes hold 16·w: fold sw/16 (exact)
@@ -198,6 +201,7 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
               if (m0 + 8 * j + 2 * tq + e < M && r0 + 8 * hh < N)
                 ym[e * row + 8 * hh * G] = done[4 * j + 2 * hh + e] >> (kBits == 4 ? 4 : 0);
       } else {
+        if (flags & 8) return;  // the lab's ceiling measurement: no fold (wrong outputs)
         // float(acc) is exact (|acc| < 2^24) and compiles to I2FP.F32.S32, one instruction: on
         // the H200 it beat the integer-add trick (IADD + FADD) 817 vs 695 TOPS.
 #pragma unroll
@@ -309,7 +313,7 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int tiles_m = (M + kBM - 1) / kBM, tiles_n = (N + kNStep - 1) / kNStep;
-  const int num_tiles = tiles_m * tiles_n;  // (splits == 1 unless kSwap: units = tiles)
+  const int num_tiles = tiles_m * tiles_n;
   const int num_units = num_tiles * splits;
   const int ktiles = (K + kBK - 1) / kBK;
 
@@ -433,22 +437,25 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
     const int g = lane >> 2, tq = lane & 3;
     if constexpr (kSwap) {
       consume_grouped<kBits, kGS, kOut, S, kCons>(sA, sB, bars, cw, warp, lane, Sa, Sw, bias, Y, M, N, K, G, splits,
-                                                  kt_per, part);
+                                                  kt_per, part, vec_ok);
     } else {
+      int* const ipart = reinterpret_cast<int*>(part);  // split-K: int32 slices [splits][M][N]
       int acc[64];
       float facc[64];
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = 0;
       int s = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int m0, n0;
+      for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+        int t, kt0, kt1, m0, n0;
+        unit_range(u, splits, kt_per, ktiles, t, kt0, kt1);
         tile_origin<kBM, kGroupTiles>(t, tiles_m, tiles_n, kBN, m0, n0);
         // m64n128 accumulator layout: warp w owns rows 16w..16w+15; acc[4j + 2hh + e] is row
         // gq + 8hh, column 8j + 2tq + e (gq = lane/4).
         const int r0 = m0 + cw * 64 + warp * 16 + g;
-        // Per channel: one int32 accumulation over all of K, folded once (I2F) at the last stage.
-        for (int kt = 0; kt < ktiles; ++kt) {
+        // Per channel: one int32 accumulation over the unit's k-range (all of K unless split),
+        // folded once (I2F) at its last stage.
+        for (int kt = kt0; kt < kt1; ++kt) {
           mbar_wait(full(s), phase);
           const uint64_t da = make_desc_sw128(sA + s * C::kTileA + cw * 64 * kBK);
           const uint64_t db = make_desc_sw128(sB + s * C::kTileB);
@@ -456,9 +463,9 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk)  // +32 B along K = +2 in the address field
-            wgmma_n128(acc, da + 2 * kk, db + 2 * kk, (kt | kk) != 0);
+            wgmma_n128(acc, da + 2 * kk, db + 2 * kk, kt != kt0 || kk != 0);
           wgmma_commit();
-          const bool last = kt == ktiles - 1;
+          const bool last = kt == kt1 - 1;
           float4 sw4[8];  // this thread's 32 column scales (read while the wgmmas run)
           if constexpr (kOut != 2) {
             if (last) {
@@ -472,7 +479,27 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
           if (lane == 0) mbar_arrive(empty(s));
           if (++s == S) { s = 0; phase ^= 1; }
           if (!last) continue;
-          if constexpr (kOut == 2) {
+          if (ipart) {
+            // Split-K: the unit's exact int32 sums (acc / 16 for int4) to its workspace slice;
+            // perchannel_splitk_reduce_kernel adds them and applies this epilogue's expression.
+            int* slice = ipart + size_t(u % splits) * size_t(M) * N;
+            const int c0 = n0 + 2 * tq;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              if (r0 + 8 * hh >= M) continue;
+              int* yr = slice + size_t(r0 + 8 * hh) * N + c0;
+#pragma unroll
+              for (int j = 0; j < 16; ++j) {
+                const int v0 = acc[4 * j + 2 * hh] >> (kBits == 4 ? 4 : 0);
+                const int v1 = acc[4 * j + 2 * hh + 1] >> (kBits == 4 ? 4 : 0);
+                if (c0 + 8 * j + 1 < N && (vec_ok & 4)) *reinterpret_cast<int2*>(yr + 8 * j) = make_int2(v0, v1);
+                else if (c0 + 8 * j < N) {
+                  yr[8 * j] = v0;
+                  if (c0 + 8 * j + 1 < N) yr[8 * j + 1] = v1;
+                }
+              }
+            }
+          } else if constexpr (kOut == 2) {
             // y[r·N + c] (G = 1): per row a base pointer.
             const int c0 = n0 + 2 * tq;
 #pragma unroll
@@ -494,7 +521,7 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
             }
           }
         }
-        if constexpr (kOut == 2) continue;  // the raw accumulators went out at the last stage
+        if (kOut == 2 || ipart) continue;  // the raw accumulators went out at the last stage
 
         // Epilogue: y = facc·sa[r] + bias[c].
         float sa[2];
@@ -564,9 +591,9 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
 }
 
 // ---------------------------------------------------------------- host side
-// Split-K for the grouped modes where the tiles would leave most SMs idle (M <= 128-ish with
-// N = 4096: 32 tiles of 128 weight rows, 22 of 192, for 132 SMs): units of (tile, k-range), as
-// gemm_w8a8_wgmma's split-K, each folding its whole groups into fp32. Returns the splits (1: none)
+// Split-K where the tiles would leave most SMs idle (M <= 128-ish with N = 4096: 32 tiles of 128
+// weight rows, 22 of 192, for 132 SMs): units of (tile, k-range), as gemm_w8a8_wgmma's split-K;
+// grouped units fold their whole groups into fp32, per-channel ones keep int32. Returns the splits (1: none)
 // and sets kt_per, the k-stages a split. PERRY_GQ_SPLITK=0 turns it off, =N forces N (tests, lab).
 int grouped_splits(int M, int N, int K, int wrows, int& kt_per) {
   const int ktiles = (K + kBK - 1) / kBK;
@@ -595,6 +622,28 @@ __global__ void grouped_splitk_reduce_kernel(const float* __restrict__ part, int
   }
 }
 
+// Per channel: y[m, n] = fmaf(float(Σ_s part[s][m][n])·sw[n], sa[m], bias[n]) — the unsplit
+// epilogue's expression (float(16·acc)·(sw/16) is float(acc)·sw exactly), on the exact int32 sum
+// of the slices: the outputs are the unsplit kernel's bit for bit. I32 out: the sum itself.
+template <int kOut>
+__global__ void perchannel_splitk_reduce_kernel(const int* __restrict__ part, int splits, int M, int N,
+                                                const float* __restrict__ Sa, const float* __restrict__ Sw,
+                                                const float* __restrict__ bias, void* __restrict__ Y) {
+  const size_t total = size_t(M) * N;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    int acc = 0;
+    for (int sp = 0; sp < splits; ++sp) acc += __ldcg(part + size_t(sp) * total + i);
+    if constexpr (kOut == 2) {
+      static_cast<int*>(Y)[i] = acc;
+    } else {
+      const int m = int(i / size_t(N)), n = int(i - size_t(m) * N);
+      const float v = fmaf(__fmul_rn(float(acc), __ldg(Sw + n)), __ldg(Sa + m), bias ? __ldg(bias + n) : 0.f);
+      if constexpr (kOut == 1) static_cast<float*>(Y)[i] = v;
+      else static_cast<__nv_bfloat16*>(Y)[i] = __float2bfloat16_rn(v);
+    }
+  }
+}
+
 template <int kBits, int kGS, int kOut, int kCons = 2>
 void launch(const int8_t* x, const float* sa, const void* w, const float* sw, const float* bias, void* y, int M,
             int N, int K, int G, int vec_ok, cudaStream_t stream, const char* name, float* ws, size_t ws_bytes) {
@@ -610,11 +659,12 @@ void launch(const int8_t* x, const float* sa, const void* w, const float* sw, co
   const CUtensorMap tb = kBits == 8 ? make_map(w, N, K, kBK, C::kWRows, CU_TENSOR_MAP_SWIZZLE_128B, name)
                                     : make_map(w, N, K / 2, kBK / 2, C::kWRows, CU_TENSOR_MAP_SWIZZLE_NONE, name);
   int kt_per = (K + kBK - 1) / kBK, splits = 1;
-  if constexpr (kGS != 0) {
+  {
     int kp = 0;
     const int sp = grouped_splits(M, N, K, C::kWRows, kp);
-    // I32 (the exactness tests) stores each group's partials directly: no workspace needed.
-    if (sp > 1 && (kOut == 2 || (ws && ws_bytes >= size_t(sp) * size_t(M) * size_t(N) * 4))) {
+    const bool room = ws && ws_bytes >= size_t(sp) * size_t(M) * size_t(N) * 4;
+    // Grouped I32 (the exactness tests) stores each group's partials directly: no workspace.
+    if (sp > 1 && (room || (kGS != 0 && kOut == 2))) {
       splits = sp;
       kt_per = kp;
     }
@@ -622,14 +672,22 @@ void launch(const int8_t* x, const float* sa, const void* w, const float* sw, co
   const long long units = (long long)((M + kBM - 1) / kBM) * ((N + C::kWRows - 1) / C::kWRows) * splits;
   const int sms = sm_count();
   const unsigned grid = unsigned(units < sms ? units : sms);
-  float* part = splits > 1 && kOut != 2 ? ws : nullptr;
+  float* part = splits > 1 && (kGS == 0 || kOut != 2) ? ws : nullptr;
+  if (part && kGS == 0 && N % 2 == 0) vec_ok |= 4;  // int2 stores into the int32 slices
+  // PERRY_LAB_GQ_SKIP_FOLD=1 (lab only, the outputs are wrong): the grouped kernels without their
+  // per-group fold, to measure what the rest of the pipeline reaches.
+  if (kGS != 0 && split_env("PERRY_LAB_GQ_SKIP_FOLD") == 1) vec_ok |= 8;
   gemm_quant_wgmma_kernel<kBits, kGS, kOut, kCons><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
       ta, tb, sa, sw, bias, part ? static_cast<void*>(nullptr) : y, M, N, K, G, vec_ok, splits, kt_per, part);
   check_launch(name);
-  if constexpr (kOut != 2) {
-    if (part) {
-      const size_t total = size_t(M) * N;
-      const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sms) * 8));
+  if (part) {
+    const size_t total = size_t(M) * N;
+    const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sms) * 8));
+    if constexpr (kGS == 0) {
+      perchannel_splitk_reduce_kernel<kOut><<<blocks, 256, 0, stream>>>(reinterpret_cast<const int*>(part), splits, M,
+                                                                        N, sa, sw, bias, y);
+      check_launch("perchannel_splitk_reduce_kernel");
+    } else if constexpr (kOut != 2) {
       grouped_splitk_reduce_kernel<kOut><<<blocks, 256, 0, stream>>>(part, splits, M, N, sa, bias, y);
       check_launch("grouped_splitk_reduce_kernel");
     }
@@ -679,9 +737,10 @@ bool gemm_quant_wgmma_supported() {
 size_t gemm_quant_wgmma_workspace_bytes(QuantMode mode, int M, int N, int K) {
   if (M <= 0 || N <= 0 || K <= 0 || !gemm_quant_wgmma_supported()) return 0;
   const QuantModeBits mb = quant_mode_bits(mode);
-  if (!mb.a8 || mb.group_size == 0) return 0;
+  if (!mb.a8) return 0;
   int kt_per = 0;
-  const int splits = grouped_splits(M, N, K, 64 * grouped_warpgroups(mb.bits), kt_per);
+  const int wrows = mb.group_size == 0 ? kBN : 64 * grouped_warpgroups(mb.bits);
+  const int splits = grouped_splits(M, N, K, wrows, kt_per);
   return splits > 1 ? size_t(splits) * size_t(M) * size_t(N) * 4 : 0;
 }
 
@@ -707,7 +766,8 @@ void gemm_quant_wgmma(QuantMode mode, const int8_t* x, const float* sa, const vo
   if (gs != 0 && gs != 64 && gs != 128) throw Error(where + ": group size must be 64 or 128");
   if (mb.bits == 4 && gs == 64) throw Error(where + ": int4 with 64-wide groups is not a perry mode");
   const int G = gs > 0 ? (K + gs - 1) / gs : 1;
-  // Bit 0: pair stores (N even, y 2-element aligned); bit 1: 16-byte bf16 stores (N % 8 == 0).
+  // Bit 0: pair stores (N even, y 2-element aligned); bit 1: 16-byte bf16 stores (N % 8 == 0);
+  // launch adds bit 2 (int2 stores into per-channel split slices) and bit 3 (the lab's no-fold run).
   int vec_ok = (N % 2 == 0 && aligned(y, 2 * es)) ? 1 : 0;
   if (out == DType::BF16 && N % 8 == 0 && aligned(y, 16)) vec_ok |= 2;
   if (workspace && !aligned(workspace, 16)) throw Error(where + ": the split-K workspace must be 16-byte aligned");

@@ -30,10 +30,11 @@ void gemm_quant_wgmma(quant::QuantMode mode, const int8_t* x, const float* sa, c
                       const float* scales, const float* bias, void* y, DType out, int M, int N, int K,
                       cudaStream_t stream);
 
-// Split-K of the grouped modes where the tiles would leave most SMs idle (small M × N): units of
-// (tile, k-range) fold their groups into fp32 sums, one slice each of `workspace` (16-byte
-// aligned), added in order by a second kernel that applies sa[m] and the bias. The result is the
-// same expression summed in another order (fp32: not the unsplit bits). The bytes M rows need
+// Split-K where the tiles would leave most SMs idle (small M × N): units of (tile, k-range) write
+// one slice each of `workspace` (16-byte aligned), which a second kernel adds in order and
+// finishes with sa[m], the weight scales and the bias. Grouped modes: each unit folds its groups
+// into fp32 sums — the same expression summed in another order (not the unsplit bits). Per
+// channel (w4a8, w8a8): exact int32 sums — the unsplit outputs bit for bit. The bytes M rows need
 // (0: no split at this shape); with a smaller or null workspace the call runs unsplit.
 // PERRY_GQ_SPLITK=0 turns split-K off, =N forces N splits.
 size_t gemm_quant_wgmma_workspace_bytes(quant::QuantMode mode, int M, int N, int K);
