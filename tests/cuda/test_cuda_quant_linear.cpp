@@ -346,6 +346,44 @@ TEST(CudaGemmQuantWgmma, SplitKMatchesFloat64) {
   unsetenv("PERRY_GQ_SPLITK");
 }
 
+// The grouped kernels with two consumer warpgroups (128-row tiles) and with three (192): each
+// output's groups are folded in the same order, so unsplit the outputs are equal bit for bit —
+// whichever count grouped_warpgroups' estimate picks for a shape, and both against float64.
+TEST(CudaGemmQuantWgmma, TwoAndThreeWarpgroupsAgree) {
+  REQUIRE_SM90();
+  std::mt19937 g(26);
+  setenv("PERRY_GQ_SPLITK", "0", 1);
+  for (QuantMode mode : {QuantMode::W8A8_G128, QuantMode::W8A8_G64, QuantMode::W4A8_G128}) {
+    for (auto [M, N, K] : {std::tuple{300, 520, 1024}, {77, 397, 4160}}) {
+      const QuantizedWeight w = make_weight(mode, N, K, g);
+      const Act a = make_act(M, K, g);
+      const auto bias = rand_f(size_t(N), g, -1.f, 1.f);
+      DevWeight dw(w);
+      Dev<int8_t> dq(a.q);
+      Dev<float> dsa(a.sa), db(bias);
+      for (DType out : {DType::F32, DType::BF16}) {
+        const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
+        Dev<uint8_t> y2(bytes), y3(bytes);
+        setenv("PERRY_GEMM_QUANT_WG", "2", 1);
+        pc::gemm_quant_wgmma(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y2.p, out, M, N, K, nullptr);
+        setenv("PERRY_GEMM_QUANT_WG", "3", 1);
+        pc::gemm_quant_wgmma(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y3.p, out, M, N, K, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto h2 = y2.get(), h3 = y3.get();
+        EXPECT_EQ(std::memcmp(h2.data(), h3.data(), bytes), 0)
+            << perry::quant::quant_mode_name(mode) << " M=" << M << " N=" << N << " K=" << K << " out " << int(out)
+            << ": two and three consumer warpgroups differ";
+      }
+      for (const char* wg : {"2", "3"}) {
+        setenv("PERRY_GEMM_QUANT_WG", wg, 1);
+        run_gemm_case(mode, M, N, K, true, DType::F32, g, pc::gemm_quant_wgmma, "gemm_quant_wgmma (forced wg) ");
+      }
+    }
+  }
+  unsetenv("PERRY_GEMM_QUANT_WG");
+  unsetenv("PERRY_GQ_SPLITK");
+}
+
 // Per channel (w4a8, and w8a8 through this API) the split partials are int32 sums: the split
 // outputs are the unsplit kernel's bit for bit, f32, bf16 and I32 — with the splits the default
 // plan picks and with forced counts (uneven k-ranges, K off the 128-byte stage, odd N).

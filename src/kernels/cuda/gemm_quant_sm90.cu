@@ -694,22 +694,41 @@ void launch(const int8_t* x, const float* sa, const void* w, const float* sw, co
   }
 }
 
-// Consumer warpgroups of the grouped modes: three (192 × 128 tiles, one accumulator set) for int4,
-// two (two sets) for int8 — H200 lab, M 4096 N 14336 K 4096, same run: w4a8-g128 598 vs 562
-// TOPS, w8a8-g128 780 vs 787. PERRY_GEMM_QUANT_WG=2|3 forces one for A/B runs.
-int grouped_warpgroups(int bits) {
-  static const int wg_env = [] {
-    const char* e = std::getenv("PERRY_GEMM_QUANT_WG");
-    return e && std::string(e) == "3" ? 3 : e && std::string(e) == "2" ? 2 : 0;
-  }();
-  return wg_env != 0 ? wg_env : bits == 4 ? 3 : 2;
+// Consumer warpgroups of the grouped modes: two (128 weight rows a tile, two accumulator sets) or
+// three (192 rows, one set). Per tile row, three are a little faster for int4 and a little slower
+// for int8 (H200 lab, M 4096 N 14336 K 4096: w4a8-g128 598 vs 562 TOPS, w8a8-g128 780 vs 787;
+// small-M bench-op, eleventh session: int8 with three ~10% slower a row). But below a few waves the
+// tile count decides: at M 256, N 14336 two give 224 tiles (2 waves of 128 rows) and three 150
+// (2 waves of 192 rows); at M 512, N 6144 two give 192 tiles (2 waves) and three 128 (1 wave).
+// So the estimate below — waves × rows × k-stages a unit × the row cost, plus the split-K
+// reduction where the plan splits — picks the count per shape. Eleventh session, run 2 (bench-op,
+// M 64–1024, five shapes, both modes, both counts forced): the estimate picks the faster count in
+// 69 of 80 cases, the other 11 within 0.3–5%; its picks are up to 1.29× faster than the fixed
+// count. PERRY_GEMM_QUANT_WG=2|3 forces one for A/B runs.
+int grouped_warpgroups(int bits, int M, int N, int K) {
+  const int forced = split_env("PERRY_GEMM_QUANT_WG");  // (read per call: the tests switch it)
+  if (forced == 2 || forced == 3) return forced;
+  const int sms = sm_count(), ktiles = (K + kBK - 1) / kBK;
+  auto estimate_us = [&](int cons) {
+    constexpr double kStageUs = 0.7;  // one 128 × 128 × 128-k tile stage on one SM (bench-op, M 512)
+    const int wrows = 64 * cons;
+    int kt_per = ktiles;
+    const int splits = grouped_splits(M, N, K, wrows, kt_per);
+    const long long units = (long long)((M + kBM - 1) / kBM) * ((N + wrows - 1) / wrows) * splits;
+    const double row_cost = cons == 2 ? 1.0 : bits == 4 ? 0.94 : 1.1;
+    double us = double((units + sms - 1) / sms) * (wrows / 128.0) * kt_per * kStageUs * row_cost;
+    // The split's second kernel: a launch, and the fp32 slices written and read back (mostly L2).
+    if (splits > 1) us += 2.0 + double(splits) * M * N * 8 / 8e6;
+    return us;
+  };
+  return estimate_us(3) < estimate_us(2) ? 3 : 2;
 }
 
 template <int kBits, int kGS>
 void launch_out(DType out, const int8_t* x, const float* sa, const void* w, const float* sw, const float* bias,
                 void* y, int M, int N, int K, int G, int vec_ok, cudaStream_t s, float* ws, size_t wb) {
   if constexpr (kGS != 0) {
-    if (grouped_warpgroups(kBits) == 3) {
+    if (grouped_warpgroups(kBits, M, N, K) == 3) {
       switch (out) {
         case DType::I32: return launch<kBits, kGS, 2, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<i32>", ws, wb);
         case DType::F32: return launch<kBits, kGS, 1, 3>(x, sa, w, sw, bias, y, M, N, K, G, vec_ok, s, "gemm_quant_wgmma3<f32>", ws, wb);
@@ -739,7 +758,7 @@ size_t gemm_quant_wgmma_workspace_bytes(QuantMode mode, int M, int N, int K) {
   const QuantModeBits mb = quant_mode_bits(mode);
   if (!mb.a8) return 0;
   int kt_per = 0;
-  const int wrows = mb.group_size == 0 ? kBN : 64 * grouped_warpgroups(mb.bits);
+  const int wrows = mb.group_size == 0 ? kBN : 64 * grouped_warpgroups(mb.bits, M, N, K);
   const int splits = grouped_splits(M, N, K, wrows, kt_per);
   return splits > 1 ? size_t(splits) * size_t(M) * size_t(N) * 4 : 0;
 }
