@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -324,8 +325,9 @@ TEST(CudaGemvDecode, OneRowPerWarpIsBitIdentical) {
     }
 }
 
-// Bulk-copied weights (a ring of shared-memory stages per warp) give the same bits as register
-// loads: the lanes see the same chunks in the same order. Every mode and fused form, blocks that
+// Bulk-copied weights (a ring of shared-memory stages per warp) and register loads without the
+// double buffer give the same bits as the double-buffered register loads: the lanes see the same
+// chunks in the same order. Every mode and fused form, blocks that
 // loop over several row groups (N = 6000) and rows of many steps (K = 14336: the ring wraps, its
 // barriers change phase many times), tail groups (N = 200), and more stages than fit (16: fewer
 // are used).
@@ -340,7 +342,8 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
         const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
         std::vector<float> base;
-        for (int stages : {0, 2, 4, 16}) {
+        // (stages, register_pipe): register loads with and without the double buffer, then rings.
+        for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {4, -1}, {16, -1}}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a;
           a.x = dx.p;
@@ -351,12 +354,14 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
           a.out = f.out;
           a.rows_per_warp = f.rows_per_warp;
           a.bulk_stages = stages;
+          a.register_pipe = pipe;
           const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                                    " K=" + std::to_string(K) + " out=" + std::to_string(int(f.out)) +
-                                   " rows/warp=" + std::to_string(f.rows_per_warp) + " stages=" + std::to_string(stages);
+                                   " rows/warp=" + std::to_string(f.rows_per_warp) + " stages=" + std::to_string(stages) +
+                                   " pipe=" + std::to_string(pipe);
           ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-          if (stages == 0) {
+          if (stages == 0 && pipe == -1) {
             base = dy.get();
             EXPECT_NE(base, y0) << what << ": nothing written";
           } else {
@@ -399,6 +404,9 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   a.bulk_stages = 1;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.bulk_stages = 17;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.bulk_stages = -1;
+  a.register_pipe = 2;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 

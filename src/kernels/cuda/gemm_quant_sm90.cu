@@ -702,9 +702,9 @@ void launch(const int8_t* x, const float* sa, const void* w, const float* sw, co
 // (2 waves of 192 rows); at M 512, N 6144 two give 192 tiles (2 waves) and three 128 (1 wave).
 // So the estimate below — waves × rows × k-stages a unit × the row cost, plus the split-K
 // reduction where the plan splits — picks the count per shape. Eleventh session, run 2 (bench-op,
-// M 64–1024, five shapes, both modes, both counts forced): the estimate picks the faster count in
-// 69 of 80 cases, the other 11 within 0.3–5%; its picks are up to 1.29× faster than the fixed
-// count. PERRY_GEMM_QUANT_WG=2|3 forces one for A/B runs.
+// M 64–1024, five shapes, both modes, both counts forced; GEMM times): the estimate picks the
+// faster count in 70 of 80 cases, the other 10 within 0.4–3%; its picks are up to 1.32× faster
+// than the fixed count. PERRY_GEMM_QUANT_WG=2|3 forces one for A/B runs.
 int grouped_warpgroups(int bits, int M, int N, int K) {
   const int forced = split_env("PERRY_GEMM_QUANT_WG");  // (read per call: the tests switch it)
   if (forced == 2 || forced == 3) return forced;

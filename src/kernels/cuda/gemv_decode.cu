@@ -53,6 +53,7 @@ struct Params {
   float* y;
   DecodeRopeKv rk;  // kOutRopeKv only
   int stages;       // bulk-copy kernels: ring stages per warp
+  bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
 };
 
@@ -316,7 +317,7 @@ constexpr bool kHaveBulkCopy = true;
 #else
 constexpr bool kHaveBulkCopy = false;
 #endif
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulkAsked>
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulkAsked, bool kNoPipe = false>
 __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   static_assert((kOut != kOutSwiglu && kOut != kOutRopeKv) || kR == 2, "SwiGLU / RopeKv pair two rows in one warp");
   static_assert(kR * kU * 512 == kStageBytes, "one step is one ring stage");
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   // them in registers — step s + 1 is loaded before step s is computed and reduced; the others
   // (int4, grouped, weight-only: the extra registers cost more occupancy than they bought)
   // prefetch step s + 1 into L2 instead.
-  constexpr bool kPipe = !kBulk && (kW == kWBf16 || (kW == kWI8 && kXI8 && !kGrouped));
+  constexpr bool kPipe = !kBulk && !kNoPipe && (kW == kWBf16 || (kW == kWI8 && kXI8 && !kGrouped));
   const int iters = (nchunks + 32 * kU - 1) / (32 * kU);
   constexpr long long kWin = 32LL * kU * 16;  // bytes of one row in one step
   auto load_step = [&](int gg, int ii, uint4 (&wc)[kU][kR]) {
@@ -579,9 +580,9 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   }
 }
 
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk>
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, bool kNoPipe = false>
 void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t stream) {
-  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk>;
+  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk, kNoPipe>;
   // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed;
   // under a lock so that two host threads cannot leave it at the smaller of two requests).
   static std::mutex mu;
@@ -625,6 +626,9 @@ void launch(Params p, const char* name, cudaStream_t stream) {
     }
   }
   p.stages = 0;
+  if constexpr (kW == kWI8 && kXI8 && !kGrouped) {  // (the only kind that double-buffers registers)
+    if (p.no_pipe) return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false, true>(p, size_t(prologue), name, stream);
+  }
   launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false>(p, size_t(prologue), name, stream);
 }
 
@@ -669,6 +673,8 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.rows_per_warp != 0 && a.rows_per_warp != 2 && !(a.rows_per_warp == 1 && a.out == DecodeOut::Accumulate))
     throw Error(where + ": rows_per_warp must be 0 or 2 (or 1 with Accumulate), got " + std::to_string(a.rows_per_warp));
+  if (a.register_pipe < -1 || a.register_pipe > 1)
+    throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
     throw Error(where + ": bulk_stages must be -1 (the kernel's choice), 0 (registers) or 2..16, got " +
                 std::to_string(a.bulk_stages));
@@ -691,6 +697,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   // register loads.
   const bool bulk_pays = w.mode == QuantMode::BF16 || (quant_mode_bits(w.mode).bits == 8 && w.mode != QuantMode::W8A8);
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (bulk_pays ? 2 : 0);
+  p.no_pipe = a.register_pipe == 0;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");

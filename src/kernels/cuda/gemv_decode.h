@@ -85,6 +85,14 @@ struct DecodeLinearArgs {
   // Same arithmetic either way, so the same bits. PERRY_GEMV_DECODE_STAGES=n forces it in the
   // CUDA backend for A/B runs.
   int bulk_stages = -1;
+  // Per-channel w8a8 with register loads double-buffers them (step s + 1 loaded before step s is
+  // reduced): -1 / 1 = yes (the kernel's choice), 0 = no — one step in registers, the next
+  // prefetched into L2 as the other kinds do: 63–78 registers a thread instead of 86–116, so 3–4
+  // blocks fit an SM instead of 2. Measured on the H200 (eleventh session, run 5): decode b=1
+  // 301 vs 320 tok/s — the warps' second step in flight counts for more than the extra warps
+  // (gate|up 39.8 vs 35.4 µs, down 27.9 vs 25.5; o and q|k|v unchanged). Kept for A/B runs:
+  // PERRY_GEMV_DECODE_PIPE=0 sets it in the CUDA backend. Same bits either way (tested).
+  int register_pipe = -1;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
   // Round the layer's outputs to bf16 (RNE) before the epilogue uses them — the CUDA backend's
   // bf16-intermediate rule, the same bits as the separate kernels' rounding forms:
