@@ -35,7 +35,7 @@
 //   * Split-K (grouped_splits, small M × N): units of (tile, k-range of whole stages). Grouped:
 //     each folds its groups into fp32 and stores facc to its workspace slice;
 //     grouped_splitk_reduce_kernel adds the slices in order and applies sa and the bias. Per
-//     channel: each stores its int32 sums; perchannel_splitk_reduce_kernel adds them (exact) and
+//     channel: each stores its int32 sums; int32_splitk_reduce_kernel adds them (exact) and
 //     applies the unsplit epilogue's expression.
 // No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (TMA thread) +
 // 96 helper arrives (0 for grouped int8), empty 4·kCons consumer-warp arrives (8 or 12), packed
@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(128 * (1 + kCons), 1)
           if (!last) continue;
           if (ipart) {
             // Split-K: the unit's exact int32 sums (acc / 16 for int4) to its workspace slice;
-            // perchannel_splitk_reduce_kernel adds them and applies this epilogue's expression.
+            // int32_splitk_reduce_kernel adds them and applies this epilogue's expression.
             int* slice = ipart + size_t(u % splits) * size_t(M) * N;
             const int c0 = n0 + 2 * tq;
 #pragma unroll
@@ -622,28 +622,6 @@ __global__ void grouped_splitk_reduce_kernel(const float* __restrict__ part, int
   }
 }
 
-// Per channel: y[m, n] = fmaf(float(Σ_s part[s][m][n])·sw[n], sa[m], bias[n]) — the unsplit
-// epilogue's expression (float(16·acc)·(sw/16) is float(acc)·sw exactly), on the exact int32 sum
-// of the slices: the outputs are the unsplit kernel's bit for bit. I32 out: the sum itself.
-template <int kOut>
-__global__ void perchannel_splitk_reduce_kernel(const int* __restrict__ part, int splits, int M, int N,
-                                                const float* __restrict__ Sa, const float* __restrict__ Sw,
-                                                const float* __restrict__ bias, void* __restrict__ Y) {
-  const size_t total = size_t(M) * N;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    int acc = 0;
-    for (int sp = 0; sp < splits; ++sp) acc += __ldcg(part + size_t(sp) * total + i);
-    if constexpr (kOut == 2) {
-      static_cast<int*>(Y)[i] = acc;
-    } else {
-      const int m = int(i / size_t(N)), n = int(i - size_t(m) * N);
-      const float v = fmaf(__fmul_rn(float(acc), __ldg(Sw + n)), __ldg(Sa + m), bias ? __ldg(bias + n) : 0.f);
-      if constexpr (kOut == 1) static_cast<float*>(Y)[i] = v;
-      else static_cast<__nv_bfloat16*>(Y)[i] = __float2bfloat16_rn(v);
-    }
-  }
-}
-
 template <int kBits, int kGS, int kOut, int kCons = 2>
 void launch(const int8_t* x, const float* sa, const void* w, const float* sw, const float* bias, void* y, int M,
             int N, int K, int G, int vec_ok, cudaStream_t stream, const char* name, float* ws, size_t ws_bytes) {
@@ -681,13 +659,11 @@ void launch(const int8_t* x, const float* sa, const void* w, const float* sw, co
       ta, tb, sa, sw, bias, part ? static_cast<void*>(nullptr) : y, M, N, K, G, vec_ok, splits, kt_per, part);
   check_launch(name);
   if (part) {
-    const size_t total = size_t(M) * N;
-    const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sms) * 8));
     if constexpr (kGS == 0) {
-      perchannel_splitk_reduce_kernel<kOut><<<blocks, 256, 0, stream>>>(reinterpret_cast<const int*>(part), splits, M,
-                                                                        N, sa, sw, bias, y);
-      check_launch("perchannel_splitk_reduce_kernel");
+      int32_splitk_reduce<kOut, true>(reinterpret_cast<const int*>(part), splits, M, N, sa, sw, bias, y, stream);
     } else if constexpr (kOut != 2) {
+      const size_t total = size_t(M) * N;
+      const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sms) * 8));
       grouped_splitk_reduce_kernel<kOut><<<blocks, 256, 0, stream>>>(part, splits, M, N, sa, bias, y);
       check_launch("grouped_splitk_reduce_kernel");
     }

@@ -371,7 +371,7 @@ int pick_bn(int M, int N, int sms) {
 // Split-K of the int8 GEMM where its tiles would leave most SMs idle (small M with small N: at
 // M = 128, N = 4096 there are 32 tiles for 132 SMs, and each streams the weights at one SM's
 // rate): units of (tile, k-range) fill the GPU, each writes its int32 sums to its own slice of a
-// workspace, and splitk_epilogue_kernel adds the slices (exactly: integers) and applies the same
+// workspace, and int32_splitk_reduce_kernel adds the slices (exactly: integers) and applies the same
 // epilogue expression as the GEMM, so the outputs are the unsplit kernel's bit for bit.
 // Returns the number of splits (1: none); kt_per = k-tiles per split. PERRY_WGMMA_SPLITK=0 turns
 // it off, =N forces N splits (tests, lab).
@@ -391,27 +391,6 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
     if (splits == 2 && (ktiles + 1) / 2 < 32) return 1;
   }
   return finish_splits(splits, ktiles, kt_per);
-}
-
-// y[m, n] = float(Σ_s part[s][m][n])·(sa[m]·sw[n]) + bias[n] — the GEMM epilogue's expression.
-template <int kOut>
-__global__ void splitk_epilogue_kernel(const int* __restrict__ part, int splits, int M, int N,
-                                       const float* __restrict__ Sa, const float* __restrict__ Sw,
-                                       const float* __restrict__ bias, void* __restrict__ Y) {
-  const size_t total = size_t(M) * N;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    int acc = 0;
-    for (int sp = 0; sp < splits; ++sp) acc += __ldg(part + size_t(sp) * total + i);
-    if constexpr (kOut == 2) {
-      static_cast<int*>(Y)[i] = acc;
-    } else {
-      const int m = int(i / size_t(N)), n = int(i - size_t(m) * N);
-      const float b = bias ? __ldg(bias + n) : 0.f;
-      const float v = float(acc) * (__ldg(Sa + m) * __ldg(Sw + n)) + b;
-      if constexpr (kOut == 1) static_cast<float*>(Y)[i] = v;
-      else static_cast<__nv_bfloat16*>(Y)[i] = __float2bfloat16_rn(v);
-    }
-  }
 }
 
 // The ping-pong schedule (Cfg) where it measured faster on the H200 (bench-op):
@@ -447,10 +426,7 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
       const int vec_part = N % 2 == 0 ? 1 : 0;  // pair stores into the slices (256-byte aligned workspace)
       if (wide) launch<2, 256, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
       else launch<2, 128, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
-      const size_t total = size_t(M) * N;
-      const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sms) * 8));
-      splitk_epilogue_kernel<kOut><<<blocks, 256, 0, stream>>>(workspace, splits, M, N, dSa, dSw, dBias, dY);
-      check_launch("splitk_epilogue_kernel");
+      int32_splitk_reduce<kOut, false>(workspace, splits, M, N, dSa, dSw, dBias, dY, stream);
       return;
     }
   }

@@ -4,6 +4,7 @@
 // setup. Design notes: docs/cuda-gemm-w8a8-sm90.md. Everything is inline: the header is included
 // by several translation units.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from cudaGetDriverEntryPoint
 #include <cuda_runtime.h>
 
@@ -264,6 +265,41 @@ inline int finish_splits(int want, int ktiles, int& kt_per) {
   if (splits < 2) return 1;
   kt_per = (ktiles + splits - 1) / splits;
   return (ktiles + kt_per - 1) / kt_per;
+}
+
+// Split-K of the int32 GEMMs: the exact int32 sum of the slices part[s][m][n] finished with the
+// unsplit kernel's own epilogue expression, so the split outputs are its bits. kWeightScaleFirst:
+// fmaf(float(acc)·sw[n], sa[m], bias[n]) — gemm_quant_wgmma per channel (float(16·acc)·(sw/16) is
+// float(acc)·sw exactly); otherwise float(acc)·(sa[m]·sw[n]) + bias[n] — gemm_w8a8_wgmma. I32 out:
+// the sum.
+template <int kOut, bool kWeightScaleFirst>
+__global__ void int32_splitk_reduce_kernel(const int* __restrict__ part, int splits, int M, int N,
+                                           const float* __restrict__ Sa, const float* __restrict__ Sw,
+                                           const float* __restrict__ bias, void* __restrict__ Y) {
+  const size_t total = size_t(M) * N;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    int acc = 0;
+    for (int sp = 0; sp < splits; ++sp) acc += __ldcg(part + size_t(sp) * total + i);
+    if constexpr (kOut == 2) {
+      static_cast<int*>(Y)[i] = acc;
+    } else {
+      const int m = int(i / size_t(N)), n = int(i - size_t(m) * N);
+      const float b = bias ? __ldg(bias + n) : 0.f;
+      float v;
+      if constexpr (kWeightScaleFirst) v = fmaf(__fmul_rn(float(acc), __ldg(Sw + n)), __ldg(Sa + m), b);
+      else v = float(acc) * (__ldg(Sa + m) * __ldg(Sw + n)) + b;
+      if constexpr (kOut == 1) static_cast<float*>(Y)[i] = v;
+      else static_cast<__nv_bfloat16*>(Y)[i] = __float2bfloat16_rn(v);
+    }
+  }
+}
+template <int kOut, bool kWeightScaleFirst>
+inline void int32_splitk_reduce(const int* part, int splits, int M, int N, const float* sa, const float* sw,
+                                const float* bias, void* y, cudaStream_t stream) {
+  const size_t total = size_t(M) * N;
+  const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sm_count()) * 8));
+  int32_splitk_reduce_kernel<kOut, kWeightScaleFirst><<<blocks, 256, 0, stream>>>(part, splits, M, N, sa, sw, bias, y);
+  check_launch("int32_splitk_reduce_kernel");
 }
 
 }  // namespace perry::cuda::sm90
