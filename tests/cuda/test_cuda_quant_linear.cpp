@@ -32,6 +32,21 @@ using perry::quant::QuantMode;
 namespace {
 using namespace perry::cuda::testing;
 
+// Sets (value) or removes (nullptr) an environment variable for its lifetime, so a failed
+// assertion that returns early does not leave a forced plan set for the tests after it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { set(value); }
+  ~ScopedEnv() { unsetenv(name_); }
+  void set(const char* value) {
+    if (value) setenv(name_, value, 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+};
+
 const QuantMode kA8Modes[] = {QuantMode::W8A8, QuantMode::W8A8_G128, QuantMode::W8A8_G64,
                               QuantMode::W4A8, QuantMode::W4A8_G128};
 
@@ -329,21 +344,30 @@ TEST(CudaGemmQuantWgmma, SplitKMatchesFloat64) {
   REQUIRE_SM90();
   std::mt19937 g(23);
   const char* nm = "gemm_quant_wgmma split-K ";
-  for (QuantMode mode : {QuantMode::W8A8_G128, QuantMode::W8A8_G64, QuantMode::W4A8_G128, QuantMode::W4A8,
-                         QuantMode::W8A8}) {
-    unsetenv("PERRY_GQ_SPLITK");
-    for (DType out : {DType::F32, DType::BF16, DType::I32}) {
-      run_gemm_case(mode, 64, 1000, 4160, out != DType::F32, out, g, gemm_quant_wgmma_split, nm);
-      run_gemm_case(mode, 100, 520, 2048, true, out, g, gemm_quant_wgmma_split, nm);
+  ScopedEnv splits("PERRY_GQ_SPLITK", nullptr), wg("PERRY_GEMM_QUANT_WG", nullptr);
+  // The grouped modes with the count the estimate picks (two at these shapes) and with three
+  // forced (192-row tiles: the count it picks for some small-M shapes, e.g. w4a8-g128 at M 64,
+  // N 4096, K 14336).
+  for (const char* wgs : {static_cast<const char*>(nullptr), "3"}) {
+    wg.set(wgs);
+    for (QuantMode mode : {QuantMode::W8A8_G128, QuantMode::W8A8_G64, QuantMode::W4A8_G128, QuantMode::W4A8,
+                           QuantMode::W8A8}) {
+      const bool grouped = pc::quant_mode_bits(mode).group_size != 0;
+      if (wgs && !grouped) continue;  // (per channel has one layout)
+      splits.set(nullptr);
+      for (DType out : {DType::F32, DType::BF16, DType::I32}) {
+        run_gemm_case(mode, 64, 1000, 4160, out != DType::F32, out, g, gemm_quant_wgmma_split, nm);
+        run_gemm_case(mode, 100, 520, 2048, true, out, g, gemm_quant_wgmma_split, nm);
+        run_gemm_case(mode, 200, 1000, 4160, true, out, g, gemm_quant_wgmma_split, nm);  // two tile rows
+      }
+      splits.set("3");
+      for (DType out : {DType::F32, DType::BF16, DType::I32})
+        run_gemm_case(mode, 9, 200, 1056, true, out, g, gemm_quant_wgmma_split, nm);
+      splits.set("5");
+      for (DType out : {DType::F32, DType::I32})
+        run_gemm_case(mode, 77, 130, 4160, false, out, g, gemm_quant_wgmma_split, nm);
     }
-    setenv("PERRY_GQ_SPLITK", "3", 1);
-    for (DType out : {DType::F32, DType::BF16, DType::I32})
-      run_gemm_case(mode, 9, 200, 1056, true, out, g, gemm_quant_wgmma_split, nm);
-    setenv("PERRY_GQ_SPLITK", "5", 1);
-    for (DType out : {DType::F32, DType::I32})
-      run_gemm_case(mode, 77, 130, 4160, false, out, g, gemm_quant_wgmma_split, nm);
   }
-  unsetenv("PERRY_GQ_SPLITK");
 }
 
 // The grouped kernels with two consumer warpgroups (128-row tiles) and with three (192): each
@@ -352,7 +376,7 @@ TEST(CudaGemmQuantWgmma, SplitKMatchesFloat64) {
 TEST(CudaGemmQuantWgmma, TwoAndThreeWarpgroupsAgree) {
   REQUIRE_SM90();
   std::mt19937 g(26);
-  setenv("PERRY_GQ_SPLITK", "0", 1);
+  ScopedEnv splits("PERRY_GQ_SPLITK", "0"), wg("PERRY_GEMM_QUANT_WG", nullptr);
   for (QuantMode mode : {QuantMode::W8A8_G128, QuantMode::W8A8_G64, QuantMode::W4A8_G128}) {
     for (auto [M, N, K] : {std::tuple{300, 520, 1024}, {77, 397, 4160}}) {
       const QuantizedWeight w = make_weight(mode, N, K, g);
@@ -364,9 +388,9 @@ TEST(CudaGemmQuantWgmma, TwoAndThreeWarpgroupsAgree) {
       for (DType out : {DType::F32, DType::BF16}) {
         const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
         Dev<uint8_t> y2(bytes), y3(bytes);
-        setenv("PERRY_GEMM_QUANT_WG", "2", 1);
+        wg.set("2");
         pc::gemm_quant_wgmma(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y2.p, out, M, N, K, nullptr);
-        setenv("PERRY_GEMM_QUANT_WG", "3", 1);
+        wg.set("3");
         pc::gemm_quant_wgmma(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y3.p, out, M, N, K, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const auto h2 = y2.get(), h3 = y3.get();
@@ -374,14 +398,12 @@ TEST(CudaGemmQuantWgmma, TwoAndThreeWarpgroupsAgree) {
             << perry::quant::quant_mode_name(mode) << " M=" << M << " N=" << N << " K=" << K << " out " << int(out)
             << ": two and three consumer warpgroups differ";
       }
-      for (const char* wg : {"2", "3"}) {
-        setenv("PERRY_GEMM_QUANT_WG", wg, 1);
+      for (const char* count : {"2", "3"}) {
+        wg.set(count);
         run_gemm_case(mode, M, N, K, true, DType::F32, g, pc::gemm_quant_wgmma, "gemm_quant_wgmma (forced wg) ");
       }
     }
   }
-  unsetenv("PERRY_GEMM_QUANT_WG");
-  unsetenv("PERRY_GQ_SPLITK");
 }
 
 // Per channel (w4a8, and w8a8 through this API) the split partials are int32 sums: the split
@@ -390,10 +412,11 @@ TEST(CudaGemmQuantWgmma, TwoAndThreeWarpgroupsAgree) {
 TEST(CudaGemmQuantWgmma, PerChannelSplitKIsBitExact) {
   REQUIRE_SM90();
   std::mt19937 g(25);
+  ScopedEnv splits("PERRY_GQ_SPLITK", nullptr);
   struct Shape { int M, N, K; const char* forced; };
   for (QuantMode mode : {QuantMode::W4A8, QuantMode::W8A8}) {
-    for (const Shape sh : {Shape{128, 1024, 4096, nullptr}, Shape{64, 520, 2048, nullptr}, Shape{9, 201, 1056, "3"},
-                           Shape{77, 130, 4160, "5"}}) {
+    for (const Shape sh : {Shape{128, 1024, 4096, nullptr}, Shape{64, 520, 2048, nullptr},
+                           Shape{200, 1000, 4160, nullptr}, Shape{9, 201, 1056, "3"}, Shape{77, 130, 4160, "5"}}) {
       const QuantizedWeight w = make_weight(mode, sh.N, sh.K, g);
       const Act a = make_act(sh.M, sh.K, g);
       const auto bias = rand_f(size_t(sh.N), g, -1.f, 1.f);
@@ -403,15 +426,20 @@ TEST(CudaGemmQuantWgmma, PerChannelSplitKIsBitExact) {
       for (DType out : {DType::F32, DType::BF16, DType::I32}) {
         const size_t bytes = size_t(sh.M) * sh.N * (out == DType::BF16 ? 2 : 4);
         Dev<uint8_t> y1(bytes), ys(bytes);
-        setenv("PERRY_GQ_SPLITK", "0", 1);
+        splits.set("0");
         pc::gemm_quant_wgmma(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y1.p, out, sh.M, sh.N, sh.K, nullptr);
-        if (sh.forced) setenv("PERRY_GQ_SPLITK", sh.forced, 1);
-        else unsetenv("PERRY_GQ_SPLITK");
+        splits.set(sh.forced);
         const size_t ws = pc::gemm_quant_wgmma_workspace_bytes(mode, sh.M, sh.N, sh.K);
-        EXPECT_GT(ws, 0u) << "expected a split-K shape: M=" << sh.M << " N=" << sh.N << " K=" << sh.K;
-        Dev<float> dws(ws / 4 + 4);
-        pc::gemm_quant_wgmma(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, ys.p, out, sh.M, sh.N, sh.K, nullptr, dws.p, ws);
+        ASSERT_GT(ws, 0u) << "expected a split-K shape: M=" << sh.M << " N=" << sh.N << " K=" << sh.K;
+        Dev<int> dws(ws / 4);
+        ASSERT_EQ(cudaMemset(dws.p, 0xA5, ws), cudaSuccess);  // a sentinel the slices must overwrite
+        pc::gemm_quant_wgmma(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, ys.p, out, sh.M, sh.N, sh.K, nullptr,
+                             reinterpret_cast<float*>(dws.p), ws);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto slices = dws.get();
+        size_t untouched = 0;
+        for (int v : slices) untouched += v == int(0xA5A5A5A5u);
+        EXPECT_LT(untouched, slices.size() / 100 + 1) << "the call did not split (its slices were not written)";
         const auto h1 = y1.get(), hs = ys.get();
         EXPECT_EQ(std::memcmp(h1.data(), hs.data(), bytes), 0)
             << perry::quant::quant_mode_name(mode) << " M=" << sh.M << " N=" << sh.N << " K=" << sh.K << " out " << int(out)
@@ -419,7 +447,6 @@ TEST(CudaGemmQuantWgmma, PerChannelSplitKIsBitExact) {
       }
     }
   }
-  unsetenv("PERRY_GQ_SPLITK");
 }
 
 // The W4A8 prefill path (LinearPath::ExpandWgmma): expand_int4_weight gives the host's int4

@@ -302,7 +302,7 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     scratch_m_ = M;
     ++scratch_gen_;
   }
-  if (!layers_.empty()) {  // w8a8 split-K partial sums: not monotone in M (only small M splits)
+  if (!layers_.empty()) {  // the W*A8 GEMMs' split-K partial sums: not monotone in M (only small M splits)
     const Layer& L0 = layers_[0];  // every layer has the same shapes
     const size_t sk = std::max({L0.qkv.splitk_bytes(M), L0.o.splitk_bytes(M), L0.gate_up.splitk_bytes(M),
                                 L0.down.splitk_bytes(M)});

@@ -67,10 +67,11 @@ struct LinearContext {
   DeviceBuffer dequant_scratch;  // bf16 [N, K] of the largest weight-only linear used at M > kGemvMaxM
   DeviceBuffer cublas_workspace;
   DeviceBuffer fp8_act, fp8_scale;  // w8a8-fp8: e4m3 [M, K] and fp32 [M] of the layer's input
-  // sm_90: the split-K partial sums of gemm_w8a8_wgmma (int32) and gemm_quant_wgmma (grouped W*A8,
-  // fp32) at small M (splitk_bytes); sized by the backend before a step, never here (a decode
-  // step may be under graph capture). Smaller than a linear needs: that linear runs unsplit
-  // (slower; w8a8 the same outputs, the grouped modes theirs up to fp32 summation order).
+  // sm_90: the split-K partial sums of gemm_w8a8_wgmma (int32) and gemm_quant_wgmma (grouped W*A8:
+  // fp32; per-channel w4a8: int32) at small M (splitk_bytes); sized by the backend before a step,
+  // never here (a decode step may be under graph capture). Smaller than a linear needs: that
+  // linear runs unsplit (slower; the int32 splits the same outputs, the grouped modes theirs up
+  // to fp32 summation order).
   DeviceBuffer splitk;
 };
 

@@ -28,9 +28,10 @@
 //     stage released and its accumulators folded: facc += float(acc)·sw[n, g] (I2FP + FFMA; the
 //     int32 partial never spans two groups: exact, and gemm_quant's fold order, so the fp32
 //     results are bitwise equal). The epilogue stores y[m, n] = facc·sa[m] + bias[n] transposed.
-//   * Per channel (w4a8, w8a8): the unswapped layout, one int32 accumulation over all of K,
-//     folded once; bf16 out leaves by 16-byte stores after a quad transpose. I32 out: the int32
-//     partials (per group) are stored at each fold instead.
+//   * Per channel (w4a8, w8a8): the unswapped layout, one int32 accumulation over the unit's
+//     k-range (all of K unless split), folded once; bf16 out leaves by 16-byte stores after a
+//     quad transpose. I32 out: the int32 sums (acc >> 4 for int4). Grouped I32 out: the per-group
+//     int32 partials, stored at each fold.
 //   * Persistent grid, grouped tile order, TMA zero fill at the M / N / K edges: as gemm_w8a8_sm90.
 //   * Split-K (grouped_splits, small M × N): units of (tile, k-range of whole stages). Grouped:
 //     each folds its groups into fp32 and stores facc to its workspace slice;
@@ -61,10 +62,10 @@ constexpr int kBM = 128, kBN = 128, kBK = 128;  // X rows (tokens), weight rows,
 constexpr int kHelpers = 96;  // producer warps 1-3
 constexpr int kGroupTiles = 8;
 
-// Split-K of the grouped modes (kSwap): work unit u is k-stages [kt0, kt1) = [sp·kt_per, +kt_per)
-// of tile u / splits, sp = u % splits (splits = 1: unit = tile, all of K). Producer, helpers and
-// consumers walk the same units. A stage holds whole groups (128 k = one g128 or two g64 groups),
-// so a unit folds whole groups.
+// Split-K (grouped and per-channel layouts): work unit u is k-stages [kt0, kt1) = [sp·kt_per,
+// +kt_per) of tile u / splits, sp = u % splits (splits = 1: unit = tile, all of K). Producer,
+// helpers and consumers walk the same units. A stage holds whole groups (128 k = one g128 or two
+// g64 groups), so a grouped unit folds whole groups.
 __device__ __forceinline__ void unit_range(int u, int splits, int kt_per, int ktiles, int& t, int& kt0, int& kt1) {
   t = u / splits;
   kt0 = (u % splits) * kt_per;

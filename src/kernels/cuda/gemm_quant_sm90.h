@@ -32,10 +32,12 @@ void gemm_quant_wgmma(quant::QuantMode mode, const int8_t* x, const float* sa, c
 
 // Split-K where the tiles would leave most SMs idle (small M × N): units of (tile, k-range) write
 // one slice each of `workspace` (16-byte aligned), which a second kernel adds in order and
-// finishes with sa[m], the weight scales and the bias. Grouped modes: each unit folds its groups
-// into fp32 sums — the same expression summed in another order (not the unsplit bits). Per
-// channel (w4a8, w8a8): exact int32 sums — the unsplit outputs bit for bit. The bytes M rows need
-// (0: no split at this shape); with a smaller or null workspace the call runs unsplit.
+// finishes. Grouped modes: each unit folds its groups (with their scales) into fp32 sums, the
+// second kernel applies sa[m] and the bias — the same expression summed in another order (not the
+// unsplit bits). Per channel (w4a8, w8a8): exact int32 sums, the second kernel applies sw[n],
+// sa[m] and the bias — the unsplit outputs bit for bit. The bytes M rows need (0: no split at
+// this shape); with a smaller or null workspace the call runs unsplit (except grouped I32 out,
+// whose per-group partials need no workspace and split as planned).
 // PERRY_GQ_SPLITK=0 turns split-K off, =N forces N splits.
 size_t gemm_quant_wgmma_workspace_bytes(quant::QuantMode mode, int M, int N, int K);
 void gemm_quant_wgmma(quant::QuantMode mode, const int8_t* x, const float* sa, const void* qweight,

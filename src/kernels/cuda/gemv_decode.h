@@ -86,7 +86,8 @@ struct DecodeLinearArgs {
   // CUDA backend for A/B runs.
   int bulk_stages = -1;
   // Per-channel w8a8 with register loads double-buffers them (step s + 1 loaded before step s is
-  // reduced): -1 / 1 = yes (the kernel's choice), 0 = no — one step in registers, the next
+  // reduced; bf16 with register loads does too, and keeps it — this switch is w8a8's only):
+  // -1 / 1 = yes (the kernel's choice), 0 = no — one step in registers, the next
   // prefetched into L2 as the other kinds do: 63–78 registers a thread instead of 86–116, so 3–4
   // blocks fit an SM instead of 2. Measured on the H200 (eleventh session, run 5): decode b=1
   // 301 vs 320 tok/s — the warps' second step in flight counts for more than the extra warps
