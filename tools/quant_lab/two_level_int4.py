@@ -10,6 +10,7 @@ each format's relative weight error. The formats (docs/research-hopper-int4.md):
   2level   one float scale per row s1 = amax_row / 112 and an integer group scale s2 in [1, 16]:
            s2 = ceil(amax_group / (7 s1)), q = nearbyint(w / (s1 s2)) in [-7, 7]. Then s2 q is an
            int8 (|s2 q| <= 112), so the int32 accumulation spans K with no per-group fold.
+  2level-ls  the same with each group's s2 the better (squared error) of ceil and ceil - 1.
 
 Pure Python (no numpy on the dev machine): ~1 minute for perry-qwen3-20m.
   python3 tools/quant_lab/two_level_int4.py models/perry-qwen3-20m /tmp/ql
@@ -64,11 +65,32 @@ def quant_two_level(row):
     return out
 
 
+def quant_two_level_ls(row):
+    """As quant_two_level, but each group's s2 is the better of ceil and ceil - 1 (squared error;
+    ceil - 1 clips the group's largest values to ±7 steps)."""
+    s1 = max(abs(v) for v in row) / 112.0
+    if s1 == 0:
+        return [0.0] * len(row)
+    out = []
+    for g in range(0, len(row), GROUP):
+        grp = row[g:g + GROUP]
+        hi = min(max(math.ceil(max(abs(v) for v in grp) / (7.0 * s1) - 1e-9), 1), 16)
+        best = None
+        for s2 in (hi, hi - 1) if hi > 1 else (hi,):
+            step = s1 * s2
+            q = [min(max(round(v / step), -7), 7) * step for v in grp]
+            e = sum((a - b) ** 2 for a, b in zip(grp, q))
+            if best is None or e < best[0]:
+                best = (e, q)
+        out += best[1]
+    return out
+
+
 def main():
     src, dst = sys.argv[1], sys.argv[2]
     header, data = read_safetensors(os.path.join(src, "model.safetensors"))
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    for fmt, fn in (("g128", quant_g128), ("2level", quant_two_level)):
+    for fmt, fn in (("g128", quant_g128), ("2level", quant_two_level), ("2level-ls", quant_two_level_ls)):
         out_dir = os.path.join(dst, fmt)
         os.makedirs(out_dir, exist_ok=True)
         for f in os.listdir(src):
