@@ -10,7 +10,8 @@ each format's relative weight error. The formats (docs/research-hopper-int4.md):
   2level   one float scale per row s1 = amax_row / 112 and an integer group scale s2 in [1, 16]:
            s2 = ceil(amax_group / (7 s1)), q = nearbyint(w / (s1 s2)) in [-7, 7]. Then s2 q is an
            int8 (|s2 q| <= 112), so the int32 accumulation spans K with no per-group fold.
-  2level-ls  the same with each group's s2 the better (squared error) of ceil and ceil - 1.
+  2level17   s2 in [1, 17] with s1 = amax_row / 119 (|s2 q| <= 119, still an int8).
+  2level-ls  2level with each group's s2 the better (squared error) of ceil and ceil - 1.
 
 Pure Python (no numpy on the dev machine): ~1 minute for perry-qwen3-20m.
   python3 tools/quant_lab/two_level_int4.py models/perry-qwen3-20m /tmp/ql
@@ -52,14 +53,14 @@ def quant_g128(row):
     return out
 
 
-def quant_two_level(row):
-    s1 = max(abs(v) for v in row) / 112.0
+def quant_two_level(row, s2_max=16):
+    s1 = max(abs(v) for v in row) / (7.0 * s2_max)
     if s1 == 0:
         return [0.0] * len(row)
     out = []
     for g in range(0, len(row), GROUP):
         grp = row[g:g + GROUP]
-        s2 = min(max(math.ceil(max(abs(v) for v in grp) / (7.0 * s1) - 1e-9), 1), 16)
+        s2 = min(max(math.ceil(max(abs(v) for v in grp) / (7.0 * s1) - 1e-9), 1), s2_max)
         step = s1 * s2
         out += [min(max(round(v / step), -7), 7) * step for v in grp]
     return out
@@ -90,7 +91,9 @@ def main():
     src, dst = sys.argv[1], sys.argv[2]
     header, data = read_safetensors(os.path.join(src, "model.safetensors"))
     tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-    for fmt, fn in (("g128", quant_g128), ("2level", quant_two_level), ("2level-ls", quant_two_level_ls)):
+    formats = (("g128", quant_g128), ("2level", quant_two_level), ("2level17", lambda r: quant_two_level(r, 17)),
+               ("2level-ls", quant_two_level_ls))
+    for fmt, fn in formats:
         out_dir = os.path.join(dst, fmt)
         os.makedirs(out_dir, exist_ok=True)
         for f in os.listdir(src):
