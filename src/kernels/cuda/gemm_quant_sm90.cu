@@ -277,7 +277,8 @@ __device__ __forceinline__ void consume_grouped(uint32_t sA, uint32_t sB, uint32
             const float v = fmaf(facc[4 * j + 2 * hh + e], sam, bn[hh]);
             if constexpr (kOut == 1) static_cast<float*>(Y)[o] = v;
             else static_cast<__nv_bfloat16*>(Y)[o] = __float2bfloat16_rn(v);
-          }        }
+          }
+        }
     }
   }
 }
@@ -663,9 +664,7 @@ void launch(const int8_t* x, const float* sa, const void* w, const float* sw, co
     if constexpr (kGS == 0) {
       int32_splitk_reduce<kOut, true>(reinterpret_cast<const int*>(part), splits, M, N, sa, sw, bias, y, stream);
     } else if constexpr (kOut != 2) {
-      const size_t total = size_t(M) * N;
-      const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sms) * 8));
-      grouped_splitk_reduce_kernel<kOut><<<blocks, 256, 0, stream>>>(part, splits, M, N, sa, bias, y);
+      grouped_splitk_reduce_kernel<kOut><<<reduce_blocks(M, N), 256, 0, stream>>>(part, splits, M, N, sa, bias, y);
       check_launch("grouped_splitk_reduce_kernel");
     }
   }

@@ -267,6 +267,13 @@ inline int finish_splits(int want, int ktiles, int& kt_per) {
   return (ktiles + kt_per - 1) / kt_per;
 }
 
+// Grid of the split-K reduction kernels (256 threads a block, grid-stride): enough blocks to cover
+// M·N once, at most 8 an SM.
+inline unsigned reduce_blocks(int M, int N) {
+  const size_t total = size_t(M) * N;
+  return unsigned(std::min<size_t>((total + 255) / 256, size_t(sm_count()) * 8));
+}
+
 // Split-K of the int32 GEMMs: the exact int32 sum of the slices part[s][m][n] finished with the
 // unsplit kernel's own epilogue expression, so the split outputs are its bits. kWeightScaleFirst:
 // fmaf(float(acc)·sw[n], sa[m], bias[n]) — gemm_quant_wgmma per channel (float(16·acc)·(sw/16) is
@@ -296,9 +303,8 @@ __global__ void int32_splitk_reduce_kernel(const int* __restrict__ part, int spl
 template <int kOut, bool kWeightScaleFirst>
 inline void int32_splitk_reduce(const int* part, int splits, int M, int N, const float* sa, const float* sw,
                                 const float* bias, void* y, cudaStream_t stream) {
-  const size_t total = size_t(M) * N;
-  const unsigned blocks = unsigned(std::min<size_t>((total + 255) / 256, size_t(sm_count()) * 8));
-  int32_splitk_reduce_kernel<kOut, kWeightScaleFirst><<<blocks, 256, 0, stream>>>(part, splits, M, N, sa, sw, bias, y);
+  int32_splitk_reduce_kernel<kOut, kWeightScaleFirst><<<reduce_blocks(M, N), 256, 0, stream>>>(part, splits, M, N, sa,
+                                                                                              sw, bias, y);
   check_launch("int32_splitk_reduce_kernel");
 }
 
