@@ -85,11 +85,11 @@ Act host_input(const std::vector<float>& x, const std::vector<float>& nw, bool n
 
 double silu(double g) { return g / (1.0 + std::exp(-g)); }
 
-void run_case(QuantMode mode, Case c, pc::DecodeIn in, pc::DecodeOut out, int rows_per_warp, std::mt19937& gen) {
+void run_case(QuantMode mode, Case c, pc::DecodeIn in, pc::DecodeOut out, std::mt19937& gen) {
   const int N = c.N, K = c.K;
   const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                            " K=" + std::to_string(K) + " in=" + std::to_string(int(in)) +
-                           " out=" + std::to_string(int(out)) + " rows/warp=" + std::to_string(rows_per_warp);
+                           " out=" + std::to_string(int(out));
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> x(static_cast<size_t>(K)), nw(static_cast<size_t>(K)), bias(static_cast<size_t>(N));
   for (auto& e : x) e = nd(gen) * 3.f;
@@ -139,7 +139,6 @@ void run_case(QuantMode mode, Case c, pc::DecodeIn in, pc::DecodeOut out, int ro
   args.eps = eps;
   args.y = dy.p;
   args.out = out;
-  args.rows_per_warp = rows_per_warp;
   ASSERT_NO_THROW(pc::gemv_decode(w, args, nullptr)) << what;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
   std::vector<float> y = dy.get();
@@ -174,16 +173,14 @@ std::vector<QuantMode> modes_and_bf16() {
   modes.push_back(QuantMode::BF16);
   return modes;
 }
-// The fused forms the decode step uses (input, output, rows per warp).
+// The fused forms the decode step uses (input, output).
 struct DecodeForm {
   pc::DecodeIn in;
   pc::DecodeOut out;
-  int rows_per_warp;
 };
-const DecodeForm kDecodeForms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store, 0},
-                                   {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU, 0},
-                                   {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 0},
-                                   {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate, 1}};  // one row a warp, 8 chunks a lane
+const DecodeForm kDecodeForms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store},
+                                   {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU},
+                                   {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate}};
 
 TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
   REQUIRE_GPU();
@@ -192,7 +189,7 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
     for (const DecodeForm& f : kDecodeForms)
       for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}}) {
         if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
-        run_case(m, c, f.in, f.out, f.rows_per_warp, gen);
+        run_case(m, c, f.in, f.out, gen);
       }
 }
 
@@ -296,33 +293,43 @@ struct SmallLinear {
   }
 };
 
-// One row per warp (8 chunks a lane) gives the same bits as two (4 chunks a lane): every lane
-// accumulates the same chunks in the same order — checked exactly where rows take several steps.
-TEST(CudaGemvDecode, OneRowPerWarpIsBitIdentical) {
+// int4 weights against int8 activations at the integer limits: the longest row (K = 32768), every
+// activation 127 and rows of all 7s, all −8s and the two mixed (low / high nibble): the
+// high-nibble sums kept as 16·(v + 8) reach 16384·240·127 ≈ 5·10^8 and must neither overflow nor
+// lose a bit of the exact dot product.
+TEST(CudaGemvDecode, Int4AtTheIntegerLimitsIsExact) {
   REQUIRE_GPU();
-  std::mt19937 gen(8);
-  for (QuantMode mode : modes_and_bf16())
-    for (int K : {4096, 8192, 14336}) {
-      const int N = 200;
-      Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f));
-      const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
-      const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
-      std::vector<float> out[2];
-      for (int rows : {0, 1}) {
-        Dev<float> dy(y0);
-        pc::DecodeLinearArgs a;
-        a.x = dx.p;
-        a.in = pc::DecodeIn::Plain;
-        a.y = dy.p;
-        a.out = pc::DecodeOut::Accumulate;
-        a.rows_per_warp = rows;
-        ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr));
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        out[rows] = dy.get();
-      }
-      EXPECT_EQ(out[0], out[1]) << perry::quant::quant_mode_name(mode) << " K=" << K;
-      EXPECT_NE(out[0], y0) << "nothing accumulated";
-    }
+  std::mt19937 gen(32768);
+  const int N = 4, K = 32768;
+  for (QuantMode mode : {QuantMode::W4A8, QuantMode::W4A8_G128}) {
+    perry::quant::QuantizedWeight qw = make_weight(mode, N, K, gen);
+    const uint8_t fill[N] = {0x77, 0x88, 0x87, 0x78};  // (high nibble, low nibble) = (7,7) (−8,−8) (−8,7) (7,−8)
+    const size_t row_bytes = size_t(K) / 2;
+    ASSERT_EQ(qw.qweight.size(), size_t(N) * row_bytes);
+    for (int n = 0; n < N; ++n) std::memset(qw.qweight.data() + size_t(n) * row_bytes, fill[n], row_bytes);
+    const std::vector<int> wu = unpack(qw);
+    ASSERT_EQ(wu[0], 7);
+    ASSERT_EQ(wu[size_t(K)], -8);
+    const std::vector<float> x(size_t(K), 3.0f), nw(size_t(K), 1.0f);
+    const Act a = host_input(x, nw, false, 0.0f);
+    ASSERT_EQ(a.q[0], 127);
+    std::vector<double> ref, mag;
+    reference(qw, wu, a, 1, nullptr, ref, mag);
+    Dev<float> dx(x), dy(std::vector<float>(size_t(N), 0.0f));
+    const DeviceWeights dw(mode, {}, qw, N, K, nullptr);
+    pc::DecodeLinearArgs args;
+    args.x = dx.p;
+    args.in = pc::DecodeIn::Plain;
+    args.y = dy.p;
+    args.out = pc::DecodeOut::Accumulate;
+    ASSERT_NO_THROW(pc::gemv_decode(dw.w, args, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    // Per channel: one fp32 rounding of the exact integer sum, then two fp32 products — a few
+    // ulps; g128: 256 groups folded in fp32 (as the random-weight cases). An overflow is off by
+    // 2^32 in a sum of ~5·10^8.
+    expect_close(dy.get(), ref, mag, std::string(perry::quant::quant_mode_name(mode)),
+                 mode == QuantMode::W4A8 ? 1e-6 : 2e-5);
+  }
 }
 
 // Bulk-copied weights (a ring of shared-memory stages per warp) and register loads without the
@@ -352,12 +359,11 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
           a.eps = 1e-5f;
           a.y = dy.p;
           a.out = f.out;
-          a.rows_per_warp = f.rows_per_warp;
           a.bulk_stages = stages;
           a.register_pipe = pipe;
           const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                                    " K=" + std::to_string(K) + " out=" + std::to_string(int(f.out)) +
-                                   " rows/warp=" + std::to_string(f.rows_per_warp) + " stages=" + std::to_string(stages) +
+                                   " stages=" + std::to_string(stages) +
                                    " pipe=" + std::to_string(pipe);
           ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
@@ -391,14 +397,7 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   a.in = pc::DecodeIn::Plain;
   a.out = pc::DecodeOut::Store;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);  // a form that is not built
-  a.in = pc::DecodeIn::RmsNorm;
-  a.rows_per_warp = 1;  // one row per warp is built for Accumulate only
-  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
-  a.in = pc::DecodeIn::Plain;
   a.out = pc::DecodeOut::Accumulate;
-  a.rows_per_warp = 3;
-  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
-  a.rows_per_warp = 0;
   a.bulk_stages = -2;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.bulk_stages = 1;

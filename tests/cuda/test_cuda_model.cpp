@@ -411,11 +411,10 @@ TEST(CudaPrefillToggles, WgmmaAttentionHd128) {
 }
 
 // The one-token decode path's A/B toggles give the same logits bit for bit as its plainest form
-// (register weight loads, two rows a warp, RoPE in its own kernel): PERRY_GEMV_DECODE_ROWS=1
-// (o_proj and down_proj with one row per warp: each lane reads the same chunks in the same
-// order), RoPE + KV append in the q|k|v epilogue (the default; PERRY_DECODE_ROPE_IN_QKV=0 turns
-// it off: the same operations on the same values) and PERRY_GEMV_DECODE_STAGES (weights by bulk
-// copy; unset = the kernel's choice, bulk for bf16). The embedded model has q/k norm (RoPE stays
+// (register weight loads, RoPE in its own kernel): RoPE + KV append in the q|k|v epilogue (the
+// default; PERRY_DECODE_ROPE_IN_QKV=0 turns it off: the same operations on the same values) and
+// PERRY_GEMV_DECODE_STAGES (weights by bulk copy; unset = the kernel's choice, bulk for bf16;
+// each lane reads the same chunks in the same order either way). The embedded model has q/k norm (RoPE stays
 // separate there); tiny-random-llama and tiny-random-qwen2 (q|k|v bias) take the fused RoPE.
 TEST(CudaDecodeToggles, GiveTheSameLogits) {
   REQUIRE_DEVICE();
@@ -426,19 +425,15 @@ TEST(CudaDecodeToggles, GiveTheSameLogits) {
     for (const char* mode : {"bf16", "w8a8", "w4a8-g128"}) {
       std::vector<float> base;
       {
-        const ScopedEnv rows("PERRY_GEMV_DECODE_ROWS", nullptr), rope("PERRY_DECODE_ROPE_IN_QKV", "0"),
-            stages("PERRY_GEMV_DECODE_STAGES", "0");
+        const ScopedEnv rope("PERRY_DECODE_ROPE_IN_QKV", "0"), stages("PERRY_GEMV_DECODE_STAGES", "0");
         base = decode_logits(dir, mode);
       }
       const struct {
-        const char *rows, *rope, *stages;
-      } toggles[] = {{"1", "0", "0"},     {nullptr, nullptr, "0"}, {nullptr, "0", nullptr},
-                     {nullptr, "0", "2"}, {"1", nullptr, "4"},     {nullptr, nullptr, nullptr}};
+        const char *rope, *stages;
+      } toggles[] = {{nullptr, "0"}, {"0", nullptr}, {"0", "2"}, {nullptr, "4"}, {nullptr, nullptr}};
       for (const auto& t : toggles) {
-        const ScopedEnv rows("PERRY_GEMV_DECODE_ROWS", t.rows), rope("PERRY_DECODE_ROPE_IN_QKV", t.rope),
-            stages("PERRY_GEMV_DECODE_STAGES", t.stages);
-        EXPECT_EQ(decode_logits(dir, mode), base) << name << " " << mode << " rows=" << (t.rows ? t.rows : "-")
-                                                  << " rope=" << (t.rope ? t.rope : "-")
+        const ScopedEnv rope("PERRY_DECODE_ROPE_IN_QKV", t.rope), stages("PERRY_GEMV_DECODE_STAGES", t.stages);
+        EXPECT_EQ(decode_logits(dir, mode), base) << name << " " << mode << " rope=" << (t.rope ? t.rope : "-")
                                                   << " stages=" << (t.stages ? t.stages : "-");
       }
     }

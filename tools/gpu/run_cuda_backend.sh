@@ -167,17 +167,15 @@ decode_ab() {
   fi
   for mv in $pairs; do
     m=${mv%%:*} v=${mv#*:}
-    # A variant is fused (as it is) or '+'-joined switches, e.g. stages4+rows1.
+    # A variant is fused (as it is) or '+'-joined switches, e.g. stages4+nopdl.
     env=()
     for sw in ${v//+/ }; do
       case $sw in
         fused) ;;
         separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue 2; env+=(PERRY_NO_FUSED_DECODE=1) ;;
         nopdl) env+=(PERRY_NO_PDL=1) ;;
-        rows1) env+=(PERRY_GEMV_DECODE_ROWS=1) ;;  # o / down: one row per warp, 8 chunks a lane
         ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama; the default)
         noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # rope_append_qkv as its own kernel
-        both) env+=(PERRY_GEMV_DECODE_ROWS=1 PERRY_DECODE_ROPE_IN_QKV=1) ;;
         stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
         nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;  # per-channel w8a8: register loads without the double buffer
         *) say "- unknown decode variant $v"; continue 2 ;;

@@ -75,7 +75,7 @@ class CudaBackend final : public model::ForwardBackend {
   void enqueue(const Step& st);
   void enqueue_decode_one(const Step& st);
   void decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm, DecodeOut out,
-                     float* y, int rows_per_warp = 0, const DecodeRopeKv* rope_kv = nullptr);
+                     float* y, const DecodeRopeKv* rope_kv = nullptr);
   void run_graph(const Step& st);
   void clear_graphs();
   DeviceKv& device_kv(model::KvCache& cache);
@@ -101,9 +101,6 @@ class CudaBackend final : public model::ForwardBackend {
   // One-token steps run the fused decode path (gemv_decode [+ rope_append_qkv]: 6-7 kernels a
   // layer) when every linear fits it; PERRY_NO_FUSED_DECODE=1 keeps the separate kernels (A/B).
   bool fused_decode_ = false;
-  // Rows per warp of the residual-accumulating decode linears (o_proj, down_proj): 0 = the
-  // kernel's choice; PERRY_GEMV_DECODE_ROWS=1 or 2 forces it for A/B runs (gemv_decode.h).
-  int acc_rows_per_warp_ = 0;
   // RoPE + KV append in the q|k|v GEMV's epilogue (models without q/k norm), one kernel less a
   // layer (w4a8-g128 decode +4% on the H200, docs/perf/cuda/decode-run8-summary.md);
   // PERRY_DECODE_ROPE_IN_QKV=0 keeps rope_append_qkv for A/B runs (gemv_decode.h, RopeKv).
@@ -232,7 +229,6 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   for (const Layer& d : layers_)
     for (const CudaLinear* l : {&d.qkv, &d.o, &d.gate_up, &d.down}) fused_decode_ &= l->decode_fusable();
   if (env_flag("PERRY_NO_FUSED_DECODE")) fused_decode_ = false;
-  acc_rows_per_warp_ = env_int("PERRY_GEMV_DECODE_ROWS", 0, 1, 2);
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
@@ -462,7 +458,7 @@ void CudaBackend::clear_graphs() {
 }
 
 void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm,
-                                DecodeOut out, float* y, int rows_per_warp, const DecodeRopeKv* rope_kv) {
+                                DecodeOut out, float* y, const DecodeRopeKv* rope_kv) {
   DecodeLinearArgs a;
   a.x = x;
   a.in = in;
@@ -470,7 +466,6 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.eps = float(cfg_.rms_norm_eps);
   a.y = y;
   a.out = out;
-  a.rows_per_warp = rows_per_warp;
   a.bulk_stages = decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
@@ -507,7 +502,7 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
     uint16_t* vc = kv.v.get<uint16_t>() + l * kv.layer_elems;
     if (rope_in_qkv_) {
       const DecodeRopeKv rk{d_seq, rope_view_, nh, nkv, hd, st.cap, kc, vc};
-      decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::RopeKv, qkv, 0, &rk);
+      decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::RopeKv, qkv, &rk);
     } else {
       decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::Store, qkv);
       rope_append_qkv(qkv, Q + 2 * KV, d_seq, 1, 1, nh, nkv, hd, cfg_.qk_norm ? L.q_norm.get<float>() : nullptr,
@@ -516,9 +511,9 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
     }
     attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
                      attn_ws_.bytes(), stream_);
-    decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x, acc_rows_per_warp_);
+    decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x);
     decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
-    decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x, acc_rows_per_warp_);
+    decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x);
   }
   float* dl = logits_.get<float>();
   decode_linear(lm_head_, DecodeIn::RmsNorm, x, &final_norm_, DecodeOut::Store, dl);

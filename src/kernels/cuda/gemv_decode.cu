@@ -4,9 +4,12 @@
 // loops over groups of rows (a grid of about as many blocks as fit on the GPU at once, so the
 // prologue is paid a few hundred times, not once per 8 rows). Each warp owns kR = 2 rows of a
 // group (SwiGLU: the gate row j and the up row j + N/2) and streams them in 16-byte chunks,
-// kU = 4 chunks per row in flight per lane (128 bytes): lane l takes chunks l, l + 32, ... so a
-// warp reads 512 contiguous bytes per row per step. Accumulate also has kR = 1, kU = 8 (on
-// request, DecodeLinearArgs::rows_per_warp), twice the warps for the same N. The chunks come
+// kU = 4 chunks per row in flight per lane (128 bytes for the two rows): lane l takes chunks l,
+// l + 32, ... so each load instruction of a warp reads 512 contiguous bytes of a row, 2 KiB a row
+// per step (grouped quantized kinds: lane l takes the run 4l .. 4l + 3 instead, see chunk_of).
+// (One row a warp with 8 chunks a lane, twice the warps for o_proj / down_proj, was measured on
+// the H200 twice without a gain — decode-run8-summary.md, s11 run 4 — and removed: it kept the
+// grouped kinds from folding once per step.) The chunks come
 // either straight from global memory into registers or, bulk kernels, from the warp's ring of
 // shared-memory stages that lane 0 refills with cp.async.bulk (one stage = one step).
 #include <cuda_bf16.h>
@@ -102,7 +105,7 @@ __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, i
 
 // Bulk-copy kernels: after the prologue's bytes, each warp's ring of `stages` stages of one step
 // (kR rows × kU·512 bytes), then its `stages` mbarriers.
-constexpr int kStageBytes = 4096;  // kR·kU·512 for both (kR, kU) = (2, 4) and (1, 8)
+constexpr int kStageBytes = 4096;  // kR·kU·512 (2 rows, 4 chunks a lane)
 struct RingLayout {
   int ring, bars, total;
 };
@@ -338,6 +341,18 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   constexpr bool kPipe = !kBulk && !kNoPipe && (kW == kWBf16 || (kW == kWI8 && kXI8 && !kGrouped));
   const int iters = (nchunks + 32 * kU - 1) / (32 * kU);
   constexpr long long kWin = 32LL * kU * 16;  // bytes of one row in one step
+  // Which chunk of step ii slot u holds. Grouped quantized kinds (kRun): lane l takes the kU
+  // consecutive chunks l·kU .. l·kU + kU − 1 of the step — a run of kU·kPer k values (128 for
+  // int4, 64 for int8) that lies inside one group (gs % (kU·kPer) == 0, checked at launch), so
+  // the group scale is loaded and folded once per step and row instead of once per chunk (the
+  // fold was ~15% of the grouped kinds' instructions). The run is visited in a lane-rotated order
+  // so that the bulk kernels' shared-memory reads stay conflict-free (the 8 lanes of a 128-byte
+  // phase read 8 different 16-byte columns). Other kinds: lane l takes chunks l, l + 32, ...
+  constexpr bool kRun = kGrouped && kW != kWBf16 && kU == 4;
+  auto chunk_of = [&](int ii, int u) {
+    if constexpr (kRun) return ii * 32 * kU + lane * kU + ((u + lane * kU / 8) & (kU - 1));
+    else return ii * 32 * kU + u * 32 + lane;
+  };
   auto load_step = [&](int gg, int ii, uint4 (&wc)[kU][kR]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
@@ -345,10 +360,19 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
       const uint8_t* wr = p.w + (long long)(n >= 0 ? n : 0) * row_bytes;  // row 0: valid memory, never stored
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
-        const int c = ii * 32 * kU + u * 32 + lane;
-        wc[u][r] = c < nchunks ? ld_stream16(wr + 16LL * c) : make_uint4(0, 0, 0, 0);
+        const int c = chunk_of(ii, u);
+        // A run's loads use half of each 32-byte sector per instruction; the L1 keeps the sector
+        // for the instruction that reads its other half (the streaming load would fetch it twice).
+        wc[u][r] = c >= nchunks ? make_uint4(0, 0, 0, 0)
+                   : kRun       ? __ldg(reinterpret_cast<const uint4*>(wr + 16LL * c))
+                                : ld_stream16(wr + 16LL * c);
       }
     }
+  };
+  // A run's group scale of row n (clamped: a lane past the row's end folds a zero sum).
+  auto run_scale = [&](int n, int ii) {
+    const int grp = min((ii * 32 * kU + lane * kU) * kPer / p.gs, p.G - 1);
+    return __ldg(p.sw + (long long)max(n, 0) * p.G + grp);
   };
   auto prefetch_step = [&](int gg, int ii) {
     for (int off = lane * 128; off < kR * kWin; off += 32 * 128) {
@@ -356,6 +380,18 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
       const long long o = ii * kWin + off % kWin;
       const int n = row_of<kOut, kR>(gg, warp, r, p);
       if (n >= 0 && o < row_bytes) prefetch_l2(p.w + n * row_bytes + o);
+    }
+  };
+  // Grouped kinds: a row group's scales into L2 ahead of their first use.
+  auto prefetch_scales = [&](int gg) {
+    if constexpr (kGrouped) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        const int n = row_of<kOut, kR>(gg, warp, r, p);
+        if (n >= 0)
+          for (int off = lane * 128; off < p.G * 4; off += 32 * 128)
+            prefetch_l2(reinterpret_cast<const uint8_t*>(p.sw + (long long)n * p.G) + off);
+      }
     }
   };
 
@@ -405,6 +441,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
         for (long long off = kWin + 128LL * lane; off < row_bytes; off += 32 * 128) prefetch_l2(p.w + n * row_bytes + off);
     }
   }
+  if (active) prefetch_scales(g);
   stage_norm_weights<kW, kXI8, kIn>(p, xs);
   pdl::wait();
   pdl::launch_dependents();
@@ -413,14 +450,32 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   const float sa = build_input<kW, kXI8, kIn>(p, xs);
   if (!active) return;
 
-  float facc[kR];
-  int iacc[kR];
+  // Accumulators. facc: fp32 sums (bf16, grouped, weight-only). ia / ib: integer sums since the
+  // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
+  // kept in place, i.e. 16·(v + 8) — one LOP3 a word instead of a shift and a LOP3 — and two
+  // independent dp4a chains), csum: Σ x over the same int4 chunks for the 8·Σx correction; fa:
+  // weight-only products since the last fold. Per-channel int8 x folds once, at the row's end.
+  float facc[kR], fa[kR];
+  int ia[kR], ib[kR], csum = 0;
 #pragma unroll
-  for (int r = 0; r < kR; ++r) facc[r] = 0.0f, iacc[r] = 0;
+  for (int r = 0; r < kR; ++r) facc[r] = 0.0f, fa[r] = 0.0f, ia[r] = 0, ib[r] = 0;
+  // The exact integer dot product since the last fold (ib is a multiple of 16: exact shift).
+  auto int_sum = [&](int r) { return kW == kWI4 ? ia[r] + (ib[r] >> 4) - 8 * csum : ia[r]; };
+  // Folds the sums since the last fold with scale s[r] into facc and restarts them.
+  auto fold = [&](const float (&s)[kR]) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      if constexpr (kXI8) facc[r] = fmaf(float(int_sum(r)), s[r], facc[r]);
+      else facc[r] = fmaf(fa[r], s[r], facc[r]);
+      ia[r] = 0, ib[r] = 0, fa[r] = 0.0f;
+    }
+    csum = 0;
+  };
   for (int step = 0;; ++step) {
     int ng = g, nit = it + 1;
     if (nit == iters) nit = 0, ng = g + gridDim.x;
     const bool has_next = ng < groups;
+    if (has_next && nit == 0) prefetch_scales(ng);  // one step ahead of the next row group
     uint4 nxt[kU][kR];
     if constexpr (kBulk) {
 #ifdef PERRY_BULK_COPY
@@ -432,8 +487,8 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
       for (int u = 0; u < kU; ++u)
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
-          const int c = it * 32 * kU + u * 32 + lane;
-          cur[u][r] = c < nchunks ? *reinterpret_cast<const uint4*>(stage + r * kWin + (u * 32 + lane) * 16)
+          const int c = chunk_of(it, u);
+          cur[u][r] = c < nchunks ? *reinterpret_cast<const uint4*>(stage + r * kWin + (c - it * 32 * kU) * 16)
                                   : make_uint4(0, 0, 0, 0);
         }
       __syncwarp();
@@ -450,17 +505,21 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
     int rows[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut, kR>(g, warp, r, p);
+    float s[kR];  // kRun: the step's group scale per row, loaded ahead of the step's arithmetic
+#pragma unroll
+    for (int r = 0; r < kR; ++r) s[r] = kRun ? run_scale(rows[r], it) : 0.0f;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int c = it * 32 * kU + u * 32 + lane;
-      if (c >= nchunks) break;
+      const int c = chunk_of(it, u);
+      if (c >= nchunks) continue;
       uint4 wc[kR];
 #pragma unroll
       for (int r = 0; r < kR; ++r) wc[r] = cur[u][r];
       const int k0 = c * kPer;
-      float s[kR];
+      if constexpr (kGrouped && !kRun) {  // one group scale per chunk
 #pragma unroll
-      for (int r = 0; r < kR; ++r) s[r] = kGrouped ? __ldg(p.sw + (long long)max(rows[r], 0) * p.G + k0 / p.gs) : 0.0f;
+        for (int r = 0; r < kR; ++r) s[r] = __ldg(p.sw + (long long)max(rows[r], 0) * p.G + k0 / p.gs);
+      }
       if constexpr (kW == kWBf16) {
         float xf[8];
         bf16x8_to_f32(*reinterpret_cast<const uint4*>(xs + 2 * k0), xf);
@@ -479,35 +538,33 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
         const uint4 xv = *reinterpret_cast<const uint4*>(xs + k0);
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
-          int pr = 0;
+          int pr = 0;  // a short chain per chunk; the chunks' chains are independent
 #pragma unroll
           for (int i = 0; i < 4; ++i) pr = __dp4a(int(word(wc[r], i)), int(word(xv, i)), pr);
-          if constexpr (kGrouped) facc[r] = fmaf(float(pr), s[r], facc[r]);
-          else iacc[r] += pr;
+          ia[r] += pr;
         }
       } else if constexpr (kXI8 && kW == kWI4) {
         const uint4 x0 = *reinterpret_cast<const uint4*>(xs + k0);
         const uint4 x1 = *reinterpret_cast<const uint4*>(xs + k0 + 16);
         const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        const int corr = xsum[c] * 8;  // Σ (n ^ 8)·x = Σ (v + 8)·x
+        csum += xsum[c];  // Σ (n ^ 8)·x = Σ (v + 8)·x: 8·Σx comes off in int_sum
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
-          int pr = -corr;
+          int plo = 0, phi = 0;
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const uint32_t ww = word(wc[r], i);
-            const uint32_t lo = (ww & 0x0F0F0F0Fu) ^ 0x08080808u;         // k 8i + 0, 2, 4, 6
-            const uint32_t hi = ((ww >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u;  // k 8i + 1, 3, 5, 7
-            pr = dp4a_us(lo, xw[2 * i], pr);
-            pr = dp4a_us(hi, xw[2 * i + 1], pr);
+            const uint32_t lo = (ww & 0x0F0F0F0Fu) ^ 0x08080808u;  // v + 8 of k 8i + 0, 2, 4, 6
+            const uint32_t hi = (ww & 0xF0F0F0F0u) ^ 0x80808080u;  // 16·(v + 8) of k 8i + 1, 3, 5, 7
+            plo = dp4a_us(lo, xw[2 * i], plo);
+            phi = dp4a_us(hi, xw[2 * i + 1], phi);
           }
-          if constexpr (kGrouped) facc[r] = fmaf(float(pr), s[r], facc[r]);
-          else iacc[r] += pr;
+          ia[r] += plo, ib[r] += phi;
         }
       } else {  // weight-only: bf16 x, 8 k per sub-chunk
 #pragma unroll
         for (int r = 0; r < kR; ++r) {
-          float a = 0.0f;
+          float a = fa[r];
 #pragma unroll
           for (int j = 0; j < kPer / 8; ++j) {
             float wf[8];
@@ -522,10 +579,12 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
 #pragma unroll
             for (int e = 0; e < 8; ++e) a = fmaf(xf[e], wf[e], a);
           }
-          facc[r] = fmaf(a, s[r], facc[r]);
+          fa[r] = a;
         }
       }
+      if constexpr (kGrouped && !kRun) fold(s);
     }
+    if constexpr (kRun) fold(s);
     if (it == iters - 1 && rows[0] >= 0) {
       // Warp reduction, then lane 0 finishes the outputs.
       float val[kR];
@@ -534,7 +593,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
         const int n = max(rows[r], 0);
         const float b = p.bias ? __ldg(p.bias + n) : 0.0f;
         if constexpr (kIntAcc) {
-          int v = iacc[r];
+          int v = int_sum(r);
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
           val[r] = fmaf(float(v) * __ldg(p.sw + n), sa, b);
@@ -565,7 +624,8 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
     }
     if (it == iters - 1) {
 #pragma unroll
-      for (int r = 0; r < kR; ++r) facc[r] = 0.0f, iacc[r] = 0;
+      for (int r = 0; r < kR; ++r) facc[r] = 0.0f, ia[r] = 0, ib[r] = 0;
+      csum = 0;
     }
     if (!has_next) break;
     g = ng, it = nit;
@@ -633,17 +693,11 @@ void launch(Params p, const char* name, cudaStream_t stream) {
 }
 
 template <int kW, bool kXI8, bool kGrouped>
-void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, int rows_per_warp, const char* name, cudaStream_t s) {
+void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, const char* name, cudaStream_t s) {
   if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, name, s);
   if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, name, s);
   if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, name, s);
-  if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) {
-    // One row per warp, twice the chunks per lane: the same bytes in flight per warp, twice the
-    // warps for a given N (o_proj / down_proj have N = hidden = few row groups; see
-    // DecodeLinearArgs::rows_per_warp).
-    if (rows_per_warp == 1) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc, 1, 8>(p, name, s);
-    return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
-  }
+  if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
   throw Error(std::string(name) +
               ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, RmsNorm+RopeKv, Plain+Accumulate)");
 }
@@ -655,7 +709,8 @@ bool gemv_decode_supports(QuantMode mode, int K) {
   if (mode == QuantMode::BF16) return true;
   if (!quant::is_quantized(mode)) return false;
   const QuantModeBits mb = quant_mode_bits(mode);
-  return mb.group_size == 0 || mb.group_size % 32 == 0;
+  // Grouped: a lane's run of 4 chunks (128 int4 / 64 int8 values) must sit inside one group.
+  return mb.group_size == 0 || mb.group_size % (mb.bits == 4 ? 128 : 64) == 0;
 }
 
 void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream) {
@@ -671,8 +726,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
         int64_t(w.N) != int64_t(rk.nh + 2 * rk.nkv) * rk.hd)
       throw Error(where + ": RopeKv needs N = (nh + 2·nkv)·hd, an even hd equal to the RoPE table's, capacity >= 1");
   }
-  if (a.rows_per_warp != 0 && a.rows_per_warp != 2 && !(a.rows_per_warp == 1 && a.out == DecodeOut::Accumulate))
-    throw Error(where + ": rows_per_warp must be 0 or 2 (or 1 with Accumulate), got " + std::to_string(a.rows_per_warp));
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
@@ -698,19 +751,19 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   const bool bulk_pays = w.mode == QuantMode::BF16 || (quant_mode_bits(w.mode).bits == 8 && w.mode != QuantMode::W8A8);
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (bulk_pays ? 2 : 0);
   p.no_pipe = a.register_pipe == 0;
-  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<bf16>", stream);
+  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");
   p.gs = mb.group_size;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
   switch (w.mode) {
-    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a8>", stream);
+    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, "gemv_decode<w8a8>", stream);
     case QuantMode::W8A8_G128:
-    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a8-g>", stream);
-    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a8>", stream);
-    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a8-g128>", stream);
-    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w8a16>", stream);
-    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, a.rows_per_warp, "gemv_decode<w4a16>", stream);
+    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, "gemv_decode<w8a8-g>", stream);
+    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, "gemv_decode<w4a8>", stream);
+    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, "gemv_decode<w4a8-g128>", stream);
+    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, "gemv_decode<w8a16>", stream);
+    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, "gemv_decode<w4a16>", stream);
     default: throw Error(where + ": not a quantized or bf16 mode");
   }
 }

@@ -25,8 +25,10 @@
 // weights before it waits for the previous kernel (programmatic dependent launch, pdl.cuh), so
 // the weight fetch overlaps the kernel before it and the block's own input prologue.
 // int4 weights with int8 activations: the activations are stored in shared memory permuted to the
-// nibble order and the nibbles used as unsigned (v + 8) in dp4a, with the 8·Σx correction per
-// 32 values — three integer instructions per 8 weights instead of a sign-extending unpack.
+// nibble order and the nibbles used as unsigned (v + 8) in dp4a — the high nibbles in place, as
+// 16·(v + 8), summed apart and shifted back once — with the 8·Σx correction: four integer
+// instructions per 8 weights instead of a sign-extending unpack. Grouped modes fold each group's
+// integer sum into fp32 once per lane and step (a lane's chunks of a step lie in one group).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -68,12 +70,6 @@ struct DecodeLinearArgs {
   float eps = 0.0f;
   float* y = nullptr;
   DecodeOut out = DecodeOut::Store;
-  // Rows each warp streams: 0 = the kernel's choice (2); 1 (Accumulate only) doubles the warps a
-  // small-N linear keeps busy at the same bytes in flight per warp — o_proj and down_proj run
-  // 256 row groups of 16 on 132 SMs. Measured on the H200 without a gain (w4a8-g128 decode 356
-  // vs 361 tok/s, docs/perf/cuda/decode-run8-summary.md), so not the default;
-  // PERRY_GEMV_DECODE_ROWS=1 sets it in the CUDA backend for A/B runs.
-  int rows_per_warp = 0;
   // How the weights are streamed: 0 = 16-byte loads into registers (a step or two in flight per
   // warp, the rest prefetched into L2); n >= 2 = bulk copies (cp.async.bulk, sm_90+) into a ring
   // of n 4 KiB shared-memory stages per warp — n steps in flight, fewer stages where shared
@@ -105,7 +101,8 @@ struct DecodeLinearArgs {
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
-// memory), a BF16 or quantized mode. Other layers keep the separate kernels.
+// memory), a BF16 or quantized mode whose group size (if any) is a multiple of 128 (int4) or 64
+// (int8). Other layers keep the separate kernels.
 bool gemv_decode_supports(quant::QuantMode mode, int K);
 
 // Launches the fused linear on `stream` (programmatic dependent launch where available).
