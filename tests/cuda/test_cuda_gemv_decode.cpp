@@ -502,13 +502,12 @@ TEST(CudaDecodeRopeAppend, EqualsTheSeparateKernels) {
   }
 }
 
-// DecodeOut::RopeKv == Store then rope_append_qkv, bit for bit: q (rotated) in y, k (rotated)
-// and v in the cache, for positions inside the RoPE table, past it (NaN q / k) and past the cache
-// capacity (nothing stored), in a float, an int8 and two int4 modes, with a q|k|v bias.
-TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
-  REQUIRE_GPU();
-  std::mt19937 gen(31);
-  const int nh = 8, nkv = 2, hd = 128, K = 512, N = (nh + 2 * nkv) * hd, cap = 64, max_pos = 48, slots = 2;
+// DecodeOut::RopeKv == Store then rope_append_qkv, bit for bit, for head size hd: q (rotated) in
+// y, k (rotated) and v in the cache, for positions inside the RoPE table, past it (NaN q / k) and
+// past the cache capacity (nothing stored), in a float, an int8 and two int4 modes, with a q|k|v
+// bias.
+void check_rope_kv_matches_separate(int hd, std::mt19937& gen) {
+  const int nh = 8, nkv = 2, K = 512, N = (nh + 2 * nkv) * hd, cap = 64, max_pos = 48, slots = 2;
   std::vector<float> cosv(size_t(max_pos) * hd / 2), sinv(cosv.size());
   for (size_t i = 0; i < cosv.size(); ++i) cosv[i] = std::cos(0.013f * float(i)), sinv[i] = std::sin(0.013f * float(i));
   pc::DeviceRopeTable rope(cosv.data(), sinv.data(), hd, max_pos);
@@ -520,7 +519,7 @@ TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
     const DeviceWeights dw = random_weights(mode, N, K, gen, dbias.p);
     const pc::DecodeWeights& w = dw.w;
     for (int pos : {20, 50, 70}) {
-      const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " pos " + std::to_string(pos);
+      const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " hd " + std::to_string(hd) + " pos " + std::to_string(pos);
       Dev<pc::AttnSeq> dseq(std::vector<pc::AttnSeq>{{0, 1, pos, 1}});
       pc::DecodeLinearArgs a;
       a.x = dx.p;
@@ -555,6 +554,18 @@ TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
       }
     }
   }
+}
+
+TEST(CudaGemvDecode, RopeKvEqualsStoreThenRopeAppend) {
+  REQUIRE_GPU();
+  std::mt19937 gen(31);
+  // 80: a head size whose half is not a power of two (the kernel finds a row's head by a
+  // multiply-high, exact for any size).
+  for (int hd : {128, 80}) check_rope_kv_matches_separate(hd, gen);
+  const int nh = 8, nkv = 2, hd = 128, K = 512, N = (nh + 2 * nkv) * hd, cap = 64, max_pos = 48, slots = 2;
+  std::vector<float> cosv(size_t(max_pos) * hd / 2, 1.0f), sinv(cosv.size(), 0.0f);
+  pc::DeviceRopeTable rope(cosv.data(), sinv.data(), hd, max_pos);
+  const std::vector<uint16_t> cache0(size_t(slots) * nkv * cap * hd, 0x3f80);
   // Arguments: N must match the head layout; the cache and the table must be given.
   SmallLinear L(N, K, gen);
   pc::DecodeWeights& dw = L.dw;

@@ -49,12 +49,13 @@ struct Params {
   const uint8_t* w;
   const float* sw;
   const float* bias;
-  int N, K, G, gs;  // N: weight rows
+  int N, K, G, gs_shift;  // N: weight rows; G groups of 2^gs_shift k values a row (grouped modes)
   const float* x;
   const float* norm_w;
   float eps;
   float* y;
   DecodeRopeKv rk;  // kOutRopeKv only
+  unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
@@ -257,7 +258,9 @@ __device__ __forceinline__ int row_of(int g, int warp, int r, const Params& p) {
   } else if constexpr (kOut == kOutRopeKv) {
     const int hd = p.rk.hd, half = hd / 2, j = g * kWarps + warp, qk_pairs = (p.rk.nh + p.rk.nkv) * half;
     if (j < qk_pairs) {
-      const int head = j / half;
+      // j / half by a multiply-high (the row of every load and step; an integer division is ~20
+      // instructions): exact for j·half < 2^32 with the magic ceil(2^32 / half).
+      const int head = int((unsigned long long)j * p.rk_half_magic >> 32);
       return head * hd + (j - head * half) + r * half;
     }
     const int n = qk_pairs * 2 + 2 * (j - qk_pairs) + r;
@@ -343,12 +346,13 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   constexpr long long kWin = 32LL * kU * 16;  // bytes of one row in one step
   // Which chunk of step ii slot u holds. Grouped quantized kinds (kRun): lane l takes the kU
   // consecutive chunks l·kU .. l·kU + kU − 1 of the step — a run of kU·kPer k values (128 for
-  // int4, 64 for int8) that lies inside one group (gs % (kU·kPer) == 0, checked at launch), so
-  // the group scale is loaded and folded once per step and row instead of once per chunk (the
+  // int4, 64 for int8) that lies inside one group (gemv_decode_supports: the group size is a
+  // multiple), so the group scale is loaded and folded once per step and row instead of once per chunk (the
   // fold was ~15% of the grouped kinds' instructions). The run is visited in a lane-rotated order
   // so that the bulk kernels' shared-memory reads stay conflict-free (the 8 lanes of a 128-byte
   // phase read 8 different 16-byte columns). Other kinds: lane l takes chunks l, l + 32, ...
-  constexpr bool kRun = kGrouped && kW != kWBf16 && kU == 4;
+  constexpr bool kRun = kGrouped;
+  static_assert(!kRun || (kW != kWBf16 && kU == 4), "runs: quantized weights, 4 chunks a lane");
   auto chunk_of = [&](int ii, int u) {
     if constexpr (kRun) return ii * 32 * kU + lane * kU + ((u + lane * kU / 8) & (kU - 1));
     else return ii * 32 * kU + u * 32 + lane;
@@ -371,7 +375,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   };
   // A run's group scale of row n (clamped: a lane past the row's end folds a zero sum).
   auto run_scale = [&](int n, int ii) {
-    const int grp = min((ii * 32 * kU + lane * kU) * kPer / p.gs, p.G - 1);
+    const int grp = min(((ii * 32 * kU + lane * kU) * kPer) >> p.gs_shift, p.G - 1);
     return __ldg(p.sw + (long long)max(n, 0) * p.G + grp);
   };
   auto prefetch_step = [&](int gg, int ii) {
@@ -516,10 +520,6 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
 #pragma unroll
       for (int r = 0; r < kR; ++r) wc[r] = cur[u][r];
       const int k0 = c * kPer;
-      if constexpr (kGrouped && !kRun) {  // one group scale per chunk
-#pragma unroll
-        for (int r = 0; r < kR; ++r) s[r] = __ldg(p.sw + (long long)max(rows[r], 0) * p.G + k0 / p.gs);
-      }
       if constexpr (kW == kWBf16) {
         float xf[8];
         bf16x8_to_f32(*reinterpret_cast<const uint4*>(xs + 2 * k0), xf);
@@ -582,7 +582,6 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
           fa[r] = a;
         }
       }
-      if constexpr (kGrouped && !kRun) fold(s);
     }
     if constexpr (kRun) fold(s);
     if (it == iters - 1 && rows[0] >= 0) {
@@ -709,8 +708,10 @@ bool gemv_decode_supports(QuantMode mode, int K) {
   if (mode == QuantMode::BF16) return true;
   if (!quant::is_quantized(mode)) return false;
   const QuantModeBits mb = quant_mode_bits(mode);
-  // Grouped: a lane's run of 4 chunks (128 int4 / 64 int8 values) must sit inside one group.
-  return mb.group_size == 0 || mb.group_size % (mb.bits == 4 ? 128 : 64) == 0;
+  // Grouped: a lane's run of 4 chunks (128 int4 / 64 int8 values) must sit inside one group,
+  // and groups are a power of two long (a shift finds a run's group).
+  const int gs = mb.group_size;
+  return gs == 0 || (gs % (mb.bits == 4 ? 128 : 64) == 0 && (gs & (gs - 1)) == 0);
 }
 
 void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream) {
@@ -744,6 +745,10 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.eps = a.eps;
   p.y = a.y;
   p.rk = a.rope_kv;
+  if (a.out == DecodeOut::RopeKv) {
+    const unsigned long long half = unsigned(a.rope_kv.hd / 2);
+    p.rk_half_magic = ((1ULL << 32) + half - 1) / half;
+  }
   p.round_bf16 = a.round_bf16;
   // The kernel's choice (gemv_decode.h): bulk copies for bf16 and for int8 weights other than
   // per-channel w8a8 (which double-buffers in registers) — measured faster so; int4 keeps
@@ -754,7 +759,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");
-  p.gs = mb.group_size;
+  p.gs_shift = mb.group_size > 0 ? __builtin_ctz(unsigned(mb.group_size)) : 0;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
   switch (w.mode) {
     case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, "gemv_decode<w8a8>", stream);

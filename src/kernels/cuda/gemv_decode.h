@@ -101,8 +101,8 @@ struct DecodeLinearArgs {
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
-// memory), a BF16 or quantized mode whose group size (if any) is a multiple of 128 (int4) or 64
-// (int8). Other layers keep the separate kernels.
+// memory), a BF16 or quantized mode whose group size (if any) is a power of two and a multiple of
+// 128 (int4) or 64 (int8). Other layers keep the separate kernels.
 bool gemv_decode_supports(quant::QuantMode mode, int K);
 
 // Launches the fused linear on `stream` (programmatic dependent launch where available).
