@@ -178,6 +178,7 @@ decode_ab() {
         noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # rope_append_qkv as its own kernel
         stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
         nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;  # per-channel w8a8: register loads without the double buffer
+        labskip) env+=(PERRY_LAB_DECODE_SKIP_INPUT=1) ;;  # lab (wrong outputs): the GEMVs without building their input row
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done

@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -59,6 +60,7 @@ struct Params {
   int stages;       // bulk-copy kernels: ring stages per warp
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
+  bool lab_skip_input;  // PERRY_LAB_DECODE_SKIP_INPUT=1, lab only (wrong outputs): a zero input row
 };
 
 template <int kW>
@@ -166,6 +168,11 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
   const int K = p.K, octets = K / 8;
   const SmemLayout lay = smem_layout(K, kW, kXI8, kIn);
   uint8_t* xs = smem;
+  if (p.lab_skip_input) {  // lab: what the kernel costs without building its input (x = 0)
+    for (int o = threadIdx.x; o < lay.xf / 16; o += kThreads) reinterpret_cast<uint4*>(xs)[o] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    return 1.0f;
+  }
   int* xsum = reinterpret_cast<int*>(smem + lay.xsum);
   float* xf = reinterpret_cast<float*>(smem + lay.xf);
   const float* nw = lay.nw_staged ? reinterpret_cast<const float*>(smem + lay.nw) : p.norm_w;
@@ -750,6 +757,10 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
     p.rk_half_magic = ((1ULL << 32) + half - 1) / half;
   }
   p.round_bf16 = a.round_bf16;
+  // Lab only, the outputs are wrong: the input row left at zero instead of built (RMSNorm,
+  // quantization) in every block — the prologue's share of the kernel's time.
+  const char* lab = std::getenv("PERRY_LAB_DECODE_SKIP_INPUT");
+  p.lab_skip_input = lab && lab[0] == '1';
   // The kernel's choice (gemv_decode.h): bulk copies for bf16 and for int8 weights other than
   // per-channel w8a8 (which double-buffers in registers) — measured faster so; int4 keeps
   // register loads.
