@@ -761,10 +761,9 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   // quantization) in every block — the prologue's share of the kernel's time.
   const char* lab = std::getenv("PERRY_LAB_DECODE_SKIP_INPUT");
   p.lab_skip_input = lab && lab[0] == '1';
-  // The kernel's choice (gemv_decode.h): bulk copies for bf16 and for int8 weights other than
-  // per-channel w8a8 (which double-buffers in registers) — measured faster so; int4 keeps
-  // register loads.
-  const bool bulk_pays = w.mode == QuantMode::BF16 || (quant_mode_bits(w.mode).bits == 8 && w.mode != QuantMode::W8A8);
+  // The kernel's choice (gemv_decode.h): bulk copies for bf16 and the grouped kinds, register
+  // loads for the per-channel ones (w8a8 double-buffers them) — measured faster so.
+  const bool bulk_pays = w.mode == QuantMode::BF16 || quant_mode_bits(w.mode).group_size > 0;
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (bulk_pays ? 2 : 0);
   p.no_pipe = a.register_pipe == 0;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);

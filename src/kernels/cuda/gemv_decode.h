@@ -74,12 +74,13 @@ struct DecodeLinearArgs {
   // warp, the rest prefetched into L2); n >= 2 = bulk copies (cp.async.bulk, sm_90+) into a ring
   // of n 4 KiB shared-memory stages per warp — n steps in flight, fewer stages where shared
   // memory is short, registers below sm_90; -1 = the kernel's choice, from the H200 A/B runs
-  // (docs/perf/cuda/decode-run8-summary.md, decode-run9-summary.md): bulk with 2 stages for bf16
-  // (decode +12%), w8a16 (+3%) and grouped w8a8 (+1.4%); registers for per-channel w8a8 (−1%)
-  // and the int4 kinds (w4a8-g128 −7%, w4a16 −8%: the ring's shared memory leaves fewer warps an
-  // SM and keeps the next kernel's blocks off it, so programmatic dependent launch overlaps less).
-  // Same arithmetic either way, so the same bits. PERRY_GEMV_DECODE_STAGES=n forces it in the
-  // CUDA backend for A/B runs.
+  // (docs/perf/cuda/decode-run8-summary.md, decode-run9-summary.md, s12-run3-decode-summary.md):
+  // bulk with 2 stages for bf16 (decode +12%), w8a16 (+3%), grouped w8a8 (+1.4%) and — since the
+  // grouped kinds read a run of 4 chunks a lane, conflict-free from the ring — w4a8-g128 (+2.5%)
+  // and w4a16 (+10%); registers for the per-channel kinds: w8a8 (−1% with the ring) and w4a8
+  // (before the runs the int4 kinds lost 7–8% with the ring: its shared memory leaves fewer warps
+  // an SM and keeps the next kernel's blocks off it). Same arithmetic either way, so the same
+  // bits. PERRY_GEMV_DECODE_STAGES=n forces it in the CUDA backend for A/B runs.
   int bulk_stages = -1;
   // Per-channel w8a8 with register loads double-buffers them (step s + 1 loaded before step s is
   // reduced; bf16 with register loads does too, and keeps it — this switch is w8a8's only):
