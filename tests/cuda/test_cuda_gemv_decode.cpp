@@ -2,14 +2,17 @@
 // every mode (bf16 and the 7 quantized ones) and every fused input/output form, against a float64
 // reference of the quantized math on inputs prepared on the host by the CPU rules (RMSNorm with a
 // float64 sum of squares, quant::quantize_row_ref, f32_to_bf16). Shapes: Llama-like K = 4096, a K
-// that is not a multiple of the 128 group (1056), and an N large enough that blocks loop over
-// several row groups. Also rope_append_qkv against head_rms_norm + rope_apply +
+// that is not a multiple of the 128 group (1056: a lane's run of chunks is cut short), and an N
+// (20000: 1250 row groups) for which every block loops over several row groups, its sums and
+// folds restarting at each. Also rope_append_qkv against head_rms_norm + rope_apply +
 // kv_cache_append (bit-exact: the same fp32 operations), and the argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -187,7 +190,7 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
   std::mt19937 gen(20261129);
   for (QuantMode m : modes_and_bf16())
     for (const DecodeForm& f : kDecodeForms)
-      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}}) {
+      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}, Case{20000, 1056}}) {
         if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
         run_case(m, c, f.in, f.out, gen);
       }
@@ -293,10 +296,50 @@ struct SmallLinear {
   }
 };
 
-// int4 weights against int8 activations at the integer limits: the longest row (K = 32768), every
-// activation 127 and rows of all 7s, all −8s and the two mixed (low / high nibble): the
-// high-nibble sums kept as 16·(v + 8) reach 16384·240·127 ≈ 5·10^8 and must neither overflow nor
-// lose a bit of the exact dot product.
+// The lab switch PERRY_LAB_DECODE_SKIP_INPUT (wrong outputs by design: it measures the input
+// prologue's share) leaves the input row at zero, so a Store gives the bias exactly; unset, the
+// kernel builds the row again.
+TEST(CudaGemvDecode, LabSkipInputLeavesAZeroRow) {
+  REQUIRE_GPU();
+  std::mt19937 gen(7);
+  const int N = 64, K = 256;
+  for (QuantMode mode : {QuantMode::BF16, QuantMode::W8A8, QuantMode::W4A8_G128}) {
+    const std::vector<float> bias = rand_f(size_t(N), gen, -1.f, 1.f);
+    Dev<float> dx(rand_f(size_t(K), gen, -1.f, 1.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f)), dbias(bias);
+    Dev<float> dy(std::vector<float>(size_t(N), 0.f));
+    const DeviceWeights dw = random_weights(mode, N, K, gen, dbias.p);
+    pc::DecodeLinearArgs a;
+    a.x = dx.p;
+    a.in = pc::DecodeIn::RmsNorm;
+    a.norm_w = dnw.p;
+    a.eps = 1e-5f;
+    a.y = dy.p;
+    a.out = pc::DecodeOut::Store;
+    const std::string what(perry::quant::quant_mode_name(mode));
+    setenv("PERRY_LAB_DECODE_SKIP_INPUT", "1", 1);
+    const bool ok = [&] {
+      try {
+        pc::gemv_decode(dw.w, a, nullptr);
+        return true;
+      } catch (...) {
+        return false;
+      }
+    }();
+    unsetenv("PERRY_LAB_DECODE_SKIP_INPUT");
+    ASSERT_TRUE(ok) << what;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    EXPECT_EQ(dy.get(), bias) << what;
+    ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    EXPECT_NE(dy.get(), bias) << what << ": the switch stayed on";
+  }
+}
+
+// int4 weights against int8 activations at the extremes: the longest row (K = 32768), every
+// activation 127 and rows of all 7s, all −8s and the two mixed (low / high nibble) — the nibble
+// handling (the high nibbles kept in place as 16·(v + 8), shifted back once) and the 8·Σx
+// correction must give the exact dot product (a lane's sums stay below ~2·10^7, the row's
+// ~3.3·10^7: no overflow).
 TEST(CudaGemvDecode, Int4AtTheIntegerLimitsIsExact) {
   REQUIRE_GPU();
   std::mt19937 gen(32768);
@@ -325,8 +368,8 @@ TEST(CudaGemvDecode, Int4AtTheIntegerLimitsIsExact) {
     ASSERT_NO_THROW(pc::gemv_decode(dw.w, args, nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     // Per channel: one fp32 rounding of the exact integer sum, then two fp32 products — a few
-    // ulps; g128: 256 groups folded in fp32 (as the random-weight cases). An overflow is off by
-    // 2^32 in a sum of ~5·10^8.
+    // ulps; g128: 256 groups folded in fp32 (as the random-weight cases). A wrong nibble or
+    // correction is off by at least 127 in a sum of ~10^7 (per channel: far beyond 1e-6).
     expect_close(dy.get(), ref, mag, std::string(perry::quant::quant_mode_name(mode)),
                  mode == QuantMode::W4A8 ? 1e-6 : 2e-5);
   }

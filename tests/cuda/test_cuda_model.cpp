@@ -413,9 +413,10 @@ TEST(CudaPrefillToggles, WgmmaAttentionHd128) {
 // The one-token decode path's A/B toggles give the same logits bit for bit as its plainest form
 // (register weight loads, RoPE in its own kernel): RoPE + KV append in the q|k|v epilogue (the
 // default; PERRY_DECODE_ROPE_IN_QKV=0 turns it off: the same operations on the same values) and
-// PERRY_GEMV_DECODE_STAGES (weights by bulk copy; unset = the kernel's choice, bulk for bf16;
-// each lane reads the same chunks in the same order either way). The embedded model has q/k norm (RoPE stays
-// separate there); tiny-random-llama and tiny-random-qwen2 (q|k|v bias) take the fused RoPE.
+// PERRY_GEMV_DECODE_STAGES (weights by bulk copy; unset = the kernel's choice, bulk for bf16 and
+// the grouped kinds; each lane reads the same chunks in the same order either way). The embedded
+// model has q/k norm (RoPE stays separate there); tiny-random-llama and tiny-random-qwen2 (q|k|v
+// bias) take the fused RoPE.
 TEST(CudaDecodeToggles, GiveTheSameLogits) {
   REQUIRE_DEVICE();
   const ScopedEnv keep_fused("PERRY_NO_FUSED_DECODE", nullptr);

@@ -9,9 +9,9 @@
 // per step (grouped quantized kinds: lane l takes the run 4l .. 4l + 3 instead, see chunk_of).
 // (One row a warp with 8 chunks a lane, twice the warps for o_proj / down_proj, was measured on
 // the H200 twice without a gain — decode-run8-summary.md, s11 run 4 — and removed: it kept the
-// grouped kinds from folding once per step.) The chunks come
-// either straight from global memory into registers or, bulk kernels, from the warp's ring of
-// shared-memory stages that lane 0 refills with cp.async.bulk (one stage = one step).
+// grouped kinds from folding once per step.) The chunks come either straight from global memory
+// into registers or, bulk kernels, from the warp's ring of shared-memory stages that lane 0
+// refills with cp.async.bulk (one stage = one step).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -354,10 +354,11 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   // Which chunk of step ii slot u holds. Grouped quantized kinds (kRun): lane l takes the kU
   // consecutive chunks l·kU .. l·kU + kU − 1 of the step — a run of kU·kPer k values (128 for
   // int4, 64 for int8) that lies inside one group (gemv_decode_supports: the group size is a
-  // multiple), so the group scale is loaded and folded once per step and row instead of once per chunk (the
-  // fold was ~15% of the grouped kinds' instructions). The run is visited in a lane-rotated order
-  // so that the bulk kernels' shared-memory reads stay conflict-free (the 8 lanes of a 128-byte
-  // phase read 8 different 16-byte columns). Other kinds: lane l takes chunks l, l + 32, ...
+  // multiple), so the group scale is loaded and folded once per step and row instead of once per
+  // chunk (the fold was ~15% of the grouped kinds' instructions). The run is visited in a
+  // lane-rotated order so that the bulk kernels' reads of the ring stay conflict-free (the 8 lanes
+  // of a 128-byte phase read 8 different 16-byte columns). Other kinds: lane l takes chunks l,
+  // l + 32, ...
   constexpr bool kRun = kGrouped;
   static_assert(!kRun || (kW != kWBf16 && kU == 4), "runs: quantized weights, 4 chunks a lane");
   auto chunk_of = [&](int ii, int u) {
@@ -733,6 +734,9 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
     if (rk.nh < 1 || rk.nkv < 1 || rk.hd < 2 || rk.hd % 2 != 0 || rk.capacity < 1 || rk.rope.head_dim != rk.hd ||
         int64_t(w.N) != int64_t(rk.nh + 2 * rk.nkv) * rk.hd)
       throw Error(where + ": RopeKv needs N = (nh + 2·nkv)·hd, an even hd equal to the RoPE table's, capacity >= 1");
+    // The kernel finds a q/k row's head by a multiply-high, exact while (nh + nkv)·(hd/2)^2 < 2^32.
+    if (int64_t(rk.nh + rk.nkv) * (rk.hd / 2) * (rk.hd / 2) >= (int64_t(1) << 32))
+      throw Error(where + ": RopeKv: too many heads of this size for one q|k|v row");
   }
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));

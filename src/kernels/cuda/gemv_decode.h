@@ -20,15 +20,17 @@
 // the RMSNorm sum of squares (accumulated in float64 here as there).
 //
 // Weights (canonical layouts, gemv_quant.h): BF16 bf16 [N, K]; int8 [N, K]; int4 packed
-// [N, K/2]; scales fp32 [N, G]. Every weight byte is streamed once (16-byte loads, L1 bypassed,
-// or bulk copies into shared memory: DecodeLinearArgs::bulk_stages); each block loads its first
+// [N, K/2]; scales fp32 [N, G]. Every weight byte is streamed once (16-byte loads, L1 bypassed
+// except the grouped kinds' runs, whose 32-byte sectors two instructions read; or bulk copies into
+// shared memory: DecodeLinearArgs::bulk_stages); each block loads its first
 // weights before it waits for the previous kernel (programmatic dependent launch, pdl.cuh), so
 // the weight fetch overlaps the kernel before it and the block's own input prologue.
 // int4 weights with int8 activations: the activations are stored in shared memory permuted to the
 // nibble order and the nibbles used as unsigned (v + 8) in dp4a — the high nibbles in place, as
 // 16·(v + 8), summed apart and shifted back once — with the 8·Σx correction: four integer
-// instructions per 8 weights instead of a sign-extending unpack. Grouped modes fold each group's
-// integer sum into fp32 once per lane and step (a lane's chunks of a step lie in one group).
+// instructions per 8 weights instead of a sign-extending unpack. Grouped modes fold a lane's
+// partial sum of a step (integer for W*A8) into fp32 once: the lane's chunks of a step lie in one
+// group.
 #pragma once
 #include <cuda_runtime.h>
 
