@@ -15,7 +15,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -60,7 +59,7 @@ struct Params {
   int stages;       // bulk-copy kernels: ring stages per warp
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
-  bool lab_skip_input;  // PERRY_LAB_DECODE_SKIP_INPUT=1, lab only (wrong outputs): a zero input row
+  bool lab_skip_input;  // DecodeLinearArgs::lab_skip_input (lab only, wrong outputs): a zero input row
 };
 
 template <int kW>
@@ -761,10 +760,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
     p.rk_half_magic = ((1ULL << 32) + half - 1) / half;
   }
   p.round_bf16 = a.round_bf16;
-  // Lab only, the outputs are wrong: the input row left at zero instead of built (RMSNorm,
-  // quantization) in every block — the prologue's share of the kernel's time.
-  const char* lab = std::getenv("PERRY_LAB_DECODE_SKIP_INPUT");
-  p.lab_skip_input = lab && lab[0] == '1';
+  p.lab_skip_input = a.lab_skip_input;
   // The kernel's choice (gemv_decode.h): bulk copies for bf16 and the grouped kinds, register
   // loads for the per-channel ones (w8a8 double-buffers them) — measured faster so.
   const bool bulk_pays = w.mode == QuantMode::BF16 || quant_mode_bits(w.mode).group_size > 0;

@@ -101,6 +101,10 @@ struct DecodeLinearArgs {
   //   RopeKv: q, k, v before RoPE (rope_append_qkv / split_qkv with round_to_bf16);
   //   Store: the stored values.
   bool round_bf16 = false;
+  // Lab only, the outputs are wrong: leave the input row at zero instead of building it (RMSNorm,
+  // quantization) in every block — measures the prologue's share of the kernel's time. The CUDA
+  // backend sets it from PERRY_LAB_DECODE_SKIP_INPUT=1.
+  bool lab_skip_input = false;
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
