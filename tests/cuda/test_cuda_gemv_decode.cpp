@@ -189,7 +189,10 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
   std::mt19937 gen(20261129);
   for (QuantMode m : modes_and_bf16())
     for (const DecodeForm& f : kDecodeForms)
-      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}, Case{20000, 1056}}) {
+      // K = 14336 and 20480: plain int8 inputs held in registers (K <= 16384) and staged in shared
+      // memory (K > 16384).
+      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}, Case{20000, 1056},
+                     Case{40, 14336}, Case{24, 20480}}) {
         if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
         run_case(m, c, f.in, f.out, gen);
       }
@@ -383,8 +386,13 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
         const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
         std::vector<float> base;
-        // (stages, register_pipe): register loads with and without the double buffer, then rings.
-        for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {4, -1}, {16, -1}}) {
+        // (stages, register_pipe, max blocks an SM): register loads with and without the double
+        // buffer, then rings; then one block an SM (blocks loop over more row groups).
+        struct Variant {
+          int stages, pipe, bps;
+        };
+        for (auto [stages, pipe, bps] : {Variant{0, -1, -1}, {0, 0, -1}, {2, -1, -1}, {4, -1, -1}, {16, -1, -1},
+                                         {0, -1, 1}, {2, -1, 1}}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a;
           a.x = dx.p;
@@ -395,13 +403,14 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
           a.out = f.out;
           a.bulk_stages = stages;
           a.register_pipe = pipe;
+          a.max_blocks_per_sm = bps;
           const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                                    " K=" + std::to_string(K) + " out=" + std::to_string(int(f.out)) +
                                    " stages=" + std::to_string(stages) +
-                                   " pipe=" + std::to_string(pipe);
+                                   " pipe=" + std::to_string(pipe) + " bps=" + std::to_string(bps);
           ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-          if (stages == 0 && pipe == -1) {
+          if (stages == 0 && pipe == -1 && bps == -1) {
             base = dy.get();
             EXPECT_NE(base, y0) << what << ": nothing written";
           } else {
@@ -440,6 +449,9 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.bulk_stages = -1;
   a.register_pipe = 2;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.register_pipe = -1;
+  a.max_blocks_per_sm = 0;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 

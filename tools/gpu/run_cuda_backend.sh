@@ -177,7 +177,8 @@ decode_ab() {
         ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama; the default)
         noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # rope_append_qkv as its own kernel
         stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
-        nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;  # per-channel w8a8: register loads without the double buffer
+        nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;
+        bps[0-9]*) env+=(PERRY_GEMV_DECODE_BLOCKS_PER_SM=${sw#bps}) ;;  # decode linears: at most N blocks an SM  # per-channel w8a8: register loads without the double buffer
         labskip) env+=(PERRY_LAB_DECODE_SKIP_INPUT=1) ;;  # lab (wrong outputs): the GEMVs without building their input row
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac

@@ -112,6 +112,9 @@ class CudaBackend final : public model::ForwardBackend {
   // Register double buffering of the per-channel w8a8 decode linears: -1 = the kernel's choice;
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
+  // Decode linears' blocks an SM at most: -1 = as many as fit; PERRY_GEMV_DECODE_BLOCKS_PER_SM=n
+  // for A/B runs (gemv_decode.h, max_blocks_per_sm).
+  int decode_max_blocks_per_sm_ = -1;
   // PERRY_LAB_DECODE_SKIP_INPUT=1: lab only, wrong outputs (gemv_decode.h, lab_skip_input).
   bool decode_lab_skip_input_ = false;
   // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
@@ -234,6 +237,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
+  decode_max_blocks_per_sm_ = env_int("PERRY_GEMV_DECODE_BLOCKS_PER_SM", -1, 1, 32);
   decode_lab_skip_input_ = env_flag("PERRY_LAB_DECODE_SKIP_INPUT");
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
@@ -471,6 +475,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
+  a.max_blocks_per_sm = decode_max_blocks_per_sm_;
   a.lab_skip_input = decode_lab_skip_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
   // the logits stay fp32.

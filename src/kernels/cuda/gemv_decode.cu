@@ -33,6 +33,9 @@ namespace perry::cuda {
 namespace {
 
 using namespace elementwise_detail;
+using mma_sync::cp_async16;
+using mma_sync::cp_async_commit;
+using mma_sync::cp_async_wait;
 using mma_sync::ld_stream16;
 using mma_sync::int4x8_to_f32;
 using mma_sync::int8x4_to_f32;
@@ -57,6 +60,7 @@ struct Params {
   DecodeRopeKv rk;  // kOutRopeKv only
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
+  int max_blocks_per_sm;  // DecodeLinearArgs::max_blocks_per_sm (-1: as many as fit)
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   bool lab_skip_input;  // DecodeLinearArgs::lab_skip_input (lab only, wrong outputs): a zero input row
@@ -89,6 +93,13 @@ __device__ __forceinline__ uint32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d
 // kMaxStagedNormK; larger hidden sizes read them from global memory). At most 6·K bytes:
 // 192 KiB at K = kMaxK, inside the 227 KiB a Hopper block may opt into.
 constexpr int kMaxStagedNormK = 8192;
+// Plain inputs quantized to int8 with K <= kMaxRegK keep x in registers between the amax and the
+// quantization (kRegOctets octets a thread) instead of an fp32 staging row: 4·K bytes less shared
+// memory (57 KiB at K = 14336, down_proj's — the difference between one and two blocks an SM).
+constexpr int kRegOctets = 8, kMaxRegK = kRegOctets * 8 * kThreads;
+__host__ __device__ inline bool x_in_registers(int K, bool xi8, int in_kind) {
+  return xi8 && in_kind == kInPlain && K <= kMaxRegK;
+}
 struct SmemLayout {
   int xsum, xf, nw, total;
   bool nw_staged;
@@ -98,7 +109,7 @@ __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, i
   l.xsum = xi8 ? K : 2 * K;
   l.xf = l.xsum + (w_kind == kWI4 && xi8 ? K / 32 * 4 : 0);
   l.xf = (l.xf + 15) / 16 * 16;
-  const bool stage = xi8 || in_kind == kInNorm;
+  const bool stage = (xi8 && !x_in_registers(K, xi8, in_kind)) || in_kind == kInNorm;
   l.nw = l.xf + (stage ? 4 * K : 0);
   l.nw_staged = in_kind == kInNorm && K <= kMaxStagedNormK;
   l.total = l.nw + (l.nw_staged ? 4 * K : 0);
@@ -140,23 +151,81 @@ __device__ __forceinline__ void store_bf16_octet(uint8_t* p, const float (&v)[8]
 }
 
 // Before the wait: the RMSNorm weights (never written by the decode step's kernels) into shared
-// memory, so the prologue after the wait reads global memory once, for x.
+// memory by async copies, so the prologue after the wait reads global memory once, for x. A
+// thread copies the octets it reads back in build_input (o = threadIdx.x + i·kThreads), whose
+// cp.async wait covers these copies too.
 template <int kW, bool kXI8, int kIn>
 __device__ void stage_norm_weights(const Params& p, uint8_t* smem) {
   const SmemLayout lay = smem_layout(p.K, kW, kXI8, kIn);
   if (lay.nw_staged) {
     float* nw = reinterpret_cast<float*>(smem + lay.nw);
     for (int o = threadIdx.x; o < p.K / 8; o += kThreads) {
-      float v[8];
-      load_octet(p.norm_w + 8 * o, v);
-      store_octet(nw + 8 * o, v);
+      cp_async16(nw + 8 * o, p.norm_w + 8 * o, 16);
+      cp_async16(nw + 8 * o + 4, p.norm_w + 8 * o + 4, 16);
     }
+    cp_async_commit();
   }
 }
 
+// Quantizes octet o of the input (v) with qinv into xs — for int4 weights permuted per 8 values to
+// the nibble order (k0 k2 k4 k6 | k1 k3 k5 k7) — and, for int4, xsum[o / 4] = Σ of the 32 values
+// of its chunk. Called by every lane of a warp with o = o0 + lane (o0 warp-uniform; in_range = o <
+// octets): the 4 octets of a chunk sit in 4 neighbouring lanes, so xsum is two shuffles
+// (octets % 4 == 0: the 4 lanes of a chunk are all in range or all out).
+template <int kW>
+__device__ __forceinline__ void quantize_octet(int o, bool in_range, const float (&v)[8], float qinv, uint8_t* xs,
+                                               int* xsum) {
+  int s8 = 0;
+  if (in_range) {
+    int8_t q[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = quant_one(v[j], qinv);
+    const uint2 out = kW == kWI4 ? make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]))
+                                 : make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+    *reinterpret_cast<uint2*>(xs + 8 * o) = out;
+    s8 = __dp4a(int(out.x), int(0x01010101u), __dp4a(int(out.y), int(0x01010101u), 0));
+  }
+  if constexpr (kW == kWI4) {
+    s8 += __shfl_xor_sync(kFull, s8, 1);
+    s8 += __shfl_xor_sync(kFull, s8, 2);
+    if (in_range && (threadIdx.x & 3) == 0) xsum[o / 4] = s8;
+  }
+}
+
+// The plain int8 input with K <= kMaxRegK (x_in_registers): x into registers (all of a thread's
+// loads in flight at once), amax, then quantized from the registers — no fp32 staging. Thread t
+// holds octets t + b·kThreads, so a warp's lanes hold consecutive octets as quantize_octet needs.
+// Returns the per-token scale.
+template <int kW>
+__device__ float quantize_plain_from_registers(const Params& p, uint8_t* xs, int* xsum) {
+  const int octets = p.K / 8;
+  float v[kRegOctets][8];
+#pragma unroll
+  for (int b = 0; b < kRegOctets; ++b)
+    if (threadIdx.x + b * kThreads < octets) load_octet(p.x + 8 * (threadIdx.x + b * kThreads), v[b]);
+  float amax = 0.0f;
+#pragma unroll
+  for (int b = 0; b < kRegOctets; ++b)
+    if (threadIdx.x + b * kThreads < octets)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[b][j]));
+  amax = block_all_reduce(amax, MaxOp{});
+  float scale, qinv;
+  per_token_params(amax, scale, qinv);
+  const int o0 = threadIdx.x & ~31;
+#pragma unroll
+  for (int b = 0; b < kRegOctets; ++b)
+    if (o0 + b * kThreads < octets) {  // warp-uniform: quantize_octet shuffles
+      const int o = threadIdx.x + b * kThreads;
+      quantize_octet<kW>(o, o < octets, v[b], qinv, xs, xsum);
+    }
+  __syncthreads();
+  return scale;
+}
+
 // Prologue: the token's linear input into shared memory, reading x from global memory once (one
-// pass into the fp32 staging, then passes over shared memory; each wait on a block reduction is
-// one barrier). int8 activations: xs int8 [K] (for int4 weights permuted per 8 values to
+// pass into the fp32 staging, then passes over shared memory; plain int8 inputs up to kMaxRegK:
+// into registers; each wait on a block reduction is one barrier). int8 activations: xs int8 [K] (for int4 weights permuted per 8 values to
 // (k0 k2 k4 k6 | k1 k3 k5 k7), the nibble order of a weight word) and, for int4, xsum[c] = Σ of
 // the 32 int8 values of chunk c; bf16: xs uint16 [K]. The values are those of the separate
 // kernels bit for bit: the same per-thread order of the float64 sum of squares, the same fp32
@@ -169,6 +238,7 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
   uint8_t* xs = smem;
   if (p.lab_skip_input) {  // lab: what the kernel costs without building its input (x = 0)
     for (int o = threadIdx.x; o < lay.xf / 16; o += kThreads) reinterpret_cast<uint4*>(xs)[o] = make_uint4(0, 0, 0, 0);
+    cp_async_wait<0>();  // (stage_norm_weights' copies: none left in flight at exit)
     __syncthreads();
     return 1.0f;
   }
@@ -176,21 +246,39 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
   float* xf = reinterpret_cast<float*>(smem + lay.xf);
   const float* nw = lay.nw_staged ? reinterpret_cast<const float*>(smem + lay.nw) : p.norm_w;
   if constexpr (!kXI8 && kIn == kInPlain) {  // bf16 of x as it is: one pass, no staging
-    for (int o = threadIdx.x; o < octets; o += kThreads) {
-      float v[8];
-      load_octet(p.x + 8 * o, v);
-      store_bf16_octet(xs + 16 * o, v);
+    // kBatch octets a thread in flight at once: x was just written by the previous kernel, so each
+    // round trip is an L2 latency on the block's critical path (a plain loop waited for each).
+    constexpr int kBatch = 4;
+    for (int o0 = threadIdx.x; o0 < octets; o0 += kBatch * kThreads) {
+      float v[kBatch][8];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+        if (o0 + b * kThreads < octets) load_octet(p.x + 8 * (o0 + b * kThreads), v[b]);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b)
+        if (o0 + b * kThreads < octets) store_bf16_octet(xs + 16 * (o0 + b * kThreads), v[b]);
     }
     __syncthreads();
     return 0.0f;
   } else {
-    // Pass 1 (global → staging): the sum of squares (RmsNorm) or amax (plain int8 input).
+    if constexpr (kXI8 && kIn == kInPlain) {
+      if (x_in_registers(K, kXI8, kIn)) return quantize_plain_from_registers<kW>(p, xs, xsum);
+    }
+    // Pass 1 (global → staging by async copies, all of a thread's in flight at once: x was just
+    // written by the previous kernel, so each round trip is an L2 latency on the block's critical
+    // path — a load-and-store loop waited for one per octet), then, each thread over the octets it
+    // copied: the sum of squares (RmsNorm) or amax (plain int8 input).
+    for (int o = threadIdx.x; o < octets; o += kThreads) {
+      cp_async16(xf + 8 * o, p.x + 8 * o, 16);
+      cp_async16(xf + 8 * o + 4, p.x + 8 * o + 4, 16);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();  // this thread's copies (and stage_norm_weights') have landed
     double ss = 0.0;  // x*x exact in double, as rms_norm
     float amax = 0.0f;
     for (int o = threadIdx.x; o < octets; o += kThreads) {
       float v[8];
-      load_octet(p.x + 8 * o, v);
-      store_octet(xf + 8 * o, v);
+      load_octet(xf + 8 * o, v);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         if constexpr (kIn == kInNorm) ss += double(v[j]) * double(v[j]);
@@ -222,29 +310,12 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
       amax = block_all_reduce(amax, MaxOp{});
       float scale, qinv;
       per_token_params(amax, scale, qinv);
-      // Pass 3 (staging → xs): quantize. A warp's lanes take consecutive octets, so the 4 octets of
-      // a 32-value chunk sit in 4 neighbouring lanes and xsum is two shuffles (octets % 4 == 0:
-      // the 4 lanes of a chunk are all in range or all out).
-      const int lane = threadIdx.x & 31;
-      for (int o0 = threadIdx.x - lane; o0 < octets; o0 += kThreads) {
-        const int o = o0 + lane;
-        int s8 = 0;
-        if (o < octets) {
-          float v[8];
-          load_octet(xf + 8 * o, v);
-          int8_t q[8];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) q[j] = quant_one(v[j], qinv);
-          const uint2 out = kW == kWI4 ? make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]))
-                                       : make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
-          *reinterpret_cast<uint2*>(xs + 8 * o) = out;
-          s8 = __dp4a(int(out.x), int(0x01010101u), __dp4a(int(out.y), int(0x01010101u), 0));
-        }
-        if constexpr (kW == kWI4) {
-          s8 += __shfl_xor_sync(kFull, s8, 1);
-          s8 += __shfl_xor_sync(kFull, s8, 2);
-          if (o < octets && (lane & 3) == 0) xsum[o / 4] = s8;
-        }
+      // Pass 3 (staging → xs): quantize, a warp's lanes over consecutive octets.
+      for (int o0 = threadIdx.x & ~31; o0 < octets; o0 += kThreads) {
+        const int o = o0 + (threadIdx.x & 31);
+        float v[8] = {};
+        if (o < octets) load_octet(xf + 8 * o, v);
+        quantize_octet<kW>(o, o < octets, v, qinv, xs, xsum);
       }
       __syncthreads();
       return scale;
@@ -665,6 +736,7 @@ void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t 
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv_decode)");
   const int groups = n_groups<kOut, kR>(p.N);
+  if (p.max_blocks_per_sm > 0) per_sm = std::min(per_sm, p.max_blocks_per_sm);
   const int grid = std::max(1, std::min(groups, std::max(per_sm, 1) * sm_count()));
   pdl::launch(name, kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
 }
@@ -739,6 +811,9 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
+  if (a.max_blocks_per_sm == 0 || a.max_blocks_per_sm < -1)
+    throw Error(where + ": max_blocks_per_sm must be -1 (as many as fit) or >= 1, got " +
+                std::to_string(a.max_blocks_per_sm));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
     throw Error(where + ": bulk_stages must be -1 (the kernel's choice), 0 (registers) or 2..16, got " +
                 std::to_string(a.bulk_stages));
@@ -766,6 +841,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   const bool bulk_pays = w.mode == QuantMode::BF16 || quant_mode_bits(w.mode).group_size > 0;
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (bulk_pays ? 2 : 0);
   p.no_pipe = a.register_pipe == 0;
+  p.max_blocks_per_sm = a.max_blocks_per_sm;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");
