@@ -298,9 +298,9 @@ struct SmallLinear {
   }
 };
 
-// The lab switch DecodeLinearArgs::lab_skip_input (wrong outputs by design: it measures the input
-// prologue's share) leaves the input row at zero, so a Store gives the bias exactly; off, the
-// kernel builds the row again.
+// The lab switch DecodeLinearArgs::lab_input (wrong outputs by design: it measures the input
+// prologue's share), Skip or ReadOnly, leaves the input row at zero, so a Store gives the bias
+// exactly; Build builds the row again.
 TEST(CudaGemvDecode, LabSkipInputLeavesAZeroRow) {
   REQUIRE_GPU();
   std::mt19937 gen(7);
@@ -318,11 +318,13 @@ TEST(CudaGemvDecode, LabSkipInputLeavesAZeroRow) {
     a.y = dy.p;
     a.out = pc::DecodeOut::Store;
     const std::string what(perry::quant::quant_mode_name(mode));
-    a.lab_skip_input = true;
-    ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-    EXPECT_EQ(dy.get(), bias) << what;
-    a.lab_skip_input = false;
+    for (pc::DecodeLabInput lab : {pc::DecodeLabInput::Skip, pc::DecodeLabInput::ReadOnly}) {
+      a.lab_input = lab;
+      ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      EXPECT_EQ(dy.get(), bias) << what << " lab " << int(lab);
+    }
+    a.lab_input = pc::DecodeLabInput::Build;
     ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
     EXPECT_NE(dy.get(), bias) << what << ": the switch stayed on";
@@ -388,11 +390,13 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         std::vector<float> base;
         // (stages, register_pipe, max blocks an SM): register loads with and without the double
         // buffer, then rings; then one block an SM (blocks loop over more row groups).
+        // Then rings with 0 and 1 of their stages issued before the PDL wait.
         struct Variant {
-          int stages, pipe, bps;
+          int stages, pipe, bps, prewait;
         };
-        for (auto [stages, pipe, bps] : {Variant{0, -1, -1}, {0, 0, -1}, {2, -1, -1}, {4, -1, -1}, {16, -1, -1},
-                                         {0, -1, 1}, {2, -1, 1}}) {
+        for (auto [stages, pipe, bps, prewait] :
+             {Variant{0, -1, -1, -1}, {0, 0, -1, -1}, {2, -1, -1, -1}, {4, -1, -1, -1}, {16, -1, -1, -1},
+              {0, -1, 1, -1}, {2, -1, 1, -1}, {2, -1, -1, 0}, {4, -1, -1, 1}}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a;
           a.x = dx.p;
@@ -404,13 +408,15 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
           a.bulk_stages = stages;
           a.register_pipe = pipe;
           a.max_blocks_per_sm = bps;
+          a.prewait_stages = prewait;
           const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                                    " K=" + std::to_string(K) + " out=" + std::to_string(int(f.out)) +
                                    " stages=" + std::to_string(stages) +
-                                   " pipe=" + std::to_string(pipe) + " bps=" + std::to_string(bps);
+                                   " pipe=" + std::to_string(pipe) + " bps=" + std::to_string(bps) +
+                                   " prewait=" + std::to_string(prewait);
           ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-          if (stages == 0 && pipe == -1 && bps == -1) {
+          if (stages == 0 && pipe == -1 && bps == -1 && prewait == -1) {
             base = dy.get();
             EXPECT_NE(base, y0) << what << ": nothing written";
           } else {
@@ -452,6 +458,9 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.register_pipe = -1;
   a.max_blocks_per_sm = 0;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.max_blocks_per_sm = -1;
+  a.prewait_stages = 17;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 

@@ -115,8 +115,11 @@ class CudaBackend final : public model::ForwardBackend {
   // Decode linears' blocks an SM at most: -1 = as many as fit; PERRY_GEMV_DECODE_BLOCKS_PER_SM=n
   // for A/B runs (gemv_decode.h, max_blocks_per_sm).
   int decode_max_blocks_per_sm_ = -1;
-  // PERRY_LAB_DECODE_SKIP_INPUT=1: lab only, wrong outputs (gemv_decode.h, lab_skip_input).
-  bool decode_lab_skip_input_ = false;
+  // Bulk-copy stages issued before the PDL wait: -1 = all; PERRY_GEMV_DECODE_PREWAIT_STAGES=n for
+  // A/B runs (gemv_decode.h, prewait_stages).
+  int decode_prewait_stages_ = -1;
+  // PERRY_LAB_DECODE_INPUT=skip|read: lab only, wrong outputs (gemv_decode.h, lab_input).
+  DecodeLabInput decode_lab_input_ = DecodeLabInput::Build;
   // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
   // linears) instead of split_qkv, rope_apply, kv_cache_append and a conversion pass;
   // PERRY_PREFILL_SEPARATE=1 keeps the separate kernels for A/B runs.
@@ -238,7 +241,13 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
   decode_max_blocks_per_sm_ = env_int("PERRY_GEMV_DECODE_BLOCKS_PER_SM", -1, 1, 32);
-  decode_lab_skip_input_ = env_flag("PERRY_LAB_DECODE_SKIP_INPUT");
+  decode_prewait_stages_ = env_int("PERRY_GEMV_DECODE_PREWAIT_STAGES", -1, 0, 16);
+  if (const char* lab = std::getenv("PERRY_LAB_DECODE_INPUT"); lab && *lab) {
+    const std::string v(lab);
+    if (v == "skip") decode_lab_input_ = DecodeLabInput::Skip;
+    else if (v == "read") decode_lab_input_ = DecodeLabInput::ReadOnly;
+    else throw Error("PERRY_LAB_DECODE_INPUT=" + v + ": expected skip or read (lab only: wrong outputs)");
+  }
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
   gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");
@@ -476,7 +485,8 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.bulk_stages = decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
   a.max_blocks_per_sm = decode_max_blocks_per_sm_;
-  a.lab_skip_input = decode_lab_skip_input_;
+  a.prewait_stages = decode_prewait_stages_;
+  a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
   // the logits stay fp32.
   a.round_bf16 = &l == &lm_head_ ? false

@@ -61,9 +61,10 @@ struct Params {
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
   int max_blocks_per_sm;  // DecodeLinearArgs::max_blocks_per_sm (-1: as many as fit)
+  int prewait;            // bulk kernels: stages issued before the PDL wait (DecodeLinearArgs::prewait_stages)
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
-  bool lab_skip_input;  // DecodeLinearArgs::lab_skip_input (lab only, wrong outputs): a zero input row
+  DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
 };
 
 template <int kW>
@@ -236,8 +237,21 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
   const int K = p.K, octets = K / 8;
   const SmemLayout lay = smem_layout(K, kW, kXI8, kIn);
   uint8_t* xs = smem;
-  if (p.lab_skip_input) {  // lab: what the kernel costs without building its input (x = 0)
+  if (p.lab_input != DecodeLabInput::Build) {  // lab: the kernel without building its input (x = 0)
+    float sink = 0.0f;
+    if (p.lab_input == DecodeLabInput::ReadOnly) {  // ... but with x read, every load in flight at once
+      for (int o0 = threadIdx.x; o0 < octets; o0 += kRegOctets * kThreads) {
+        float v[kRegOctets][8];
+#pragma unroll
+        for (int b = 0; b < kRegOctets; ++b)
+          if (o0 + b * kThreads < octets) load_octet(p.x + 8 * (o0 + b * kThreads), v[b]);
+#pragma unroll
+        for (int b = 0; b < kRegOctets; ++b)
+          if (o0 + b * kThreads < octets) sink += v[b][0];
+      }
+    }
     for (int o = threadIdx.x; o < lay.xf / 16; o += kThreads) reinterpret_cast<uint4*>(xs)[o] = make_uint4(0, 0, 0, 0);
+    if (sink == -1234.5f) xs[0] = 1;  // a use of the loaded values, so that the block waits for them
     cp_async_wait<0>();  // (stage_norm_weights' copies: none left in flight at exit)
     __syncthreads();
     return 1.0f;
@@ -509,7 +523,7 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
     if (lane == 0) {
       for (int i = 0; i < p.stages; ++i) bulk::mbar_init(bar0 + 8u * uint32_t(i), 1);
       bulk::mbar_init_fence();
-      for (int s = 0; s < min(p.stages, nsteps); ++s) issue_step(s);
+      for (int s = 0; s < min(min(p.prewait, p.stages), nsteps); ++s) issue_step(s);
     }
     __syncwarp();
   }
@@ -531,6 +545,12 @@ __global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
   const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
   const float sa = build_input<kW, kXI8, kIn>(p, xs);
   if (!active) return;
+#ifdef PERRY_BULK_COPY
+  if constexpr (kBulk) {  // the ring's stages not issued before the wait
+    if (lane == 0)
+      for (int s = max(p.prewait, 0); s < min(p.stages, nsteps); ++s) issue_step(s);
+  }
+#endif
 
   // Accumulators. facc: fp32 sums (bf16, grouped, weight-only). ia / ib: integer sums since the
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
@@ -811,6 +831,8 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
+  if (a.prewait_stages < -1 || a.prewait_stages > 16)
+    throw Error(where + ": prewait_stages must be -1 (all) or 0..16, got " + std::to_string(a.prewait_stages));
   if (a.max_blocks_per_sm == 0 || a.max_blocks_per_sm < -1)
     throw Error(where + ": max_blocks_per_sm must be -1 (as many as fit) or >= 1, got " +
                 std::to_string(a.max_blocks_per_sm));
@@ -835,13 +857,14 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
     p.rk_half_magic = ((1ULL << 32) + half - 1) / half;
   }
   p.round_bf16 = a.round_bf16;
-  p.lab_skip_input = a.lab_skip_input;
+  p.lab_input = a.lab_input;
   // The kernel's choice (gemv_decode.h): bulk copies for bf16 and the grouped kinds, register
   // loads for the per-channel ones (w8a8 double-buffers them) — measured faster so.
   const bool bulk_pays = w.mode == QuantMode::BF16 || quant_mode_bits(w.mode).group_size > 0;
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (bulk_pays ? 2 : 0);
   p.no_pipe = a.register_pipe == 0;
   p.max_blocks_per_sm = a.max_blocks_per_sm;
+  p.prewait = a.prewait_stages < 0 ? 16 : a.prewait_stages;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");

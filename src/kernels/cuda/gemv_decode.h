@@ -50,6 +50,7 @@ struct DecodeWeights {
 };
 
 enum class DecodeIn : uint8_t { RmsNorm, Plain };
+enum class DecodeLabInput : uint8_t { Build, Skip, ReadOnly };  // DecodeLinearArgs::lab_input
 enum class DecodeOut : uint8_t { Store, Accumulate, SwiGLU, RopeKv };
 
 // What DecodeOut::RopeKv needs besides y: the one sequence (device; seq[0] is the token's row:
@@ -98,6 +99,10 @@ struct DecodeLinearArgs {
   // dependent launch then starts early (their weights in flight before this kernel ends). For
   // A/B runs: PERRY_GEMV_DECODE_BLOCKS_PER_SM=n in the CUDA backend. Same bits either way.
   int max_blocks_per_sm = -1;
+  // Bulk-copy kernels: ring stages issued before the wait on the previous kernel (the rest after
+  // the input prologue): -1 = all (the kernel's choice), 0..n. Fewer weights queued ahead of the
+  // prologue's read of x, for A/B runs: PERRY_GEMV_DECODE_PREWAIT_STAGES=n. Same bits.
+  int prewait_stages = -1;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
   // Round the layer's outputs to bf16 (RNE) before the epilogue uses them — the CUDA backend's
   // bf16-intermediate rule, the same bits as the separate kernels' rounding forms:
@@ -106,10 +111,12 @@ struct DecodeLinearArgs {
   //   RopeKv: q, k, v before RoPE (rope_append_qkv / split_qkv with round_to_bf16);
   //   Store: the stored values.
   bool round_bf16 = false;
-  // Lab only, the outputs are wrong: leave the input row at zero instead of building it (RMSNorm,
-  // quantization) in every block — measures the prologue's share of the kernel's time. The CUDA
-  // backend sets it from PERRY_LAB_DECODE_SKIP_INPUT=1.
-  bool lab_skip_input = false;
+  // Lab only, the outputs are wrong unless Build: what building the input row in every block costs.
+  // Skip leaves the row at zero (no read of x, no RMSNorm, no quantization); ReadOnly reads x as
+  // the prologue does (every load in flight, waited for) and then leaves the row at zero — the
+  // difference between the two is the read's round trip, between ReadOnly and Build the arithmetic
+  // and its barriers. The CUDA backend sets it from PERRY_LAB_DECODE_INPUT=skip|read.
+  DecodeLabInput lab_input = DecodeLabInput::Build;
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
