@@ -1,8 +1,8 @@
 // Fused one-token linear layer (contract in gemv_decode.h).
 //
-// Block = 8 warps. The block builds the token's input row in shared memory once (prologue), then
-// loops over groups of rows (a grid of about as many blocks as fit on the GPU at once, so the
-// prologue is paid a few hundred times, not once per 8 rows). Each warp owns kR = 2 rows of a
+// Block = 16 warps. The block builds the token's input row in shared memory once (prologue), then
+// loops over groups of rows (a grid of about as many blocks as fit on the GPU at once — one an SM
+// in practice — so the prologue is paid once an SM, not once per 16 rows). Each warp owns kR = 2 rows of a
 // group (SwiGLU: the gate row j and the up row j + N/2) and streams them in 16-byte chunks,
 // kU = 4 chunks per row in flight per lane (128 bytes for the two rows): lane l takes chunks l,
 // l + 32, ... so each load instruction of a warp reads 512 contiguous bytes of a row, 2 KiB a row
@@ -41,7 +41,10 @@ using mma_sync::int4x8_to_f32;
 using mma_sync::int8x4_to_f32;
 using mma_sync::word;
 
-constexpr int kWarps = 8, kThreads = 32 * kWarps;
+// 16 warps a block, one block an SM where shared memory or registers allow no more: every block
+// builds the whole input row (RMSNorm, quantization — 2–4.5 µs of a kernel, docs/cuda.md), so
+// fewer, larger blocks do that work fewer times an SM for the same warps.
+constexpr int kWarps = 16, kThreads = 32 * kWarps;
 constexpr int kMaxK = 32768;
 
 enum WKind : int { kWBf16 = 0, kWI8 = 1, kWI4 = 2 };
@@ -96,8 +99,8 @@ __device__ __forceinline__ uint32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d
 constexpr int kMaxStagedNormK = 8192;
 // Plain inputs quantized to int8 with K <= kMaxRegK keep x in registers between the amax and the
 // quantization (kRegOctets octets a thread) instead of an fp32 staging row: 4·K bytes less shared
-// memory (57 KiB at K = 14336, down_proj's — the difference between one and two blocks an SM).
-constexpr int kRegOctets = 8, kMaxRegK = kRegOctets * 8 * kThreads;
+// memory (57 KiB at K = 14336, down_proj's).
+constexpr int kRegOctets = 4, kMaxRegK = kRegOctets * 8 * kThreads;
 __host__ __device__ inline bool x_in_registers(int K, bool xi8, int in_kind) {
   return xi8 && in_kind == kInPlain && K <= kMaxRegK;
 }
@@ -415,7 +418,7 @@ constexpr bool kHaveBulkCopy = true;
 constexpr bool kHaveBulkCopy = false;
 #endif
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulkAsked, bool kNoPipe = false>
-__global__ void __launch_bounds__(kThreads) gemv_decode_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   static_assert((kOut != kOutSwiglu && kOut != kOutRopeKv) || kR == 2, "SwiGLU / RopeKv pair two rows in one warp");
   static_assert(kR * kU * 512 == kStageBytes, "one step is one ring stage");
   constexpr bool kBulk = kBulkAsked && kHaveBulkCopy;
