@@ -2,8 +2,8 @@
 //
 // Block = 16 warps. The block builds the token's input row in shared memory once (prologue), then
 // loops over groups of rows (a grid of about as many blocks as fit on the GPU at once — one an SM
-// in practice — so the prologue is paid once an SM, not once per 16 rows). Each warp owns kR = 2 rows of a
-// group (SwiGLU: the gate row j and the up row j + N/2) and streams them in 16-byte chunks,
+// in practice — so the prologue is paid once an SM, not once per 32 rows). Each warp owns kR = 2
+// rows of a group (SwiGLU: the gate row j and the up row j + N/2) and streams them in 16-byte chunks,
 // kU = 4 chunks per row in flight per lane (128 bytes for the two rows): lane l takes chunks l,
 // l + 32, ... so each load instruction of a warp reads 512 contiguous bytes of a row, 2 KiB a row
 // per step (grouped quantized kinds: lane l takes the run 4l .. 4l + 3 instead, see chunk_of).
@@ -229,8 +229,9 @@ __device__ float quantize_plain_from_registers(const Params& p, uint8_t* xs, int
 
 // Prologue: the token's linear input into shared memory, reading x from global memory once (one
 // pass into the fp32 staging, then passes over shared memory; plain int8 inputs up to kMaxRegK:
-// into registers; each wait on a block reduction is one barrier). int8 activations: xs int8 [K] (for int4 weights permuted per 8 values to
-// (k0 k2 k4 k6 | k1 k3 k5 k7), the nibble order of a weight word) and, for int4, xsum[c] = Σ of
+// into registers; each wait on a block reduction is one barrier). int8 activations: xs int8 [K]
+// (for int4 weights permuted per 8 values to (k0 k2 k4 k6 | k1 k3 k5 k7), the nibble order of a
+// weight word) and, for int4, xsum[c] = Σ of
 // the 32 int8 values of chunk c; bf16: xs uint16 [K]. The values are those of the separate
 // kernels bit for bit: the same per-thread order of the float64 sum of squares, the same fp32
 // normalization, amax and rounding. Returns the per-token activation scale (int8) — the same
