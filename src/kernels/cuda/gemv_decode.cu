@@ -144,6 +144,16 @@ __device__ __forceinline__ void store_octet(float* p, const float (&v)[8]) {
   *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
 
+// Octets o0 + b·kThreads (b < kB, those below `octets`) of x into v, every load issued before any
+// value is used: x was just written by the previous kernel, so each round trip is an L2 latency
+// on the block's critical path.
+template <int kB>
+__device__ __forceinline__ void load_octets(const float* x, int o0, int octets, float (&v)[kB][8]) {
+#pragma unroll
+  for (int b = 0; b < kB; ++b)
+    if (o0 + b * kThreads < octets) load_octet(x + 8 * (o0 + b * kThreads), v[b]);
+}
+
 // 8 floats as 8 packed bf16 (round to nearest even), one 16-byte store.
 __device__ __forceinline__ void store_bf16_octet(uint8_t* p, const float (&v)[8]) {
   uint4 out;
@@ -204,9 +214,7 @@ template <int kW>
 __device__ float quantize_plain_from_registers(const Params& p, uint8_t* xs, int* xsum) {
   const int octets = p.K / 8;
   float v[kRegOctets][8];
-#pragma unroll
-  for (int b = 0; b < kRegOctets; ++b)
-    if (threadIdx.x + b * kThreads < octets) load_octet(p.x + 8 * (threadIdx.x + b * kThreads), v[b]);
+  load_octets(p.x, int(threadIdx.x), octets, v);
   float amax = 0.0f;
 #pragma unroll
   for (int b = 0; b < kRegOctets; ++b)
@@ -246,9 +254,7 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
     if (p.lab_input == DecodeLabInput::ReadOnly) {  // ... but with x read, every load in flight at once
       for (int o0 = threadIdx.x; o0 < octets; o0 += kRegOctets * kThreads) {
         float v[kRegOctets][8];
-#pragma unroll
-        for (int b = 0; b < kRegOctets; ++b)
-          if (o0 + b * kThreads < octets) load_octet(p.x + 8 * (o0 + b * kThreads), v[b]);
+        load_octets(p.x, o0, octets, v);
 #pragma unroll
         for (int b = 0; b < kRegOctets; ++b)
           if (o0 + b * kThreads < octets) sink += v[b][0];
@@ -264,14 +270,11 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
   float* xf = reinterpret_cast<float*>(smem + lay.xf);
   const float* nw = lay.nw_staged ? reinterpret_cast<const float*>(smem + lay.nw) : p.norm_w;
   if constexpr (!kXI8 && kIn == kInPlain) {  // bf16 of x as it is: one pass, no staging
-    // kBatch octets a thread in flight at once: x was just written by the previous kernel, so each
-    // round trip is an L2 latency on the block's critical path (a plain loop waited for each).
+    // kBatch octets a thread in flight at once (a plain loop waited a round trip for each).
     constexpr int kBatch = 4;
     for (int o0 = threadIdx.x; o0 < octets; o0 += kBatch * kThreads) {
       float v[kBatch][8];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b)
-        if (o0 + b * kThreads < octets) load_octet(p.x + 8 * (o0 + b * kThreads), v[b]);
+      load_octets(p.x, o0, octets, v);
 #pragma unroll
       for (int b = 0; b < kBatch; ++b)
         if (o0 + b * kThreads < octets) store_bf16_octet(xs + 16 * (o0 + b * kThreads), v[b]);
