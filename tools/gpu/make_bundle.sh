@@ -6,10 +6,14 @@
 # pcre2/utf8proc/fmt/oneDNN/OpenBLAS/httplib, so building there would mean re-creating them.
 #
 #   tools/gpu/make_bundle.sh            (BUILD=build-gpu, JOBS=2 by default)
+# LINEINFO=1 compiles the kernels with -lineinfo (the same code, plus the line table), so that
+# Nsight Compute's source counters (tools/gpu/lab_prologue.sh) can name the CUDA line of each SASS
+# instruction; switching it on or off rebuilds every CUDA file.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 B=${BUILD:-$ROOT/build-gpu}
-cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERRY_CUDA=ON -DPERRY_CUDA_ARCHITECTURES=90a >/dev/null
+cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERRY_CUDA=ON -DPERRY_CUDA_ARCHITECTURES=90a \
+  -DCMAKE_CUDA_FLAGS="${LINEINFO:+-lineinfo}" >/dev/null
 TESTS=$(cd "$ROOT/tests/cuda" && ls test_cuda_*.cpp | sed 's/\.cpp$//')
 ninja -C "$B" -j"${JOBS:-2}" perry_cli lab_cuda_gemm_w8a8 $TESTS
 STAGE=$(mktemp -d)
