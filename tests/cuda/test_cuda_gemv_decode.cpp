@@ -375,8 +375,8 @@ TEST(CudaGemvDecode, Int4AtTheIntegerLimitsIsExact) {
 // double buffer give the same bits as the double-buffered register loads: the lanes see the same
 // chunks in the same order. Every mode and fused form, blocks that
 // loop over several row groups (N = 6000) and rows of many steps (K = 14336: the ring wraps, its
-// barriers change phase many times), tail groups (N = 200), and more stages than fit (16: fewer
-// are used).
+// barriers change phase many times), tail groups (N = 200), and more stages than fit (with
+// 16-warp blocks a 4 KiB stage a warp is 64 KiB a block: 4 and 16 run as 2 or 3 stages).
 TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
   REQUIRE_GPU();
   std::mt19937 gen(90);
@@ -389,7 +389,8 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
         std::vector<float> base;
         // (stages, register_pipe, max blocks an SM): register loads with and without the double
-        // buffer, then rings; then one block an SM (blocks loop over more row groups).
+        // buffer, then rings; then at most one block an SM (the default for most kinds already;
+        // for the small register kernels it halves the grid, so blocks loop over more groups).
         // Then rings with 0 and 1 of their stages issued before the PDL wait.
         struct Variant {
           int stages, pipe, bps, prewait;

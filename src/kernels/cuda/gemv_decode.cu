@@ -93,7 +93,8 @@ __device__ __forceinline__ uint32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d
 
 // Shared memory of a block (bytes from the start): xs — the linear's input, int8 [K] or bf16 [K];
 // xsum — int4 with int8 input: int [K / 32]; xf — fp32 [K] staging of the input row (when it is
-// quantized or normalized); nw — fp32 [K] the RMSNorm weights (RmsNorm input with K <=
+// normalized, or quantized from a plain row too long for registers: !x_in_registers); nw — fp32
+// [K] the RMSNorm weights (RmsNorm input with K <=
 // kMaxStagedNormK; larger hidden sizes read them from global memory). At most 6·K bytes:
 // 192 KiB at K = kMaxK, inside the 227 KiB a Hopper block may opt into.
 constexpr int kMaxStagedNormK = 8192;
@@ -241,8 +242,8 @@ __device__ float quantize_plain_from_registers(const Params& p, uint8_t* xs, int
 // (for int4 weights permuted per 8 values to (k0 k2 k4 k6 | k1 k3 k5 k7), the nibble order of a
 // weight word) and, for int4, xsum[c] = Σ of
 // the 32 int8 values of chunk c; bf16: xs uint16 [K]. The values are those of the separate
-// kernels bit for bit: the same per-thread order of the float64 sum of squares, the same fp32
-// normalization, amax and rounding. Returns the per-token activation scale (int8) — the same
+// kernels up to the order of the float64 sum of squares (which decides inv's fp32 value only when
+// the sum lands on a rounding boundary): the same fp32 normalization, amax and rounding. Returns the per-token activation scale (int8) — the same
 // value in every thread.
 template <int kW, bool kXI8, int kIn>
 __device__ float build_input(const Params& p, uint8_t* smem) {
@@ -255,6 +256,9 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
       for (int o0 = threadIdx.x; o0 < octets; o0 += kRegOctets * kThreads) {
         float v[kRegOctets][8];
         load_octets(p.x, o0, octets, v);
+        // Only the first value of each octet is used, so the compiler narrows each octet's loads to
+        // one 4-byte load — still one 32-byte sector, one round trip. (Using all 8 would raise the
+        // registers of every kernel: this branch is compiled into the real ones.)
 #pragma unroll
         for (int b = 0; b < kRegOctets; ++b)
           if (o0 + b * kThreads < octets) sink += v[b][0];
@@ -308,7 +312,7 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
     }
     float inv = 1.0f;
     if constexpr (kIn == kInNorm) {
-      ss = block_all_reduce(ss, SumOp{});  // its barriers also publish the staging
+      ss = block_all_reduce(ss, SumOp{});
       inv = float(1.0 / sqrt(ss / double(K) + double(p.eps)));
       // Pass 2 (staging): normalized — straight to bf16, or in place with its amax for int8.
       for (int o = threadIdx.x; o < octets; o += kThreads) {
@@ -500,7 +504,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 
   // Before the wait (weights do not depend on earlier kernels): the first step into registers,
   // the rest of the block's first rows into L2 — their fetch overlaps the previous kernel's tail
-  // and this block's input prologue. Bulk: the first p.stages steps into the ring instead.
+  // and this block's input prologue. Bulk: the first min(p.prewait, p.stages) steps into the ring
+  // instead (the rest of the ring's first stages right after the prologue).
   const bool active = blockIdx.x < groups;
   int g = blockIdx.x, it = 0;
   uint4 cur[kU][kR];

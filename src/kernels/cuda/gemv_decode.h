@@ -90,7 +90,7 @@ struct DecodeLinearArgs {
   // -1 / 1 = yes (the kernel's choice), 0 = no — one step in registers, the next
   // prefetched into L2 as the other kinds do: 63–78 registers a thread instead of 86–116, so 3–4
   // blocks of 8 warps fit an SM instead of 2 (blocks had 8 warps until the thirteenth session; now
-  // 16, one an SM either way). Measured on the H200 (eleventh session, run 5): decode b=1
+  // 16). Measured on the H200 (eleventh session, run 5): decode b=1
   // 301 vs 320 tok/s — the warps' second step in flight counts for more than the extra warps
   // (gate|up 39.8 vs 35.4 µs, down 27.9 vs 25.5; o and q|k|v unchanged). Kept for A/B runs:
   // PERRY_GEMV_DECODE_PIPE=0 sets it in the CUDA backend. Same bits either way (tested).
