@@ -298,6 +298,77 @@ struct SmallLinear {
   }
 };
 
+// The int8 input row a decode linear builds (RMSNorm or the row as it is, then quantize_per_token's
+// rule) is the CPU's, value for value: with one-hot weights (row n holds a single 1 at column k_n,
+// every scale 1) y[n] is that row's integer q[k_n] times the token scale — one fp32 rounding here
+// and on the host. The float64-referenced tests cannot see a single quantization step; this one
+// does. Plain inputs at K 4096, 14336 (held in registers) and 20480 (staged in shared memory);
+// RMSNorm inputs at 4096 (norm weights staged) and 12288 (read from global memory); int8 and int4
+// weights, per channel and grouped (int4: the nibble order and the 8·Σx correction).
+TEST(CudaGemvDecode, Int8InputIsTheCpuQuantization) {
+  REQUIRE_GPU();
+  std::mt19937 gen(20261130);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  struct Shape {
+    pc::DecodeIn in;
+    int K;
+  };
+  const int N = 1024;
+  for (QuantMode mode : {QuantMode::W8A8, QuantMode::W4A8, QuantMode::W8A8_G128, QuantMode::W4A8_G128})
+    for (Shape sh : {Shape{pc::DecodeIn::Plain, 4096}, Shape{pc::DecodeIn::Plain, 14336},
+                     Shape{pc::DecodeIn::Plain, 20480}, Shape{pc::DecodeIn::RmsNorm, 4096},
+                     Shape{pc::DecodeIn::RmsNorm, 12288}}) {
+      const int K = sh.K;
+      const bool norm = sh.in == pc::DecodeIn::RmsNorm;
+      const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " K=" + std::to_string(K) +
+                               (norm ? " RmsNorm" : " Plain");
+      std::vector<float> x(static_cast<size_t>(K)), nw(static_cast<size_t>(K));
+      for (auto& e : x) e = nd(gen) * 3.f;
+      x[size_t(K / 3)] *= 25.f;  // an outlier channel sets the scale
+      for (auto& e : nw) e = 0.5f + 0.5f * std::fabs(nd(gen));
+      const float eps = 1e-5f;
+      const Act a = host_input(x, nw, norm, eps);
+
+      perry::quant::QuantizedWeight qw;
+      qw.mode = mode;
+      qw.N = N;
+      qw.K = K;
+      qw.qweight.assign(size_t(N * qw.row_bytes()), 0);
+      qw.scales.assign(size_t(N) * size_t(qw.n_groups()), 1.0f);
+      const bool int4 = mode == QuantMode::W4A8 || mode == QuantMode::W4A8_G128;
+      std::vector<int> col(static_cast<size_t>(N));
+      for (int n = 0; n < N; ++n) {
+        const int k = n == 0 ? K / 3 : int((int64_t(n) * 7919) % K);  // row 0: the outlier
+        col[size_t(n)] = k;
+        if (int4) qw.qweight[size_t(n * qw.row_bytes() + k / 2)] = int8_t(k % 2 ? 0x10 : 0x01);
+        else qw.qweight[size_t(int64_t(n) * K + k)] = 1;
+      }
+      ASSERT_EQ(qw.weight(1, col[1]), 1) << what;
+
+      Dev<float> dx(x), dnw(nw), dy(std::vector<float>(size_t(N), 0.f));
+      const DeviceWeights dw(mode, {}, qw, N, K, nullptr);
+      pc::DecodeLinearArgs args;
+      args.x = dx.p;
+      args.in = sh.in;
+      args.norm_w = dnw.p;
+      args.eps = eps;
+      args.y = dy.p;
+      args.out = norm ? pc::DecodeOut::Store : pc::DecodeOut::Accumulate;  // (the forms the decode step uses)
+      ASSERT_NO_THROW(pc::gemv_decode(dw.w, args, nullptr)) << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      const std::vector<float> y = dy.get();
+      int bad = 0;
+      for (int n = 0; n < N; ++n) {
+        const float want = float(a.q[size_t(col[size_t(n)])]) * a.sa[0];
+        if (y[size_t(n)] != want && ++bad <= 5)
+          ADD_FAILURE() << what << ": row " << n << " (k " << col[size_t(n)] << "): " << y[size_t(n)] << " vs "
+                        << want << " (q " << int(a.q[size_t(col[size_t(n)])]) << ")";
+      }
+      EXPECT_EQ(bad, 0) << what;
+      EXPECT_EQ(std::fabs(y[0]), 127.f * a.sa[0]) << what << ": the outlier is not ±127";
+    }
+}
+
 // The lab switch DecodeLinearArgs::lab_input (wrong outputs by design: it measures the input
 // prologue's share), Skip or ReadOnly, leaves the input row at zero, so a Store gives the bias
 // exactly; Build builds the row again.
