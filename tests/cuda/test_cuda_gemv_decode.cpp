@@ -459,16 +459,8 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
         const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
         std::vector<float> base;
-        // (stages, register_pipe, max blocks an SM): register loads with and without the double
-        // buffer, then rings; then at most one block an SM (the default for most kinds already;
-        // for the small register kernels it halves the grid, so blocks loop over more groups).
-        // Then rings with 0 and 1 of their stages issued before the PDL wait.
-        struct Variant {
-          int stages, pipe, bps, prewait;
-        };
-        for (auto [stages, pipe, bps, prewait] :
-             {Variant{0, -1, -1, -1}, {0, 0, -1, -1}, {2, -1, -1, -1}, {4, -1, -1, -1}, {16, -1, -1, -1},
-              {0, -1, 1, -1}, {2, -1, 1, -1}, {2, -1, -1, 0}, {4, -1, -1, 1}}) {
+        // (stages, register_pipe): register loads with and without the double buffer, then rings.
+        for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {4, -1}, {16, -1}}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a;
           a.x = dx.p;
@@ -479,16 +471,13 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
           a.out = f.out;
           a.bulk_stages = stages;
           a.register_pipe = pipe;
-          a.max_blocks_per_sm = bps;
-          a.prewait_stages = prewait;
           const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                                    " K=" + std::to_string(K) + " out=" + std::to_string(int(f.out)) +
                                    " stages=" + std::to_string(stages) +
-                                   " pipe=" + std::to_string(pipe) + " bps=" + std::to_string(bps) +
-                                   " prewait=" + std::to_string(prewait);
+                                   " pipe=" + std::to_string(pipe);
           ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-          if (stages == 0 && pipe == -1 && bps == -1 && prewait == -1) {
+          if (stages == 0 && pipe == -1) {
             base = dy.get();
             EXPECT_NE(base, y0) << what << ": nothing written";
           } else {
@@ -527,12 +516,6 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.bulk_stages = -1;
   a.register_pipe = 2;
-  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
-  a.register_pipe = -1;
-  a.max_blocks_per_sm = 0;
-  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
-  a.max_blocks_per_sm = -1;
-  a.prewait_stages = 17;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 

@@ -178,8 +178,6 @@ decode_ab() {
         noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # rope_append_qkv as its own kernel
         stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
         nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;  # per-channel w8a8: register loads without the double buffer
-        prewait[0-9]*) env+=(PERRY_GEMV_DECODE_PREWAIT_STAGES=${sw#prewait}) ;;  # bulk: N ring stages issued before the PDL wait
-        bps[0-9]*) env+=(PERRY_GEMV_DECODE_BLOCKS_PER_SM=${sw#bps}) ;;  # decode linears: at most N blocks an SM
         labskip) env+=(PERRY_LAB_DECODE_INPUT=skip) ;;  # lab (wrong outputs): the GEMVs without building their input row
         labread) env+=(PERRY_LAB_DECODE_INPUT=read) ;;  # lab (wrong outputs): ... reading x but not building the row
         *) say "- unknown decode variant $v"; continue 2 ;;

@@ -112,12 +112,6 @@ class CudaBackend final : public model::ForwardBackend {
   // Register double buffering of the per-channel w8a8 decode linears: -1 = the kernel's choice;
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
-  // Decode linears' blocks an SM at most: -1 = as many as fit; PERRY_GEMV_DECODE_BLOCKS_PER_SM=n
-  // for A/B runs (gemv_decode.h, max_blocks_per_sm).
-  int decode_max_blocks_per_sm_ = -1;
-  // Bulk-copy stages issued before the PDL wait: -1 = all; PERRY_GEMV_DECODE_PREWAIT_STAGES=n for
-  // A/B runs (gemv_decode.h, prewait_stages).
-  int decode_prewait_stages_ = -1;
   // PERRY_LAB_DECODE_INPUT=skip|read: lab only, wrong outputs (gemv_decode.h, lab_input).
   DecodeLabInput decode_lab_input_ = DecodeLabInput::Build;
   // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
@@ -240,8 +234,6 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
-  decode_max_blocks_per_sm_ = env_int("PERRY_GEMV_DECODE_BLOCKS_PER_SM", -1, 1, 32);
-  decode_prewait_stages_ = env_int("PERRY_GEMV_DECODE_PREWAIT_STAGES", -1, 0, 16);
   if (const char* lab = std::getenv("PERRY_LAB_DECODE_INPUT"); lab && *lab) {
     const std::string v(lab);
     if (v == "skip") decode_lab_input_ = DecodeLabInput::Skip;
@@ -484,8 +476,6 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
-  a.max_blocks_per_sm = decode_max_blocks_per_sm_;
-  a.prewait_stages = decode_prewait_stages_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
   // the logits stay fp32.

@@ -63,8 +63,6 @@ struct Params {
   DecodeRopeKv rk;  // kOutRopeKv only
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
-  int max_blocks_per_sm;  // DecodeLinearArgs::max_blocks_per_sm (-1: as many as fit)
-  int prewait;            // bulk kernels: stages issued before the PDL wait (DecodeLinearArgs::prewait_stages)
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
@@ -504,8 +502,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 
   // Before the wait (weights do not depend on earlier kernels): the first step into registers,
   // the rest of the block's first rows into L2 — their fetch overlaps the previous kernel's tail
-  // and this block's input prologue. Bulk: the first min(p.prewait, p.stages) steps into the ring
-  // instead (the rest of the ring's first stages right after the prologue).
+  // and this block's input prologue. Bulk: the first p.stages steps into the ring instead.
   const bool active = blockIdx.x < groups;
   int g = blockIdx.x, it = 0;
   uint4 cur[kU][kR];
@@ -535,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     if (lane == 0) {
       for (int i = 0; i < p.stages; ++i) bulk::mbar_init(bar0 + 8u * uint32_t(i), 1);
       bulk::mbar_init_fence();
-      for (int s = 0; s < min(min(p.prewait, p.stages), nsteps); ++s) issue_step(s);
+      for (int s = 0; s < min(p.stages, nsteps); ++s) issue_step(s);
     }
     __syncwarp();
   }
@@ -557,12 +554,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
   const float sa = build_input<kW, kXI8, kIn>(p, xs);
   if (!active) return;
-#ifdef PERRY_BULK_COPY
-  if constexpr (kBulk) {  // the ring's stages not issued before the wait
-    if (lane == 0)
-      for (int s = max(p.prewait, 0); s < min(p.stages, nsteps); ++s) issue_step(s);
-  }
-#endif
 
   // Accumulators. facc: fp32 sums (bf16, grouped, weight-only). ia / ib: integer sums since the
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
@@ -768,7 +759,6 @@ void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t 
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem),
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv_decode)");
   const int groups = n_groups<kOut, kR>(p.N);
-  if (p.max_blocks_per_sm > 0) per_sm = std::min(per_sm, p.max_blocks_per_sm);
   const int grid = std::max(1, std::min(groups, std::max(per_sm, 1) * sm_count()));
   pdl::launch(name, kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
 }
@@ -843,11 +833,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
-  if (a.prewait_stages < -1 || a.prewait_stages > 16)
-    throw Error(where + ": prewait_stages must be -1 (all) or 0..16, got " + std::to_string(a.prewait_stages));
-  if (a.max_blocks_per_sm == 0 || a.max_blocks_per_sm < -1)
-    throw Error(where + ": max_blocks_per_sm must be -1 (as many as fit) or >= 1, got " +
-                std::to_string(a.max_blocks_per_sm));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
     throw Error(where + ": bulk_stages must be -1 (the kernel's choice), 0 (registers) or 2..16, got " +
                 std::to_string(a.bulk_stages));
@@ -875,8 +860,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   const bool bulk_pays = w.mode == QuantMode::BF16 || quant_mode_bits(w.mode).group_size > 0;
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (bulk_pays ? 2 : 0);
   p.no_pipe = a.register_pipe == 0;
-  p.max_blocks_per_sm = a.max_blocks_per_sm;
-  p.prewait = a.prewait_stages < 0 ? 16 : a.prewait_stages;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");

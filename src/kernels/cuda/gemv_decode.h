@@ -95,15 +95,6 @@ struct DecodeLinearArgs {
   // (gate|up 39.8 vs 35.4 µs, down 27.9 vs 25.5; o and q|k|v unchanged). Kept for A/B runs:
   // PERRY_GEMV_DECODE_PIPE=0 sets it in the CUDA backend. Same bits either way (tested).
   int register_pipe = -1;
-  // Blocks an SM at most: -1 = as many as fit (the kernel's choice), n >= 1 = at most n — fewer
-  // blocks of this kernel leave room on each SM for the next kernel's blocks, which programmatic
-  // dependent launch then starts early (their weights in flight before this kernel ends). For
-  // A/B runs: PERRY_GEMV_DECODE_BLOCKS_PER_SM=n in the CUDA backend. Same bits either way.
-  int max_blocks_per_sm = -1;
-  // Bulk-copy kernels: ring stages issued before the wait on the previous kernel (the rest after
-  // the input prologue): -1 = all (the kernel's choice), 0..n. Fewer weights queued ahead of the
-  // prologue's read of x, for A/B runs: PERRY_GEMV_DECODE_PREWAIT_STAGES=n. Same bits.
-  int prewait_stages = -1;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
   // Round the layer's outputs to bf16 (RNE) before the epilogue uses them — the CUDA backend's
   // bf16-intermediate rule, the same bits as the separate kernels' rounding forms:
