@@ -512,8 +512,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   const RingLayout rl = ring_layout(smem_layout(p.K, kW, kXI8, kIn).total, p.stages);
   const uint32_t ring0 = bulk::smem_addr(xs + rl.ring) + uint32_t(warp * p.stages * kStageBytes);
   const uint32_t bar0 = bulk::smem_addr(xs + rl.bars) + uint32_t(warp * p.stages * 8);
-  auto issue_step = [&](int s) {  // lane 0 only
-    const int gg = int(blockIdx.x) + (s / iters) * int(gridDim.x), ii = s % iters, st = s % p.stages;
+  // Lane 0 only: step (group gg, chunk window ii) into stage st. The loop below tracks gg, ii and
+  // st by increments — integer divisions by the runtime iters and stages were ~5 a step.
+  auto issue_step_at = [&](int gg, int ii, int st) {
     const long long off = ii * kWin;
     const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
     int n[kR];
@@ -528,6 +529,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         bulk::copy_global_to_smem(ring0 + uint32_t(st * kStageBytes + r * kWin), p.w + n[r] * row_bytes + off, bytes,
                                   bar);
   };
+  auto issue_step = [&](int s) {  // the first p.stages steps (s < p.stages: stage s)
+    issue_step_at(int(blockIdx.x) + (s / iters) * int(gridDim.x), s % iters, s);
+  };
+  // The step the loop issues next, step + p.stages: its group, chunk window (stage = the step's).
+  int iss_g = int(blockIdx.x) + (p.stages / iters) * int(gridDim.x), iss_ii = p.stages % iters;
+  int st = 0;        // step % p.stages
+  uint32_t ph = 0;   // (step / p.stages) & 1: the stage's mbarrier phase
   if constexpr (kBulk) {
     if (lane == 0) {
       for (int i = 0; i < p.stages; ++i) bulk::mbar_init(bar0 + 8u * uint32_t(i), 1);
@@ -585,8 +593,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     if constexpr (kBulk) {
 #ifdef PERRY_BULK_COPY
       // This step's stage into registers, then the stage goes back to lane 0 for step + stages.
-      const int st = step % p.stages;
-      bulk::mbar_wait(bar0 + 8u * uint32_t(st), uint32_t(step / p.stages) & 1u);
+      bulk::mbar_wait(bar0 + 8u * uint32_t(st), ph);
       const uint8_t* stage = xs + rl.ring + (warp * p.stages + st) * kStageBytes;
 #pragma unroll
       for (int u = 0; u < kU; ++u)
@@ -599,8 +606,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       __syncwarp();
       if (lane == 0 && step + p.stages < nsteps) {
         bulk::fence_proxy_async_smem();  // the warp's reads of the stage before the copy that overwrites it
-        issue_step(step + p.stages);
+        issue_step_at(iss_g, iss_ii, st);
       }
+      if (++iss_ii == iters) iss_ii = 0, iss_g += int(gridDim.x);
+      if (++st == p.stages) st = 0, ph ^= 1u;
 #endif
     } else if constexpr (kPipe) {
       if (has_next) load_step(ng, nit, nxt);
