@@ -555,6 +555,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     }
   }
   if (active) prefetch_scales(g);
+  // kRun: the group scales of a step are loaded one step ahead (their load was the loop's top
+  // long-scoreboard stall at K 4096, where every step starts a new row) — the first step's before
+  // the wait (scales are never written by the decode step's kernels).
+  float s_cur[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) s_cur[r] = kRun && active ? run_scale(row_of<kOut, kR>(g, warp, r, p), 0) : 0.0f;
   stage_norm_weights<kW, kXI8, kIn>(p, xs);
   pdl::wait();
   pdl::launch_dependents();
@@ -589,6 +595,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     if (nit == iters) nit = 0, ng = g + gridDim.x;
     const bool has_next = ng < groups;
     if (has_next && nit == 0) prefetch_scales(ng);  // one step ahead of the next row group
+    float s_nxt[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) s_nxt[r] = kRun && has_next ? run_scale(row_of<kOut, kR>(ng, warp, r, p), nit) : 0.0f;
     uint4 nxt[kU][kR];
     if constexpr (kBulk) {
 #ifdef PERRY_BULK_COPY
@@ -619,9 +628,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     int rows[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut, kR>(g, warp, r, p);
-    float s[kR];  // kRun: the step's group scale per row, loaded ahead of the step's arithmetic
-#pragma unroll
-    for (int r = 0; r < kR; ++r) s[r] = kRun ? run_scale(rows[r], it) : 0.0f;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = chunk_of(it, u);
@@ -693,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         }
       }
     }
-    if constexpr (kRun) fold(s);
+    if constexpr (kRun) fold(s_cur);
     if (it == iters - 1 && rows[0] >= 0) {
       // Warp reduction, then lane 0 finishes the outputs.
       float val[kR];
@@ -738,6 +744,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     }
     if (!has_next) break;
     g = ng, it = nit;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) s_cur[r] = s_nxt[r];
     if constexpr (kPipe) {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
