@@ -85,9 +85,6 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
   f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
   f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
 }
-__device__ __forceinline__ uint32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d) {
-  return uint32_t(uint8_t(a)) | uint32_t(uint8_t(b)) << 8 | uint32_t(uint8_t(c)) << 16 | uint32_t(uint8_t(d)) << 24;
-}
 
 // Shared memory of a block (bytes from the start): xs — the linear's input, int8 [K] or bf16 [K];
 // xsum — int4 with int8 input: int [K / 32]; xf — fp32 [K] staging of the input row (when it is
@@ -185,16 +182,32 @@ __device__ void stage_norm_weights(const Params& p, uint8_t* smem) {
 // of its chunk. Called by every lane of a warp with o = o0 + lane (o0 warp-uniform; in_range = o <
 // octets): the 4 octets of a chunk sit in 4 neighbouring lanes, so xsum is two shuffles
 // (octets % 4 == 0: the 4 lanes of a chunk are all in range or all out).
+// quant_one(x, qinv) by float arithmetic only, as the low byte of the returned word (F2I, which
+// quant_one rounds with, issues at a quarter of the FP32 rate, and a block quantizes its whole input
+// row): clamping v to ±127 before rounding equals clamping after (the bounds are integers), and
+// adding 1.5·2^23 rounds |v| <= 127 to an integer — to nearest, ties to even like __float2int_rn,
+// since 1.5·2^23 is even — whose two's complement low byte is the sum's low mantissa byte.
+__device__ __forceinline__ uint32_t quant_byte(float x, float qinv) {
+  float v = __fmul_rn(x, qinv);
+  v = v == v ? fminf(fmaxf(v, -127.0f), 127.0f) : 0.0f;  // NaN: 0, as quant_one
+  return __float_as_uint(__fadd_rn(v, 12582912.0f));
+}
+// The low bytes of a, b, c, d as one word (a's in byte 0).
+__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
 template <int kW>
 __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float (&v)[8], float qinv, uint8_t* xs,
                                                int* xsum) {
   int s8 = 0;
   if (in_range) {
-    int8_t q[8];
+    uint32_t q[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) q[j] = quant_one(v[j], qinv);
-    const uint2 out = kW == kWI4 ? make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]))
-                                 : make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+    for (int j = 0; j < 8; ++j) q[j] = quant_byte(v[j], qinv);
+    const uint2 out = kW == kWI4
+                          ? make_uint2(pack_low_bytes(q[0], q[2], q[4], q[6]), pack_low_bytes(q[1], q[3], q[5], q[7]))
+                          : make_uint2(pack_low_bytes(q[0], q[1], q[2], q[3]), pack_low_bytes(q[4], q[5], q[6], q[7]));
     *reinterpret_cast<uint2*>(xs + 8 * o) = out;
     s8 = __dp4a(int(out.x), int(0x01010101u), __dp4a(int(out.y), int(0x01010101u), 0));
   }
