@@ -85,9 +85,6 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
   f[0] = bf16_lo(v.x), f[1] = bf16_hi(v.x), f[2] = bf16_lo(v.y), f[3] = bf16_hi(v.y);
   f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
 }
-__device__ __forceinline__ uint32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d) {
-  return uint32_t(uint8_t(a)) | uint32_t(uint8_t(b)) << 8 | uint32_t(uint8_t(c)) << 16 | uint32_t(uint8_t(d)) << 24;
-}
 
 // Shared memory of a block (bytes from the start): xs — the linear's input, int8 [K] or bf16 [K];
 // xsum — int4 with int8 input: int [K / 32]; xf — fp32 [K] staging of the input row (when it is
@@ -185,16 +182,32 @@ __device__ void stage_norm_weights(const Params& p, uint8_t* smem) {
 // of its chunk. Called by every lane of a warp with o = o0 + lane (o0 warp-uniform; in_range = o <
 // octets): the 4 octets of a chunk sit in 4 neighbouring lanes, so xsum is two shuffles
 // (octets % 4 == 0: the 4 lanes of a chunk are all in range or all out).
+// quant_one(x, qinv) by float arithmetic only, as the low byte of the returned word (F2I, which
+// quant_one rounds with, issues at a quarter of the FP32 rate, and a block quantizes its whole input
+// row): clamping v to ±127 before rounding equals clamping after (the bounds are integers), and
+// adding 1.5·2^23 rounds |v| <= 127 to an integer — to nearest, ties to even like __float2int_rn,
+// since 1.5·2^23 is even — whose two's complement low byte is the sum's low mantissa byte.
+__device__ __forceinline__ uint32_t quant_byte(float x, float qinv) {
+  float v = __fmul_rn(x, qinv);
+  v = v == v ? fminf(fmaxf(v, -127.0f), 127.0f) : 0.0f;  // NaN: 0, as quant_one
+  return __float_as_uint(__fadd_rn(v, 12582912.0f));
+}
+// The low bytes of a, b, c, d as one word (a's in byte 0).
+__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
 template <int kW>
 __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float (&v)[8], float qinv, uint8_t* xs,
                                                int* xsum) {
   int s8 = 0;
   if (in_range) {
-    int8_t q[8];
+    uint32_t q[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) q[j] = quant_one(v[j], qinv);
-    const uint2 out = kW == kWI4 ? make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]))
-                                 : make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+    for (int j = 0; j < 8; ++j) q[j] = quant_byte(v[j], qinv);
+    const uint2 out = kW == kWI4
+                          ? make_uint2(pack_low_bytes(q[0], q[2], q[4], q[6]), pack_low_bytes(q[1], q[3], q[5], q[7]))
+                          : make_uint2(pack_low_bytes(q[0], q[1], q[2], q[3]), pack_low_bytes(q[4], q[5], q[6], q[7]));
     *reinterpret_cast<uint2*>(xs + 8 * o) = out;
     s8 = __dp4a(int(out.x), int(0x01010101u), __dp4a(int(out.y), int(0x01010101u), 0));
   }
@@ -512,8 +525,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   const RingLayout rl = ring_layout(smem_layout(p.K, kW, kXI8, kIn).total, p.stages);
   const uint32_t ring0 = bulk::smem_addr(xs + rl.ring) + uint32_t(warp * p.stages * kStageBytes);
   const uint32_t bar0 = bulk::smem_addr(xs + rl.bars) + uint32_t(warp * p.stages * 8);
-  auto issue_step = [&](int s) {  // lane 0 only
-    const int gg = int(blockIdx.x) + (s / iters) * int(gridDim.x), ii = s % iters, st = s % p.stages;
+  // Lane 0 only: step (group gg, chunk window ii) into stage st. The loop below tracks gg, ii and
+  // st by increments — integer divisions by the runtime iters and stages were ~5 a step.
+  auto issue_step_at = [&](int gg, int ii, int st) {
     const long long off = ii * kWin;
     const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
     int n[kR];
@@ -528,6 +542,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         bulk::copy_global_to_smem(ring0 + uint32_t(st * kStageBytes + r * kWin), p.w + n[r] * row_bytes + off, bytes,
                                   bar);
   };
+  auto issue_step = [&](int s) {  // the first p.stages steps (s < p.stages: stage s)
+    issue_step_at(int(blockIdx.x) + (s / iters) * int(gridDim.x), s % iters, s);
+  };
+  // The step the loop issues next, step + p.stages: its group, chunk window (stage = the step's).
+  int iss_g = int(blockIdx.x) + (p.stages / iters) * int(gridDim.x), iss_ii = p.stages % iters;
+  int st = 0;        // step % p.stages
+  uint32_t ph = 0;   // (step / p.stages) & 1: the stage's mbarrier phase
   if constexpr (kBulk) {
     if (lane == 0) {
       for (int i = 0; i < p.stages; ++i) bulk::mbar_init(bar0 + 8u * uint32_t(i), 1);
@@ -547,6 +568,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     }
   }
   if (active) prefetch_scales(g);
+  // kRun: the group scales of a step are loaded one step ahead (their load was the loop's top
+  // long-scoreboard stall at K 4096, where every step starts a new row) — the first step's before
+  // the wait (scales are never written by the decode step's kernels).
+  float s_cur[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) s_cur[r] = kRun && active ? run_scale(row_of<kOut, kR>(g, warp, r, p), 0) : 0.0f;
   stage_norm_weights<kW, kXI8, kIn>(p, xs);
   pdl::wait();
   pdl::launch_dependents();
@@ -581,12 +608,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     if (nit == iters) nit = 0, ng = g + gridDim.x;
     const bool has_next = ng < groups;
     if (has_next && nit == 0) prefetch_scales(ng);  // one step ahead of the next row group
+    float s_nxt[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) s_nxt[r] = kRun && has_next ? run_scale(row_of<kOut, kR>(ng, warp, r, p), nit) : 0.0f;
     uint4 nxt[kU][kR];
     if constexpr (kBulk) {
 #ifdef PERRY_BULK_COPY
       // This step's stage into registers, then the stage goes back to lane 0 for step + stages.
-      const int st = step % p.stages;
-      bulk::mbar_wait(bar0 + 8u * uint32_t(st), uint32_t(step / p.stages) & 1u);
+      bulk::mbar_wait(bar0 + 8u * uint32_t(st), ph);
       const uint8_t* stage = xs + rl.ring + (warp * p.stages + st) * kStageBytes;
 #pragma unroll
       for (int u = 0; u < kU; ++u)
@@ -599,8 +628,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       __syncwarp();
       if (lane == 0 && step + p.stages < nsteps) {
         bulk::fence_proxy_async_smem();  // the warp's reads of the stage before the copy that overwrites it
-        issue_step(step + p.stages);
+        issue_step_at(iss_g, iss_ii, st);
       }
+      if (++iss_ii == iters) iss_ii = 0, iss_g += int(gridDim.x);
+      if (++st == p.stages) st = 0, ph ^= 1u;
 #endif
     } else if constexpr (kPipe) {
       if (has_next) load_step(ng, nit, nxt);
@@ -610,9 +641,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     int rows[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut, kR>(g, warp, r, p);
-    float s[kR];  // kRun: the step's group scale per row, loaded ahead of the step's arithmetic
-#pragma unroll
-    for (int r = 0; r < kR; ++r) s[r] = kRun ? run_scale(rows[r], it) : 0.0f;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = chunk_of(it, u);
@@ -684,7 +712,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         }
       }
     }
-    if constexpr (kRun) fold(s);
+    if constexpr (kRun) fold(s_cur);
     if (it == iters - 1 && rows[0] >= 0) {
       // Warp reduction, then lane 0 finishes the outputs.
       float val[kR];
@@ -729,6 +757,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     }
     if (!has_next) break;
     g = ng, it = nit;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) s_cur[r] = s_nxt[r];
     if constexpr (kPipe) {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
