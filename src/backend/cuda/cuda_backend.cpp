@@ -109,6 +109,8 @@ class CudaBackend final : public model::ForwardBackend {
   // type; PERRY_GEMV_DECODE_STAGES=n (0 = register loads) forces it for A/B runs (gemv_decode.h,
   // DecodeLinearArgs::bulk_stages).
   int decode_bulk_stages_ = -1;
+  // PERRY_GEMV_DECODE_L2_AHEAD=n: steps past the ring prefetched into L2 (DecodeLinearArgs::l2_ahead_steps).
+  int decode_l2_ahead_ = -1;
   // Register double buffering of the per-channel w8a8 decode linears: -1 = the kernel's choice;
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
@@ -234,6 +236,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
+  decode_l2_ahead_ = env_int("PERRY_GEMV_DECODE_L2_AHEAD", -1, 0, 32);
   if (const char* lab = std::getenv("PERRY_LAB_DECODE_INPUT"); lab && *lab) {
     const std::string v(lab);
     if (v == "skip") decode_lab_input_ = DecodeLabInput::Skip;
@@ -476,6 +479,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
+  a.l2_ahead_steps = decode_l2_ahead_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
   // the logits stay fp32.

@@ -63,6 +63,7 @@ struct Params {
   DecodeRopeKv rk;  // kOutRopeKv only
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
+  int l2_ahead;     // bulk-copy kernels: steps past the ring prefetched into L2 before the wait
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
@@ -87,32 +88,32 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 }
 
 // Shared memory of a block (bytes from the start): xs — the linear's input, int8 [K] or bf16 [K];
-// xsum — int4 with int8 input: int [K / 32]; xf — fp32 [K] staging of the input row (when it is
-// normalized, or quantized from a plain row too long for registers: !x_in_registers); nw — fp32
-// [K] the RMSNorm weights (RmsNorm input with K <=
-// kMaxStagedNormK; larger hidden sizes read them from global memory). At most 6·K bytes:
-// 192 KiB at K = kMaxK, inside the 227 KiB a Hopper block may opt into.
-constexpr int kMaxStagedNormK = 8192;
-// Plain inputs quantized to int8 with K <= kMaxRegK keep x in registers between the amax and the
-// quantization (kRegOctets octets a thread) instead of an fp32 staging row: 4·K bytes less shared
-// memory (57 KiB at K = 14336, down_proj's).
+// xsum — int4 with int8 input: int [K / 32]; xf — fp32 [K] staging of the input row, only where
+// the row is too long to stay in registers (!x_in_registers: RMSNorm inputs with K > 8192, plain
+// int8 inputs with K > 16384). At most 5.1·K bytes: 164 KiB at K = kMaxK, inside the 227 KiB a
+// Hopper block may opt into. Everything else of the 227 KiB goes to the bulk-copy ring (its
+// depth was worth 3–5% of a token at stages 2 → 3, fourteenth session).
+//
+// Inputs held in registers between their passes (kRegOctets octets a thread, all loads in flight
+// at once), so that no fp32 staging row takes the ring's shared memory: plain int8 inputs with
+// K <= kMaxRegK (amax, then quantized) and RMSNorm inputs with K <= kMaxRegNormK (sum of
+// squares, normalized with the norm weights — loaded into registers before the PDL wait —,
+// amax, quantized or stored as bf16).
 constexpr int kRegOctets = 4, kMaxRegK = kRegOctets * 8 * kThreads;
+constexpr int kNormRegOctets = 2, kMaxRegNormK = kNormRegOctets * 8 * kThreads;
 __host__ __device__ inline bool x_in_registers(int K, bool xi8, int in_kind) {
-  return xi8 && in_kind == kInPlain && K <= kMaxRegK;
+  return in_kind == kInNorm ? K <= kMaxRegNormK : xi8 && K <= kMaxRegK;
 }
 struct SmemLayout {
-  int xsum, xf, nw, total;
-  bool nw_staged;
+  int xsum, xf, total;
 };
 __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, int in_kind) {
   SmemLayout l;
   l.xsum = xi8 ? K : 2 * K;
   l.xf = l.xsum + (w_kind == kWI4 && xi8 ? K / 32 * 4 : 0);
   l.xf = (l.xf + 15) / 16 * 16;
-  const bool stage = (xi8 && !x_in_registers(K, xi8, in_kind)) || in_kind == kInNorm;
-  l.nw = l.xf + (stage ? 4 * K : 0);
-  l.nw_staged = in_kind == kInNorm && K <= kMaxStagedNormK;
-  l.total = l.nw + (l.nw_staged ? 4 * K : 0);
+  const bool stage = (xi8 || in_kind == kInNorm) && !x_in_registers(K, xi8, in_kind);
+  l.total = l.xf + (stage ? 4 * K : 0);
   return l;
 }
 
@@ -160,23 +161,6 @@ __device__ __forceinline__ void store_bf16_octet(uint8_t* p, const float (&v)[8]
   *reinterpret_cast<uint4*>(p) = out;
 }
 
-// Before the wait: the RMSNorm weights (never written by the decode step's kernels) into shared
-// memory by async copies, so the prologue after the wait reads global memory once, for x. A
-// thread copies the octets it reads back in build_input (o = threadIdx.x + i·kThreads), whose
-// cp.async wait covers these copies too.
-template <int kW, bool kXI8, int kIn>
-__device__ void stage_norm_weights(const Params& p, uint8_t* smem) {
-  const SmemLayout lay = smem_layout(p.K, kW, kXI8, kIn);
-  if (lay.nw_staged) {
-    float* nw = reinterpret_cast<float*>(smem + lay.nw);
-    for (int o = threadIdx.x; o < p.K / 8; o += kThreads) {
-      cp_async16(nw + 8 * o, p.norm_w + 8 * o, 16);
-      cp_async16(nw + 8 * o + 4, p.norm_w + 8 * o + 4, 16);
-    }
-    cp_async_commit();
-  }
-}
-
 // Quantizes octet o of the input (v) with qinv into xs — for int4 weights permuted per 8 values to
 // the nibble order (k0 k2 k4 k6 | k1 k3 k5 k7) — and, for int4, xsum[o / 4] = Σ of the 32 values
 // of its chunk. Called by every lane of a warp with o = o0 + lane (o0 warp-uniform; in_range = o <
@@ -218,18 +202,14 @@ __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float
   }
 }
 
-// The plain int8 input with K <= kMaxRegK (x_in_registers): x into registers (all of a thread's
-// loads in flight at once), amax, then quantized from the registers — no fp32 staging. Thread t
-// holds octets t + b·kThreads, so a warp's lanes hold consecutive octets as quantize_octet needs.
-// Returns the per-token scale.
-template <int kW>
-__device__ float quantize_plain_from_registers(const Params& p, uint8_t* xs, int* xsum) {
-  const int octets = p.K / 8;
-  float v[kRegOctets][8];
-  load_octets(p.x, int(threadIdx.x), octets, v);
+// Inputs held in registers (x_in_registers): thread t holds octets t + b·kThreads, so a warp's
+// lanes hold consecutive octets as quantize_octet needs. The row's amax (of the values as they
+// are now in v), then quantized into xs; returns the per-token scale.
+template <int kW, int kB>
+__device__ float quantize_registers(int octets, const float (&v)[kB][8], uint8_t* xs, int* xsum) {
   float amax = 0.0f;
 #pragma unroll
-  for (int b = 0; b < kRegOctets; ++b)
+  for (int b = 0; b < kB; ++b)
     if (threadIdx.x + b * kThreads < octets)
 #pragma unroll
       for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[b][j]));
@@ -238,13 +218,45 @@ __device__ float quantize_plain_from_registers(const Params& p, uint8_t* xs, int
   per_token_params(amax, scale, qinv);
   const int o0 = threadIdx.x & ~31;
 #pragma unroll
-  for (int b = 0; b < kRegOctets; ++b)
+  for (int b = 0; b < kB; ++b)
     if (o0 + b * kThreads < octets) {  // warp-uniform: quantize_octet shuffles
       const int o = threadIdx.x + b * kThreads;
       quantize_octet<kW>(o, o < octets, v[b], qinv, xs, xsum);
     }
   __syncthreads();
   return scale;
+}
+
+// The RMSNorm input with K <= kMaxRegNormK: x into registers, the float64 sum of squares over
+// each thread's octets in the staged path's order (so the same inv), normalized with the norm
+// weights nw (registers, loaded before the wait), then quantized (or stored as bf16).
+template <int kW, bool kXI8>
+__device__ float normalize_from_registers(const Params& p, const float (&nw)[kNormRegOctets][8], uint8_t* xs,
+                                          int* xsum) {
+  const int octets = p.K / 8;
+  float v[kNormRegOctets][8];
+  load_octets(p.x, int(threadIdx.x), octets, v);
+  double ss = 0.0;  // x*x exact in double, as rms_norm
+#pragma unroll
+  for (int b = 0; b < kNormRegOctets; ++b)
+    if (threadIdx.x + b * kThreads < octets)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss += double(v[b][j]) * double(v[b][j]);
+  ss = block_all_reduce(ss, SumOp{});
+  const float inv = float(1.0 / sqrt(ss / double(p.K) + double(p.eps)));
+#pragma unroll
+  for (int b = 0; b < kNormRegOctets; ++b)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[b][j] = norm_one(v[b][j], inv, nw[b][j]);
+  if constexpr (kXI8) {
+    return quantize_registers<kW>(octets, v, xs, xsum);
+  } else {
+#pragma unroll
+    for (int b = 0; b < kNormRegOctets; ++b)
+      if (threadIdx.x + b * kThreads < octets) store_bf16_octet(xs + 16 * (threadIdx.x + b * kThreads), v[b]);
+    __syncthreads();
+    return 0.0f;
+  }
 }
 
 // Prologue: the token's linear input into shared memory, reading x from global memory once (one
@@ -257,7 +269,7 @@ __device__ float quantize_plain_from_registers(const Params& p, uint8_t* xs, int
 // the sum lands on a rounding boundary): the same fp32 normalization, amax and rounding. Returns the per-token activation scale (int8) — the same
 // value in every thread.
 template <int kW, bool kXI8, int kIn>
-__device__ float build_input(const Params& p, uint8_t* smem) {
+__device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_regs)[kNormRegOctets][8]) {
   const int K = p.K, octets = K / 8;
   const SmemLayout lay = smem_layout(K, kW, kXI8, kIn);
   uint8_t* xs = smem;
@@ -277,13 +289,12 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
     }
     for (int o = threadIdx.x; o < lay.xf / 16; o += kThreads) reinterpret_cast<uint4*>(xs)[o] = make_uint4(0, 0, 0, 0);
     if (sink == -1234.5f) xs[0] = 1;  // a use of the loaded values, so that the block waits for them
-    cp_async_wait<0>();  // (stage_norm_weights' copies: none left in flight at exit)
     __syncthreads();
     return 1.0f;
   }
   int* xsum = reinterpret_cast<int*>(smem + lay.xsum);
   float* xf = reinterpret_cast<float*>(smem + lay.xf);
-  const float* nw = lay.nw_staged ? reinterpret_cast<const float*>(smem + lay.nw) : p.norm_w;
+  const float* nw = p.norm_w;  // (staged path: K > kMaxRegNormK, read from global memory)
   if constexpr (!kXI8 && kIn == kInPlain) {  // bf16 of x as it is: one pass, no staging
     // kBatch octets a thread in flight at once (a plain loop waited a round trip for each).
     constexpr int kBatch = 4;
@@ -297,8 +308,11 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
     __syncthreads();
     return 0.0f;
   } else {
-    if constexpr (kXI8 && kIn == kInPlain) {
-      if (x_in_registers(K, kXI8, kIn)) return quantize_plain_from_registers<kW>(p, xs, xsum);
+    if (x_in_registers(K, kXI8, kIn)) {
+      if constexpr (kIn == kInNorm) return normalize_from_registers<kW, kXI8>(p, nw_regs, xs, xsum);
+      float v[kRegOctets][8];
+      load_octets(p.x, int(threadIdx.x), octets, v);
+      return quantize_registers<kW>(octets, v, xs, xsum);
     }
     // Pass 1 (global → staging by async copies, all of a thread's in flight at once: x was just
     // written by the previous kernel, so each round trip is an L2 latency on the block's critical
@@ -309,7 +323,7 @@ __device__ float build_input(const Params& p, uint8_t* smem) {
       cp_async16(xf + 8 * o + 4, p.x + 8 * o + 4, 16);
     }
     cp_async_commit();
-    cp_async_wait<0>();  // this thread's copies (and stage_norm_weights') have landed
+    cp_async_wait<0>();  // this thread's copies have landed
     double ss = 0.0;  // x*x exact in double, as rms_norm
     float amax = 0.0f;
     for (int o = threadIdx.x; o < octets; o += kThreads) {
@@ -545,6 +559,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   auto issue_step = [&](int s) {  // the first p.stages steps (s < p.stages: stage s)
     issue_step_at(int(blockIdx.x) + (s / iters) * int(gridDim.x), s % iters, s);
   };
+  // Step s's rows into L2 (no stage, no barrier): its bulk copies later find them there.
+  auto prefetch_step_bulk = [&](int s) {
+    const int gg = int(blockIdx.x) + (s / iters) * int(gridDim.x);
+    const long long off = (s % iters) * kWin;
+    const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int n = row_of<kOut, kR>(gg, warp, r, p);
+      if (n >= 0) bulk::prefetch_global_to_l2(p.w + n * row_bytes + off, bytes);
+    }
+  };
   // The step the loop issues next, step + p.stages: its group, chunk window (stage = the step's).
   int iss_g = int(blockIdx.x) + (p.stages / iters) * int(gridDim.x), iss_ii = p.stages % iters;
   int st = 0;        // step % p.stages
@@ -555,6 +580,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       bulk::mbar_init_fence();
       for (int s = 0; s < min(p.stages, nsteps); ++s) issue_step(s);
     }
+    // The next p.l2_ahead steps into L2, a lane each: with one block an SM, this block started
+    // when the previous kernel's block on this SM ended, so these fetches overlap the rest of
+    // that kernel's tail and this block's prologue, when the ring alone would sit full.
+    if (lane < p.l2_ahead && p.stages + lane < nsteps) prefetch_step_bulk(p.stages + lane);
     __syncwarp();
   }
 #endif
@@ -574,12 +603,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   float s_cur[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) s_cur[r] = kRun && active ? run_scale(row_of<kOut, kR>(g, warp, r, p), 0) : 0.0f;
-  stage_norm_weights<kW, kXI8, kIn>(p, xs);
+  // The RMSNorm weights (never written by the decode step's kernels) into registers before the
+  // wait, so the prologue after it reads global memory once, for x.
+  float nw_regs[kNormRegOctets][8];
+  if (kIn == kInNorm && x_in_registers(p.K, kXI8, kIn)) load_octets(p.norm_w, int(threadIdx.x), p.K / 8, nw_regs);
   pdl::wait();
   pdl::launch_dependents();
 
   const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
-  const float sa = build_input<kW, kXI8, kIn>(p, xs);
+  const float sa = build_input<kW, kXI8, kIn>(p, xs, nw_regs);
   if (!active) return;
 
   // Accumulators. facc: fp32 sums (bf16, grouped, weight-only). ia / ib: integer sums since the
@@ -863,6 +895,9 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
+  if (a.l2_ahead_steps < -1 || a.l2_ahead_steps > 32)
+    throw Error(where + ": l2_ahead_steps must be -1 (the kernel's choice) or 0..32, got " +
+                std::to_string(a.l2_ahead_steps));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
     throw Error(where + ": bulk_stages must be -1 (the kernel's choice), 0 (registers) or 2..16, got " +
                 std::to_string(a.bulk_stages));
@@ -885,10 +920,10 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   p.round_bf16 = a.round_bf16;
   p.lab_input = a.lab_input;
-  // The kernel's choice (gemv_decode.h): bulk copies for bf16 and the grouped kinds, register
-  // loads for the per-channel ones (w8a8 double-buffers them) — measured faster so.
-  const bool bulk_pays = w.mode == QuantMode::BF16 || quant_mode_bits(w.mode).group_size > 0;
-  p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (bulk_pays ? 2 : 0);
+  // The kernel's choice (gemv_decode.h): bulk copies, 3 stages where they fit (launch() takes
+  // fewer where shared memory is short) — measured faster so for every kind.
+  p.stages = a.bulk_stages >= 0 ? a.bulk_stages : 3;
+  p.l2_ahead = a.l2_ahead_steps >= 0 ? a.l2_ahead_steps : 0;
   p.no_pipe = a.register_pipe == 0;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);

@@ -76,15 +76,19 @@ struct DecodeLinearArgs {
   // How the weights are streamed: 0 = 16-byte loads into registers (a step or two in flight per
   // warp, the rest prefetched into L2); n >= 2 = bulk copies (cp.async.bulk, sm_90+) into a ring
   // of n 4 KiB shared-memory stages per warp — n steps in flight, fewer stages where shared
-  // memory is short, registers below sm_90; -1 = the kernel's choice, from the H200 A/B runs
-  // (docs/perf/cuda/decode-run8-summary.md, decode-run9-summary.md, s12-run3-decode-summary.md):
-  // bulk with 2 stages for bf16 (decode +12%), w8a16 (+3%), grouped w8a8 (+1.4%) and — since the
-  // grouped kinds read a run of 4 chunks a lane, conflict-free from the ring — w4a8-g128 (+2.5%)
-  // and w4a16 (+10%); registers for the per-channel kinds: w8a8 (−1% with the ring) and w4a8
-  // (before the runs the int4 kinds lost 7–8% with the ring: its shared memory leaves fewer warps
-  // an SM and keeps the next kernel's blocks off it). Same arithmetic either way, so the same
-  // bits. PERRY_GEMV_DECODE_STAGES=n forces it in the CUDA backend for A/B runs.
+  // memory is short, registers below sm_90; -1 = the kernel's choice: bulk with 3 stages (2
+  // where 3 do not fit). History (H200 A/B runs): with blocks of 8 warps, 2 stages won for bf16,
+  // w8a16 and the grouped kinds and lost for the per-channel ones (decode-run8/9, s12-run3);
+  // with one 16-warp block an SM, 3 stages won for every kind measured (fourteenth session,
+  // s14-run3: w4a8-g128 +4.3%, w8a8-g128 +3%, per-channel w8a8 +5.5% over its register loads).
+  // Same arithmetic either way, so the same bits. PERRY_GEMV_DECODE_STAGES=n forces it in the
+  // CUDA backend for A/B runs.
   int bulk_stages = -1;
+  // Bulk-copy kernels: how many steps past the ring each warp prefetches into L2 before the PDL
+  // wait (0..32; -1 = the kernel's choice, 0 until an A/B run says otherwise). The hint changes
+  // when bytes arrive, never which, so the same bits. PERRY_GEMV_DECODE_L2_AHEAD=n sets it in
+  // the CUDA backend for A/B runs.
+  int l2_ahead_steps = -1;
   // Per-channel w8a8 with register loads double-buffers them (step s + 1 loaded before step s is
   // reduced; bf16 with register loads does too, and keeps it — this switch is w8a8's only):
   // -1 / 1 = yes (the kernel's choice), 0 = no — one step in registers, the next
