@@ -111,6 +111,11 @@ class CudaBackend final : public model::ForwardBackend {
   int decode_bulk_stages_ = -1;
   // PERRY_GEMV_DECODE_L2_AHEAD=n: steps past the ring prefetched into L2 (DecodeLinearArgs::l2_ahead_steps).
   int decode_l2_ahead_ = -1;
+  // PERRY_GEMV_DECODE_NORM_STAGES=n: the RMSNorm-input linears' ring stages alone (A/B runs).
+  int decode_norm_stages_ = -1;
+  // PERRY_DECODE_ATTN_COMBINE=auto|cluster|workspace: how decode attention merges its chunks
+  // (attention.h, DecodeCombine; A/B runs).
+  DecodeCombine decode_combine_ = DecodeCombine::Auto;
   // Register double buffering of the per-channel w8a8 decode linears: -1 = the kernel's choice;
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
@@ -237,6 +242,15 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
   decode_l2_ahead_ = env_int("PERRY_GEMV_DECODE_L2_AHEAD", -1, 0, 32);
+  decode_norm_stages_ = env_int("PERRY_GEMV_DECODE_NORM_STAGES", -1, 0, 16);
+  if (decode_norm_stages_ == 1) throw Error("PERRY_GEMV_DECODE_NORM_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
+  if (const char* c = std::getenv("PERRY_DECODE_ATTN_COMBINE"); c && *c) {
+    const std::string v(c);
+    if (v == "auto") decode_combine_ = DecodeCombine::Auto;
+    else if (v == "cluster") decode_combine_ = DecodeCombine::Cluster;
+    else if (v == "workspace") decode_combine_ = DecodeCombine::Workspace;
+    else throw Error("PERRY_DECODE_ATTN_COMBINE=" + v + ": expected auto, cluster or workspace");
+  }
   if (const char* lab = std::getenv("PERRY_LAB_DECODE_INPUT"); lab && *lab) {
     const std::string v(lab);
     if (v == "skip") decode_lab_input_ = DecodeLabInput::Skip;
@@ -477,7 +491,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.eps = float(cfg_.rms_norm_eps);
   a.y = y;
   a.out = out;
-  a.bulk_stages = decode_bulk_stages_;
+  a.bulk_stages = in == DecodeIn::RmsNorm && decode_norm_stages_ >= 0 ? decode_norm_stages_ : decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
   a.l2_ahead_steps = decode_l2_ahead_;
   a.lab_input = decode_lab_input_;
@@ -523,7 +537,7 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
                          kc, vc, stream_);
     }
     attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
-                     attn_ws_.bytes(), stream_);
+                     attn_ws_.bytes(), stream_, decode_combine_);
     decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x);
     decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
     decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x);
@@ -601,7 +615,7 @@ void CudaBackend::enqueue(const Step& st) {
       kv_cache_append(k, v, d_seq, n_seqs, M, nkv, hd, st.cap, kc, vc, stream_);
       if (st.decode)
         attention_decode(q, d_seq, n_seqs, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn,
-                         attn_ws_.get<float>(), attn_ws_.bytes(), stream_);
+                         attn_ws_.get<float>(), attn_ws_.bytes(), stream_, decode_combine_);
       else
         attention_prefill(q, d_seq, n_seqs, st.max_new, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn,
                           stream_, prefill_attn_);

@@ -920,9 +920,9 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   p.round_bf16 = a.round_bf16;
   p.lab_input = a.lab_input;
-  // The kernel's choice (gemv_decode.h): bulk copies, 3 stages where they fit (launch() takes
-  // fewer where shared memory is short) — measured faster so for every kind.
-  p.stages = a.bulk_stages >= 0 ? a.bulk_stages : 3;
+  // The kernel's choice (gemv_decode.h): bulk copies, 3 stages for plain inputs and 2 for
+  // RMSNorm inputs (launch() takes fewer where shared memory is short) — measured faster so.
+  p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (a.in == DecodeIn::RmsNorm ? 2 : 3);
   p.l2_ahead = a.l2_ahead_steps >= 0 ? a.l2_ahead_steps : 0;
   p.no_pipe = a.register_pipe == 0;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);

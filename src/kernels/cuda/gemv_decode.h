@@ -76,13 +76,17 @@ struct DecodeLinearArgs {
   // How the weights are streamed: 0 = 16-byte loads into registers (a step or two in flight per
   // warp, the rest prefetched into L2); n >= 2 = bulk copies (cp.async.bulk, sm_90+) into a ring
   // of n 4 KiB shared-memory stages per warp — n steps in flight, fewer stages where shared
-  // memory is short, registers below sm_90; -1 = the kernel's choice: bulk with 3 stages (2
-  // where 3 do not fit). History (H200 A/B runs): with blocks of 8 warps, 2 stages won for bf16,
-  // w8a16 and the grouped kinds and lost for the per-channel ones (decode-run8/9, s12-run3);
-  // with one 16-warp block an SM, 3 stages won for every kind measured (fourteenth session,
-  // s14-run3: w4a8-g128 +4.3%, w8a8-g128 +3%, per-channel w8a8 +5.5% over its register loads).
-  // Same arithmetic either way, so the same bits. PERRY_GEMV_DECODE_STAGES=n forces it in the
-  // CUDA backend for A/B runs.
+  // memory is short, registers below sm_90; -1 = the kernel's choice: bulk copies with 3 stages
+  // for plain inputs (o, down) and 2 for RMSNorm inputs (q|k|v, gate|up, lm_head). History (H200
+  // A/B runs): with blocks of 8 warps, 2 stages won for bf16, w8a16 and the grouped kinds and
+  // lost for the per-channel ones (decode-run8/9, s12-run3); with one 16-warp block an SM
+  // (fourteenth session), 3 stages for o and down won for every kind measured (s14-run3:
+  // w4a8-g128 +4.3%, w8a8-g128 +3%, per-channel w8a8 +5.5% over its register loads), but 3 for
+  // the RMSNorm-input linears too lost 6% (s14-run5: 424.7 / 429.0 vs 455.3 / 453.6 tok/s) —
+  // likely because a 197 KiB block leaves no room on its SM for the next kernel's blocks (PDL
+  // launches them early), where a 133 KiB one does. Same arithmetic either way, so the same bits.
+  // PERRY_GEMV_DECODE_STAGES=n (all linears) and PERRY_GEMV_DECODE_NORM_STAGES=n (RMSNorm-input
+  // linears) force it in the CUDA backend for A/B runs.
   int bulk_stages = -1;
   // Bulk-copy kernels: how many steps past the ring each warp prefetches into L2 before the PDL
   // wait (0..32; -1 = the kernel's choice, 0 until an A/B run says otherwise). The hint changes
