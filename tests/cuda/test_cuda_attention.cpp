@@ -6,7 +6,6 @@
 //    slot != index, capacity > used, a gap row that belongs to no sequence (must stay NaN),
 //    GQA ratios 1, 2, 4, 8, hd 16 / 20 / 32 / 256 (fp32 kernel) and 64 / 128 (tensor cores);
 //  * attention_decode: contexts 1, 7, 1000, 5000 in one batch, and 64 sequences (chunk > 128);
-//    short contexts (<= 8 chunks) through both merges, the cluster one and the workspace one;
 //  * bad arguments throw perry::Error (runs without a GPU: validation precedes any CUDA call);
 //  * Perf*: timings at llama3-8b shapes, printed (checked only for finiteness).
 // Unused cache positions (other slots, positions >= pos0 + n_new) hold bf16 NaN: a kernel that
@@ -325,26 +324,18 @@ void run_decode_case(const std::vector<int>& ctxs, Heads hc, int hd, int capacit
   const int n = int(p.seqs.size());
   const size_t ws_bytes = pc::attention_decode_workspace_bytes(n, p.nh, p.hd, p.max_ctx);
   Dev<float> ws((ws_bytes + 3) / 4);
-  // Both merges where the cluster one applies (Auto picks it there), else the workspace's.
-  const pc::DecodeCombine picked =
-      pc::attention_decode_combine(n, p.max_ctx, p.capacity, pc::DecodeCombine::Auto);
-  std::vector<pc::DecodeCombine> combines{picked};
-  if (picked == pc::DecodeCombine::Cluster) combines.push_back(pc::DecodeCombine::Workspace);
-  const std::vector<double> ref = reference(p, false);
-  for (pc::DecodeCombine combine : combines)
-    // Twice: the second call reuses a dirty workspace (it must not depend on its contents).
-    for (int rep = 0; rep < 2; ++rep) {
-      poison(p, d.out);
-      pc::attention_decode(d.q.p, d.seqs.p, n, p.max_ctx, d.kc.p, d.vc.p, p.nh, p.nkv, p.hd,
-                           p.capacity, p.scale, d.out.p, ws.p, ws_bytes, nullptr, combine);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const double err = check_out(p, d.out.get(), ref);
-      EXPECT_LT(err, 1e-4) << "combine " << int(combine);
-      if (rep == 0)
-        std::printf("  decode n=%d nh=%d nkv=%d hd=%d chunk=%d %s: rel L2 error %.3g\n", n, hc.nh,
-                    hc.nkv, hd, pc::attention_decode_chunk(n, p.max_ctx),
-                    combine == pc::DecodeCombine::Cluster ? "cluster" : "workspace", err);
-    }
+  // Twice: the second call reuses a dirty workspace (it must not depend on its contents).
+  for (int rep = 0; rep < 2; ++rep) {
+    poison(p, d.out);
+    pc::attention_decode(d.q.p, d.seqs.p, n, p.max_ctx, d.kc.p, d.vc.p, p.nh, p.nkv, p.hd,
+                         p.capacity, p.scale, d.out.p, ws.p, ws_bytes, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const double err = check_out(p, d.out.get(), reference(p, false));
+    EXPECT_LT(err, 1e-4);
+    if (rep == 0)
+      std::printf("  decode n=%d nh=%d nkv=%d hd=%d chunk=%d: rel L2 error %.3g\n", n, hc.nh,
+                  hc.nkv, hd, pc::attention_decode_chunk(n, p.max_ctx), err);
+  }
 }
 
 // One 8192-token prompt at Llama-3-8B heads (32 q, 8 kv, hd 128): each kernel's time (after one
@@ -453,10 +444,6 @@ TEST(CudaAttention, DecodeShortContexts) {
   REQUIRE_GPU();
   std::mt19937 gen(2468);
   ASSERT_EQ(pc::attention_decode_chunk(6, 512), 64);  // 8 chunks of 64 at 512 keys
-  // 512 keys: 8 chunks, the most one cluster merges; 513 would be 9, merged by the workspace.
-  ASSERT_EQ(pc::attention_decode_combine(6, 512, 600, pc::DecodeCombine::Auto), pc::DecodeCombine::Cluster);
-  ASSERT_EQ(pc::attention_decode_combine(6, 513, 600, pc::DecodeCombine::Auto), pc::DecodeCombine::Workspace);
-  EXPECT_THROW(pc::attention_decode_combine(6, 513, 600, pc::DecodeCombine::Cluster), perry::Error);
   for (int hd : {20, 64, 128})
     for (Heads hc : {Heads{4, 4}, Heads{8, 2}, Heads{32, 8}, Heads{32, 1}}) {
       run_decode_case({1, 7, 64, 65, 300, 512}, hc, hd, 600, gen);

@@ -450,8 +450,7 @@ TEST(CudaGemvDecode, Int4AtTheIntegerLimitsIsExact) {
 // chunks in the same order. Every mode and fused form, blocks that
 // loop over several row groups (N = 6000) and rows of many steps (K = 14336: the ring wraps, its
 // barriers change phase many times), tail groups (N = 200), and more stages than fit (with
-// 16-warp blocks a 4 KiB stage a warp is 64 KiB a block: 4 and 16 run as 2 or 3 stages); and the
-// L2 prefetch of steps past the ring before the wait (l2_ahead_steps: a hint, the same bits).
+// 16-warp blocks a 4 KiB stage a warp is 64 KiB a block: 4 and 16 run as 2 or 3 stages).
 TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
   REQUIRE_GPU();
   std::mt19937 gen(90);
@@ -463,13 +462,8 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
         const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
         std::vector<float> base;
-        // (stages, register_pipe, l2_ahead_steps): register loads with and without the double
-        // buffer, then rings, then rings with steps prefetched into L2.
-        struct Variant {
-          int stages, pipe, l2_ahead;
-        };
-        for (auto [stages, pipe, l2_ahead] :
-             {Variant{0, -1, 0}, {0, 0, 0}, {2, -1, 0}, {4, -1, 0}, {16, -1, 0}, {3, -1, 4}, {2, -1, 32}}) {
+        // (stages, register_pipe): register loads with and without the double buffer, then rings.
+        for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {3, -1}, {4, -1}, {16, -1}}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a;
           a.x = dx.p;
@@ -480,11 +474,10 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
           a.out = f.out;
           a.bulk_stages = stages;
           a.register_pipe = pipe;
-          a.l2_ahead_steps = l2_ahead;
           const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                                    " K=" + std::to_string(K) + " out=" + std::to_string(int(f.out)) +
                                    " stages=" + std::to_string(stages) +
-                                   " pipe=" + std::to_string(pipe) + " l2=" + std::to_string(l2_ahead);
+                                   " pipe=" + std::to_string(pipe);
           ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
           if (stages == 0 && pipe == -1) {
@@ -526,11 +519,6 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.bulk_stages = -1;
   a.register_pipe = 2;
-  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
-  a.register_pipe = -1;
-  a.l2_ahead_steps = 33;
-  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
-  a.l2_ahead_steps = -2;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 

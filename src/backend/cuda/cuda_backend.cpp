@@ -105,17 +105,12 @@ class CudaBackend final : public model::ForwardBackend {
   // layer (w4a8-g128 decode +4% on the H200, docs/perf/cuda/decode-run8-summary.md);
   // PERRY_DECODE_ROPE_IN_QKV=0 keeps rope_append_qkv for A/B runs (gemv_decode.h, RopeKv).
   bool rope_in_qkv_ = false;
-  // Bulk-copy ring stages per warp of every decode linear: -1 = the kernel's choice per weight
-  // type; PERRY_GEMV_DECODE_STAGES=n (0 = register loads) forces it for A/B runs (gemv_decode.h,
+  // Bulk-copy ring stages per warp of every decode linear: -1 = the kernel's choice per input kind
+  // (plain or RMSNorm); PERRY_GEMV_DECODE_STAGES=n (0 = register loads) forces it for A/B runs (gemv_decode.h,
   // DecodeLinearArgs::bulk_stages).
   int decode_bulk_stages_ = -1;
-  // PERRY_GEMV_DECODE_L2_AHEAD=n: steps past the ring prefetched into L2 (DecodeLinearArgs::l2_ahead_steps).
-  int decode_l2_ahead_ = -1;
   // PERRY_GEMV_DECODE_NORM_STAGES=n: the RMSNorm-input linears' ring stages alone (A/B runs).
   int decode_norm_stages_ = -1;
-  // PERRY_DECODE_ATTN_COMBINE=auto|cluster|workspace: how decode attention merges its chunks
-  // (attention.h, DecodeCombine; A/B runs).
-  DecodeCombine decode_combine_ = DecodeCombine::Auto;
   // Register double buffering of the per-channel w8a8 decode linears: -1 = the kernel's choice;
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
@@ -241,16 +236,8 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
-  decode_l2_ahead_ = env_int("PERRY_GEMV_DECODE_L2_AHEAD", -1, 0, 32);
   decode_norm_stages_ = env_int("PERRY_GEMV_DECODE_NORM_STAGES", -1, 0, 16);
   if (decode_norm_stages_ == 1) throw Error("PERRY_GEMV_DECODE_NORM_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
-  if (const char* c = std::getenv("PERRY_DECODE_ATTN_COMBINE"); c && *c) {
-    const std::string v(c);
-    if (v == "auto") decode_combine_ = DecodeCombine::Auto;
-    else if (v == "cluster") decode_combine_ = DecodeCombine::Cluster;
-    else if (v == "workspace") decode_combine_ = DecodeCombine::Workspace;
-    else throw Error("PERRY_DECODE_ATTN_COMBINE=" + v + ": expected auto, cluster or workspace");
-  }
   if (const char* lab = std::getenv("PERRY_LAB_DECODE_INPUT"); lab && *lab) {
     const std::string v(lab);
     if (v == "skip") decode_lab_input_ = DecodeLabInput::Skip;
@@ -493,7 +480,6 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = in == DecodeIn::RmsNorm && decode_norm_stages_ >= 0 ? decode_norm_stages_ : decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
-  a.l2_ahead_steps = decode_l2_ahead_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
   // the logits stay fp32.
@@ -537,7 +523,7 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
                          kc, vc, stream_);
     }
     attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
-                     attn_ws_.bytes(), stream_, decode_combine_);
+                     attn_ws_.bytes(), stream_);
     decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x);
     decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
     decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x);
@@ -615,7 +601,7 @@ void CudaBackend::enqueue(const Step& st) {
       kv_cache_append(k, v, d_seq, n_seqs, M, nkv, hd, st.cap, kc, vc, stream_);
       if (st.decode)
         attention_decode(q, d_seq, n_seqs, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn,
-                         attn_ws_.get<float>(), attn_ws_.bytes(), stream_, decode_combine_);
+                         attn_ws_.get<float>(), attn_ws_.bytes(), stream_);
       else
         attention_prefill(q, d_seq, n_seqs, st.max_new, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn,
                           stream_, prefill_attn_);

@@ -96,26 +96,13 @@ PrefillKernel attention_prefill_choice(PrefillKernel want, int hd, int n_seqs, i
 // context is pos0 + 1 and must already include the new token). Flash-decoding: the context is
 // split into chunks (size chosen from n_seqs and max_ctx, see attention_decode_chunk); one block
 // per (chunk, kv head, sequence) handles all nh/nkv q heads of the GQA group, so each cache byte
-// is read once; the partial (max, sum, acc) states are then merged into out. fp32 math.
+// is read once; a second kernel merges the partial (max, sum, acc) states into out. fp32 math.
 // workspace: device memory of at least attention_decode_workspace_bytes(n_seqs, nh, hd, max_ctx)
 // bytes (allocate once for the largest batch / context; any call with smaller values fits).
-//
-// How the chunks' partial states are merged (DecodeCombine; Auto picks):
-//   Cluster — up to kDecodeClusterChunks chunks (short contexts: the decode step below 512
-//     positions), sm_90+: the chunks of one (kv head, sequence) run as one thread-block
-//     cluster and merge through distributed shared memory — one kernel, no workspace traffic;
-//   Workspace — the partial kernel writes (max, sum, acc) to the workspace and a combine kernel
-//     merges them: any number of chunks, any GPU.
-// The two add the chunks' sums in different orders (results equal to fp32 rounding, not bits).
-enum class DecodeCombine { Auto, Cluster, Workspace };
-constexpr int kDecodeClusterChunks = 8;  // the portable cluster size
 void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_ctx,
                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
                       int capacity, float scale, float* out, float* workspace,
-                      size_t workspace_bytes, cudaStream_t stream,
-                      DecodeCombine combine = DecodeCombine::Auto);
-// The combine attention_decode would use for this call (Auto resolved); for logs and tests.
-DecodeCombine attention_decode_combine(int n_seqs, int max_ctx, int capacity, DecodeCombine want);
+                      size_t workspace_bytes, cudaStream_t stream);
 size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx);
 // Keys per decode chunk for this batch (a multiple of 64); exposed for tests and logs.
 int attention_decode_chunk(int n_seqs, int max_ctx);

@@ -1,9 +1,6 @@
 // Flash-decoding for batched decode over the bf16 KV cache (contract in attention.h): a partial
-// kernel per (KV chunk, kv head, sequence), merged in a cluster or by a combine kernel. See
-// attention.cu for the shared conventions (log2-domain softmax, never reading past a sequence's
-// context).
-#include <cooperative_groups.h>
-
+// kernel per (KV chunk, kv head, sequence) and a combine kernel. See attention.cu for the shared
+// conventions (log2-domain softmax, never reading past a sequence's context).
 #include <algorithm>
 #include <cmath>
 #include <mutex>
@@ -11,7 +8,6 @@
 #include <type_traits>
 
 #include "kernels/cuda/attention_device.cuh"
-#include "kernels/cuda/device_query.h"
 #include "kernels/cuda/pdl.cuh"
 
 namespace perry::cuda {
@@ -26,10 +22,8 @@ using elementwise_detail::rope_rotate;
 // hd % 8 == 0, else element loads), scores S[G][64] (one thread per (g, key), full-length dot
 // against K in shared memory: no shuffles), per-head online softmax (one warp per head), then
 // O[G][hd] += P·V (one thread per (g, dim pair)). O lives in shared memory because G is only
-// known at run time. kCluster: the chunks of a (kv head, sequence) are one cluster and merge
-// their unnormalised (m, l, O) from each other's shared memory; otherwise the block writes them
-// to the workspace and the combine kernel merges the chunks. Several blocks per SM overlap one
-// block's loads with another's math.
+// known at run time. The block writes its unnormalised (m, l, O) to the workspace; the combine
+// kernel merges the chunks. Several blocks per SM overlap one block's loads with another's math.
 constexpr int kDecThreads = 128, kDecTile = 64;
 // Chunks of 64 keys (one tile) at short contexts: a one-token step at a few hundred positions
 // then has nkv × (ctx / 64) blocks rather than nkv × 1-2, each a short dependency chain.
@@ -94,14 +88,12 @@ __global__ void __launch_bounds__(kDecThreads)
   }
 }
 
-// kVec: hd % 8 == 0 (16-byte rows: cp.async and 8-wide shared loads). kCluster: gridDim.x chunks
-// form one cluster (sm_90+) and write the merged rows to out; the workspace is not used.
-template <bool kVec, bool kCluster>
+template <bool kVec>  // kVec: hd % 8 == 0 (16-byte rows: cp.async and 8-wide shared loads)
 __global__ void __launch_bounds__(kDecThreads)
     decode_partial_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
                           const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                           int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
-                          float* __restrict__ ws_acc, float* __restrict__ ws_ml, float* __restrict__ out) {
+                          float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
   extern __shared__ __align__(16) unsigned char dsm[];
   pdl::wait();  // before anything else: q and the cache come from the previous kernels
   pdl::launch_dependents();
@@ -110,9 +102,7 @@ __global__ void __launch_bounds__(kDecThreads)
   const int kvh = blockIdx.y, c = blockIdx.x;
   const int kv_len = min(sq.pos0 + 1, capacity);
   const int j_begin = c * chunk;
-  // Uniform for the block, before any barrier; a cluster's chunk past the context stays for the
-  // cluster's barriers with an empty state (m = −inf, l = 0, O = 0: weight 0 in the merge).
-  if (!kCluster && j_begin >= kv_len) return;
+  if (j_begin >= kv_len) return;  // uniform for the block: before any barrier
   const int j_end = min(j_begin + chunk, kv_len);
 
   uint16_t* ks = reinterpret_cast<uint16_t*>(dsm);
@@ -238,33 +228,6 @@ __global__ void __launch_bounds__(kDecThreads)
     __syncthreads();  // before the next tile overwrites ks / vs / ps
   }
 
-  if constexpr (kCluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // Every chunk's (m, l, O) is in its block's shared memory after the first cluster barrier;
-    // the cluster's threads share the G·hd outputs, each merging its (g, d) over the chunks as
-    // the combine kernel does (out = Σ_c O_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M)).
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync();
-    const int nc = int(cl.num_blocks()), rank = int(cl.block_rank());
-    float* dst = out + (size_t)sq.q_row * nh * hd + (size_t)kvh * G * hd;
-    for (int e = rank * kDecThreads + tid; e < G * hd; e += nc * kDecThreads) {
-      const int g = e / hd;
-      float mx = -INFINITY;
-      for (int r = 0; r < nc; ++r) mx = fmaxf(mx, cl.map_shared_rank(ms, r)[g]);
-      const float base = mx == -INFINITY ? 0.f : mx;
-      float lsum = 0.f, a = 0.f;
-      for (int r = 0; r < nc; ++r) {
-        const float wc = exp2f(cl.map_shared_rank(ms, r)[g] - base);
-        lsum = fmaf(cl.map_shared_rank(ls, r)[g], wc, lsum);
-        a = fmaf(wc, cl.map_shared_rank(os, r)[e], a);
-      }
-      dst[e] = a * (1.f / lsum);
-    }
-    cl.sync();  // no block may leave (freeing its shared memory) while another reads it
-#endif
-    return;
-  }
   // Workspace: acc [n_seqs][nh][nchunks][hd], ml [n_seqs][nh][nchunks][2].
   const size_t part0 = ((size_t)blockIdx.z * nh + (size_t)kvh * G) * nchunks + c;  // head g = 0
   for (int idx = tid; idx < G * hd; idx += kDecThreads) {
@@ -396,37 +359,10 @@ size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx)
   return parts * size_t(nh) * (size_t(hd) + 2) * sizeof(float);
 }
 
-namespace {
-template <bool kVec, bool kCluster, typename... Args>
-void launch_partial(dim3 grid, size_t smem, cudaStream_t stream, Args... args) {
-  static int current = 0;
-  static std::mutex mu;
-  auto* kernel = decode_partial_kernel<kVec, kCluster>;
-  ensure_smem(reinterpret_cast<const void*>(kernel), smem, &current, &mu, "attention_decode_partial");
-  pdl::launch_clustered(kCluster ? "attention_decode_partial(cluster)" : "attention_decode_partial",
-                        kCluster ? grid.x : 1u, kernel, grid, dim3(kDecThreads), smem, stream, args...);
-}
-}  // namespace
-
-DecodeCombine attention_decode_combine(int n_seqs, int max_ctx, int capacity, DecodeCombine want) {
-  const int ctx = std::min(max_ctx, capacity);
-  const int nchunks = ctx <= 0 ? 0 : (ctx + attention_decode_chunk(n_seqs, ctx) - 1) / attention_decode_chunk(n_seqs, ctx);
-  static const bool has_clusters = compute_capability_major() >= 9;
-  const bool fits = nchunks <= kDecodeClusterChunks;
-  if (want == DecodeCombine::Cluster) {
-    PERRY_CHECK(has_clusters, "attention_decode: the cluster combine needs an sm_90+ GPU");
-    PERRY_CHECK(fits, "attention_decode: the cluster combine takes at most {} chunks, this call has {}",
-                kDecodeClusterChunks, nchunks);
-    return want;
-  }
-  if (want == DecodeCombine::Workspace) return want;
-  return has_clusters && fits ? DecodeCombine::Cluster : DecodeCombine::Workspace;
-}
-
 void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_ctx,
                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
                       int capacity, float scale, float* out, float* workspace,
-                      size_t workspace_bytes, cudaStream_t stream, DecodeCombine combine) {
+                      size_t workspace_bytes, cudaStream_t stream) {
   const char* fn = "attention_decode";
   check_heads(fn, nh, nkv, hd, capacity);
   check_batch(fn, d_seqs, n_seqs);
@@ -450,22 +386,23 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
   const int G = nh / nkv;
   const size_t smem = dec_smem_bytes(G, hd);
   const dim3 grid(nchunks, nkv, n_seqs);
-  const bool cluster = attention_decode_combine(n_seqs, max_ctx, capacity, combine) == DecodeCombine::Cluster;
-  if (hd % 8 == 0 && cluster)
-    launch_partial<true, true>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk,
-                               nchunks, scale_log2, ws_acc, ws_ml, out);
-  else if (hd % 8 == 0)
-    launch_partial<true, false>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk,
-                                nchunks, scale_log2, ws_acc, ws_ml, out);
-  else if (cluster)
-    launch_partial<false, true>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk,
-                                nchunks, scale_log2, ws_acc, ws_ml, out);
-  else
-    launch_partial<false, false>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk,
-                                 nchunks, scale_log2, ws_acc, ws_ml, out);
-  if (!cluster)
-    pdl::launch("attention_decode_combine", decode_combine_kernel, dim3(nh, n_seqs), dim3(kDecThreads),
-                nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
+  if (hd % 8 == 0) {
+    static int current = 0;
+    static std::mutex mu;
+    ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<true>), smem, &current, &mu,
+                "attention_decode_partial");
+    pdl::launch("attention_decode_partial", decode_partial_kernel<true>, grid, dim3(kDecThreads), smem, stream, q,
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
+  } else {
+    static int current = 0;
+    static std::mutex mu;
+    ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<false>), smem, &current, &mu,
+                "attention_decode_partial");
+    pdl::launch("attention_decode_partial", decode_partial_kernel<false>, grid, dim3(kDecThreads), smem, stream, q,
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
+  }
+  pdl::launch("attention_decode_combine", decode_combine_kernel, dim3(nh, n_seqs), dim3(kDecThreads),
+              nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
 }
 
 namespace {

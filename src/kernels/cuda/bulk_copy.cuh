@@ -65,11 +65,6 @@ __device__ __forceinline__ void copy_global_to_smem(uint32_t dst, const void* sr
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
-// bytes (a multiple of 16, src 16-byte aligned) from global memory into L2 only: no barrier, no
-// destination — a hint that the copy engine fetches them ahead of their bulk copy.
-__device__ __forceinline__ void prefetch_global_to_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
 #endif  // PERRY_BULK_COPY
 
 }  // namespace perry::cuda::bulk

@@ -63,7 +63,6 @@ struct Params {
   DecodeRopeKv rk;  // kOutRopeKv only
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
-  int l2_ahead;     // bulk-copy kernels: steps past the ring prefetched into L2 before the wait
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
@@ -559,17 +558,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   auto issue_step = [&](int s) {  // the first p.stages steps (s < p.stages: stage s)
     issue_step_at(int(blockIdx.x) + (s / iters) * int(gridDim.x), s % iters, s);
   };
-  // Step s's rows into L2 (no stage, no barrier): its bulk copies later find them there.
-  auto prefetch_step_bulk = [&](int s) {
-    const int gg = int(blockIdx.x) + (s / iters) * int(gridDim.x);
-    const long long off = (s % iters) * kWin;
-    const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
-#pragma unroll
-    for (int r = 0; r < kR; ++r) {
-      const int n = row_of<kOut, kR>(gg, warp, r, p);
-      if (n >= 0) bulk::prefetch_global_to_l2(p.w + n * row_bytes + off, bytes);
-    }
-  };
   // The step the loop issues next, step + p.stages: its group, chunk window (stage = the step's).
   int iss_g = int(blockIdx.x) + (p.stages / iters) * int(gridDim.x), iss_ii = p.stages % iters;
   int st = 0;        // step % p.stages
@@ -580,10 +568,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       bulk::mbar_init_fence();
       for (int s = 0; s < min(p.stages, nsteps); ++s) issue_step(s);
     }
-    // The next p.l2_ahead steps into L2, a lane each: with one block an SM, this block started
-    // when the previous kernel's block on this SM ended, so these fetches overlap the rest of
-    // that kernel's tail and this block's prologue, when the ring alone would sit full.
-    if (lane < p.l2_ahead && p.stages + lane < nsteps) prefetch_step_bulk(p.stages + lane);
     __syncwarp();
   }
 #endif
@@ -895,9 +879,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
-  if (a.l2_ahead_steps < -1 || a.l2_ahead_steps > 32)
-    throw Error(where + ": l2_ahead_steps must be -1 (the kernel's choice) or 0..32, got " +
-                std::to_string(a.l2_ahead_steps));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
     throw Error(where + ": bulk_stages must be -1 (the kernel's choice), 0 (registers) or 2..16, got " +
                 std::to_string(a.bulk_stages));
@@ -923,7 +904,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   // The kernel's choice (gemv_decode.h): bulk copies, 3 stages for plain inputs and 2 for
   // RMSNorm inputs (launch() takes fewer where shared memory is short) — measured faster so.
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (a.in == DecodeIn::RmsNorm ? 2 : 3);
-  p.l2_ahead = a.l2_ahead_steps >= 0 ? a.l2_ahead_steps : 0;
   p.no_pipe = a.register_pipe == 0;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);

@@ -88,11 +88,6 @@ struct DecodeLinearArgs {
   // PERRY_GEMV_DECODE_STAGES=n (all linears) and PERRY_GEMV_DECODE_NORM_STAGES=n (RMSNorm-input
   // linears) force it in the CUDA backend for A/B runs.
   int bulk_stages = -1;
-  // Bulk-copy kernels: how many steps past the ring each warp prefetches into L2 before the PDL
-  // wait (0..32; -1 = the kernel's choice, 0 until an A/B run says otherwise). The hint changes
-  // when bytes arrive, never which, so the same bits. PERRY_GEMV_DECODE_L2_AHEAD=n sets it in
-  // the CUDA backend for A/B runs.
-  int l2_ahead_steps = -1;
   // Per-channel w8a8 with register loads double-buffers them (step s + 1 loaded before step s is
   // reduced; bf16 with register loads does too, and keeps it — this switch is w8a8's only):
   // -1 / 1 = yes (the kernel's choice), 0 = no — one step in registers, the next

@@ -47,36 +47,23 @@ inline bool enabled() {
   return on;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) in thread-block clusters of cluster_x blocks
-// along x (1: no clusters; > 1 needs sm_90+), programmatically dependent on the previous kernel
-// of the stream when enabled(). Throws perry::Error naming `name` on a launch failure.
+// kernel<<<grid, block, smem, stream>>>(args...), programmatically dependent on the previous
+// kernel of the stream when enabled(). Throws perry::Error naming `name` on a launch failure.
 template <typename... KArgs, typename... Args>
-void launch_clustered(const char* name, unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                      size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (enabled()) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n++].val.clusterDim = {cluster_x, 1, 1};
-  }
+void launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+            cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = enabled() ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) throw_cuda(std::string("CUDA kernel ") + name + " failed to launch", e);
-}
-template <typename... KArgs, typename... Args>
-void launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-            cudaStream_t stream, Args&&... args) {
-  launch_clustered(name, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace perry::cuda::pdl
