@@ -160,11 +160,6 @@ __device__ __forceinline__ void store_bf16_octet(uint8_t* p, const float (&v)[8]
   *reinterpret_cast<uint4*>(p) = out;
 }
 
-// Quantizes octet o of the input (v) with qinv into xs — for int4 weights permuted per 8 values to
-// the nibble order (k0 k2 k4 k6 | k1 k3 k5 k7) — and, for int4, xsum[o / 4] = Σ of the 32 values
-// of its chunk. Called by every lane of a warp with o = o0 + lane (o0 warp-uniform; in_range = o <
-// octets): the 4 octets of a chunk sit in 4 neighbouring lanes, so xsum is two shuffles
-// (octets % 4 == 0: the 4 lanes of a chunk are all in range or all out).
 // quant_one(x, qinv) by float arithmetic only, as the low byte of the returned word (F2I, which
 // quant_one rounds with, issues at a quarter of the FP32 rate, and a block quantizes its whole input
 // row): clamping v to ±127 before rounding equals clamping after (the bounds are integers), and
@@ -180,6 +175,11 @@ __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint3
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
+// Quantizes octet o of the input (v) with qinv into xs — for int4 weights permuted per 8 values to
+// the nibble order (k0 k2 k4 k6 | k1 k3 k5 k7) — and, for int4, xsum[o / 4] = Σ of the 32 values
+// of its chunk. Called by every lane of a warp with o = o0 + lane (o0 warp-uniform; in_range = o <
+// octets): the 4 octets of a chunk sit in 4 neighbouring lanes, so xsum is two shuffles
+// (octets % 4 == 0: the 4 lanes of a chunk are all in range or all out).
 template <int kW>
 __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float (&v)[8], float qinv, uint8_t* xs,
                                                int* xsum) {
@@ -258,9 +258,10 @@ __device__ float normalize_from_registers(const Params& p, const float (&nw)[kNo
   }
 }
 
-// Prologue: the token's linear input into shared memory, reading x from global memory once (one
-// pass into the fp32 staging, then passes over shared memory; plain int8 inputs up to kMaxRegK:
-// into registers; each wait on a block reduction is one barrier). int8 activations: xs int8 [K]
+// Prologue: the token's linear input into shared memory, reading x from global memory once (into
+// registers — x_in_registers: RMSNorm inputs up to kMaxRegNormK, plain int8 up to kMaxRegK — or,
+// for longer rows, one pass into the fp32 staging, then passes over shared memory; each wait on a
+// block reduction is one barrier). int8 activations: xs int8 [K]
 // (for int4 weights permuted per 8 values to (k0 k2 k4 k6 | k1 k3 k5 k7), the nibble order of a
 // weight word) and, for int4, xsum[c] = Σ of
 // the 32 int8 values of chunk c; bf16: xs uint16 [K]. The values are those of the separate
