@@ -303,7 +303,8 @@ struct SmallLinear {
 // every scale 1) y[n] is that row's integer q[k_n] times the token scale — one fp32 rounding here
 // and on the host. The float64-referenced tests cannot see a single quantization step; this one
 // does. Plain inputs at K 4096, 14336 (held in registers) and 20480 (staged in shared memory);
-// RMSNorm inputs at 4096 (norm weights staged) and 12288 (read from global memory); int8 and int4
+// RMSNorm inputs at 4096 (x and the norm weights in registers) and 12288 (x staged, the norm
+// weights read from global memory); int8 and int4
 // weights, per channel and grouped (int4: the nibble order and the 8·Σx correction).
 TEST(CudaGemvDecode, Int8InputIsTheCpuQuantization) {
   REQUIRE_GPU();

@@ -89,9 +89,10 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 // Shared memory of a block (bytes from the start): xs — the linear's input, int8 [K] or bf16 [K];
 // xsum — int4 with int8 input: int [K / 32]; xf — fp32 [K] staging of the input row, only where
 // the row is too long to stay in registers (!x_in_registers: RMSNorm inputs with K > 8192, plain
-// int8 inputs with K > 16384). At most 5.1·K bytes: 164 KiB at K = kMaxK, inside the 227 KiB a
-// Hopper block may opt into. Everything else of the 227 KiB goes to the bulk-copy ring (its
-// depth was worth 3–5% of a token at stages 2 → 3, fourteenth session).
+// int8 inputs with K > 16384). At most 6·K bytes (bf16-activation RMSNorm inputs past K 8192:
+// xs 2·K + xf 4·K): 192 KiB at K = kMaxK, inside the 227 KiB a Hopper block may opt into. The
+// bulk-copy ring takes up to the rest (its depth was worth 3–5% of a token at stages 2 → 3 for the
+// plain-input linears, fourteenth session).
 //
 // Inputs held in registers between their passes (kRegOctets octets a thread, all loads in flight
 // at once), so that no fp32 staging row takes the ring's shared memory: plain int8 inputs with
