@@ -557,18 +557,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         bulk::copy_global_to_smem(ring0 + uint32_t(st * kStageBytes + r * kWin), p.w + n[r] * row_bytes + off, bytes,
                                   bar);
   };
-  auto issue_step = [&](int s) {  // the first p.stages steps (s < p.stages: stage s)
-    issue_step_at(int(blockIdx.x) + (s / iters) * int(gridDim.x), s % iters, s);
+  // The next step to issue: its group and chunk window (every lane keeps them; lane 0 issues).
+  int iss_g = int(blockIdx.x), iss_ii = 0;
+  auto next_issue = [&] {
+    if (++iss_ii == iters) iss_ii = 0, iss_g += int(gridDim.x);
   };
-  // The step the loop issues next, step + p.stages: its group, chunk window (stage = the step's).
-  int iss_g = int(blockIdx.x) + (p.stages / iters) * int(gridDim.x), iss_ii = p.stages % iters;
   int st = 0;        // step % p.stages
   uint32_t ph = 0;   // (step / p.stages) & 1: the stage's mbarrier phase
   if constexpr (kBulk) {
     if (lane == 0) {
       for (int i = 0; i < p.stages; ++i) bulk::mbar_init(bar0 + 8u * uint32_t(i), 1);
       bulk::mbar_init_fence();
-      for (int s = 0; s < min(p.stages, nsteps); ++s) issue_step(s);
+    }
+    // The first p.stages steps into stages 0.. (after them the issue point is step p.stages).
+    for (int s = 0; s < p.stages; ++s) {
+      if (lane == 0 && s < nsteps) issue_step_at(iss_g, iss_ii, s);
+      next_issue();
     }
     __syncwarp();
   }
@@ -648,7 +652,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         bulk::fence_proxy_async_smem();  // the warp's reads of the stage before the copy that overwrites it
         issue_step_at(iss_g, iss_ii, st);
       }
-      if (++iss_ii == iters) iss_ii = 0, iss_g += int(gridDim.x);
+      next_issue();
       if (++st == p.stages) st = 0, ph ^= 1u;
 #endif
     } else if constexpr (kPipe) {
