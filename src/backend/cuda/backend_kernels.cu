@@ -6,10 +6,18 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/elementwise_device.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace perry::cuda {
 
 namespace {
+// The order is the point (lab_boundary): its dependents may launch (and issue their weight
+// copies) while this grid still waits, as they would after a real kernel's early trigger.
+__global__ void lab_boundary_kernel() {
+  pdl::launch_dependents();
+  pdl::wait();
+}
+
 __global__ void broadcast_rows_kernel(const float* __restrict__ bias, long long total, int N, float* __restrict__ y) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
     y[i] = bias[i % N];
@@ -62,6 +70,10 @@ void broadcast_rows(const float* bias, int M, int N, float* y, cudaStream_t stre
   const int blocks = int(std::min<long long>((total + threads - 1) / threads, 4096));
   broadcast_rows_kernel<<<blocks, threads, 0, stream>>>(bias, total, N, y);
   check_launch("broadcast_rows");
+}
+
+void lab_boundary(int blocks, cudaStream_t stream) {
+  pdl::launch("lab_boundary", lab_boundary_kernel, dim3(unsigned(std::max(blocks, 1))), dim3(32), 0, stream);
 }
 
 }  // namespace perry::cuda

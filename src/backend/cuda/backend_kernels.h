@@ -17,4 +17,11 @@ void split_qkv(const float* qkv, int M, int Q, int KV, float* q, float* k, float
                bool round_to_bf16 = false);
 void split_qkv(const uint16_t* qkv_bf16, int M, int Q, int KV, float* q, float* k, float* v, cudaStream_t stream);
 
+// Lab only (PERRY_LAB_DECODE_BOUNDARIES): an empty kernel of `blocks` blocks launched with
+// programmatic dependent launch — it lets its dependents launch at once, then waits for the kernel
+// before it — so that the decode step gains one kernel boundary (one grid completion the next
+// kernel waits for) and nothing else. The step's time with and without such kernels after each
+// decode kernel measures what a boundary costs (the question a persistent decode kernel answers).
+void lab_boundary(int blocks, cudaStream_t stream);
+
 }  // namespace perry::cuda

@@ -116,6 +116,12 @@ class CudaBackend final : public model::ForwardBackend {
   int decode_register_pipe_ = -1;
   // PERRY_LAB_DECODE_INPUT=skip|read: lab only, wrong outputs (gemv_decode.h, lab_input).
   DecodeLabInput decode_lab_input_ = DecodeLabInput::Build;
+  // PERRY_LAB_DECODE_BOUNDARIES=n: lab only — an empty n-block kernel after every kernel of a
+  // one-token step (backend_kernels.h, lab_boundary), to measure what a kernel boundary costs.
+  int decode_lab_boundaries_ = 0;
+  // Ring stages fitted to a warp's steps (gemv_decode.h, fit_ring); PERRY_GEMV_DECODE_FIT_RING=0
+  // keeps the stages asked, for A/B runs.
+  bool decode_fit_ring_ = true;
   // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
   // linears) instead of split_qkv, rope_apply, kv_cache_append and a conversion pass;
   // PERRY_PREFILL_SEPARATE=1 keeps the separate kernels for A/B runs.
@@ -244,6 +250,8 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
     else if (v == "read") decode_lab_input_ = DecodeLabInput::ReadOnly;
     else throw Error("PERRY_LAB_DECODE_INPUT=" + v + ": expected skip or read (lab only: wrong outputs)");
   }
+  decode_lab_boundaries_ = env_int("PERRY_LAB_DECODE_BOUNDARIES", 0, 0, 4096);
+  decode_fit_ring_ = env_flag("PERRY_GEMV_DECODE_FIT_RING", true);
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
   gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");
@@ -480,6 +488,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = in == DecodeIn::RmsNorm && decode_norm_stages_ >= 0 ? decode_norm_stages_ : decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
+  a.fit_ring = decode_fit_ring_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
   // the logits stay fp32.
@@ -508,6 +517,10 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
   float* act = gu_.get<float>();
   const float scale = 1.0f / std::sqrt(float(hd));
   const DeviceKv& kv = *st.kv;
+  // Lab: one more kernel boundary after each of the layer's steps (decode_lab_boundaries_).
+  auto boundary = [&] {
+    if (decode_lab_boundaries_ > 0) lab_boundary(decode_lab_boundaries_, stream_);
+  };
   embedding_lookup(embed_.get(), embed_dtype_, H, d_tok, 1, x, stream_, V);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
@@ -522,11 +535,16 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
                          cfg_.qk_norm ? L.k_norm.get<float>() : nullptr, float(cfg_.rms_norm_eps), rope_view_, st.cap,
                          kc, vc, stream_);
     }
+    boundary();
     attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
                      attn_ws_.bytes(), stream_);
+    boundary();
     decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x);
+    boundary();
     decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
+    boundary();
     decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x);
+    boundary();
   }
   float* dl = logits_.get<float>();
   decode_linear(lm_head_, DecodeIn::RmsNorm, x, &final_norm_, DecodeOut::Store, dl);

@@ -88,6 +88,10 @@ struct DecodeLinearArgs {
   // PERRY_GEMV_DECODE_STAGES=n (all linears) and PERRY_GEMV_DECODE_NORM_STAGES=n (RMSNorm-input
   // linears) force it in the CUDA backend for A/B runs.
   int bulk_stages = -1;
+  // Bulk copies: no more stages than a warp of the launch has steps (at least 1) — the stages past
+  // them only take shared memory from the next kernel's blocks. false keeps every stage asked
+  // (A/B: PERRY_GEMV_DECODE_FIT_RING=0 in the CUDA backend). The same bits either way.
+  bool fit_ring = true;
   // Per-channel w8a8 with register loads double-buffers them (step s + 1 loaded before step s is
   // reduced; bf16 with register loads does too, and keeps it — this switch is w8a8's only):
   // -1 / 1 = yes (the kernel's choice), 0 = no — one step in registers, the next
