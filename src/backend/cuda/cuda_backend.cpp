@@ -119,9 +119,8 @@ class CudaBackend final : public model::ForwardBackend {
   // PERRY_LAB_DECODE_BOUNDARIES=n: lab only — an empty n-block kernel after every kernel of a
   // one-token step (backend_kernels.h, lab_boundary), to measure what a kernel boundary costs.
   int decode_lab_boundaries_ = 0;
-  // Ring stages fitted to a warp's steps (gemv_decode.h, fit_ring); PERRY_GEMV_DECODE_FIT_RING=0
-  // keeps the stages asked, for A/B runs.
-  bool decode_fit_ring_ = true;
+  // PERRY_LAB_DECODE_WEIGHTS=skip: lab only, wrong outputs (gemv_decode.h, lab_skip_weights).
+  bool decode_lab_skip_weights_ = false;
   // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
   // linears) instead of split_qkv, rope_apply, kv_cache_append and a conversion pass;
   // PERRY_PREFILL_SEPARATE=1 keeps the separate kernels for A/B runs.
@@ -251,7 +250,10 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
     else throw Error("PERRY_LAB_DECODE_INPUT=" + v + ": expected skip or read (lab only: wrong outputs)");
   }
   decode_lab_boundaries_ = env_int("PERRY_LAB_DECODE_BOUNDARIES", 0, 0, 4096);
-  decode_fit_ring_ = env_flag("PERRY_GEMV_DECODE_FIT_RING", true);
+  if (const char* lab = std::getenv("PERRY_LAB_DECODE_WEIGHTS"); lab && *lab) {
+    if (std::string(lab) != "skip") throw Error(std::string("PERRY_LAB_DECODE_WEIGHTS=") + lab + ": expected skip (lab only: wrong outputs)");
+    decode_lab_skip_weights_ = true;
+  }
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
   gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");
@@ -488,7 +490,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = in == DecodeIn::RmsNorm && decode_norm_stages_ >= 0 ? decode_norm_stages_ : decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
-  a.fit_ring = decode_fit_ring_;
+  a.lab_skip_weights = decode_lab_skip_weights_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
   // the logits stay fp32.

@@ -56,10 +56,11 @@ __device__ float block_reduce(float v, bool is_max, float* red) {
 __global__ void __launch_bounds__(kDecThreads)
     decode_combine_kernel(const AttnSeq* __restrict__ seqs, int nh, int hd, int capacity, int chunk,
                           int nchunks, const float* __restrict__ ws_acc,
-                          const float* __restrict__ ws_ml, float* __restrict__ out, bool early_trigger) {
+                          const float* __restrict__ ws_ml, float* __restrict__ out) {
   extern __shared__ float w[];  // [nchunks] chunk weights
   __shared__ float red[33];
-  pdl::wait_then_trigger(early_trigger);
+  pdl::wait();
+  pdl::launch_dependents();
   const AttnSeq sq = seqs[blockIdx.y];
   const int h = blockIdx.x;
   const int kv_len = min(sq.pos0 + 1, capacity);
@@ -92,9 +93,10 @@ __global__ void __launch_bounds__(kDecThreads)
     decode_partial_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
                           const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                           int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
-                          float* __restrict__ ws_acc, float* __restrict__ ws_ml, bool early_trigger) {
+                          float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
   extern __shared__ __align__(16) unsigned char dsm[];
-  pdl::wait_then_trigger(early_trigger);  // before anything else: q and the cache come from the previous kernels
+  pdl::wait();  // before anything else: q and the cache come from the previous kernels
+  pdl::launch_dependents();
   const int G = nh / nkv, hdp = (hd + 7) / 8 * 8 + 8;
   const AttnSeq sq = seqs[blockIdx.z];
   const int kvh = blockIdx.y, c = blockIdx.x;
@@ -390,20 +392,17 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
     ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<true>), smem, &current, &mu,
                 "attention_decode_partial");
     pdl::launch("attention_decode_partial", decode_partial_kernel<true>, grid, dim3(kDecThreads), smem, stream, q,
-                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml,
-                pdl::early_trigger());
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
   } else {
     static int current = 0;
     static std::mutex mu;
     ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<false>), smem, &current, &mu,
                 "attention_decode_partial");
     pdl::launch("attention_decode_partial", decode_partial_kernel<false>, grid, dim3(kDecThreads), smem, stream, q,
-                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml,
-                pdl::early_trigger());
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
   }
   pdl::launch("attention_decode_combine", decode_combine_kernel, dim3(nh, n_seqs), dim3(kDecThreads),
-              nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out,
-              pdl::early_trigger());
+              nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
 }
 
 namespace {

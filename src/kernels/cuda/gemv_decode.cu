@@ -63,8 +63,7 @@ struct Params {
   DecodeRopeKv rk;  // kOutRopeKv only
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
-  bool fit_ring;    // host: no more stages than a warp has steps (DecodeLinearArgs::fit_ring)
-  bool early_trigger;  // pdl::wait_then_trigger (lab A/B: PERRY_PDL_EARLY_TRIGGER)
+  bool lab_skip_weights;  // DecodeLinearArgs::lab_skip_weights (lab only, wrong outputs)
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
@@ -552,6 +551,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) n[r] = row_of<kOut, kR>(gg, warp, r, p), total += n[r] >= 0 ? bytes : 0;
     const uint32_t bar = bar0 + 8u * uint32_t(st);
+    if (p.lab_skip_weights) return bulk::mbar_arrive_expect_tx(bar, 0);  // the stage "arrives" empty
     bulk::mbar_arrive_expect_tx(bar, total);
 #pragma unroll
     for (int r = 0; r < kR; ++r)
@@ -599,7 +599,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // wait, so the prologue after it reads global memory once, for x.
   float nw_regs[kNormRegOctets][8];
   if (kIn == kInNorm && x_in_registers(p.K, kXI8, kIn)) load_octets(p.norm_w, int(threadIdx.x), p.K / 8, nw_regs);
-  pdl::wait_then_trigger(p.early_trigger);
+  pdl::wait();
+  pdl::launch_dependents();
 
   const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
   const float sa = build_input<kW, kXI8, kIn>(p, xs, nw_regs);
@@ -831,19 +832,8 @@ void launch(Params p, const char* name, cudaStream_t stream) {
       return max_smem_per_block_optin() - int(fa.sharedSizeBytes);
     }();
     int st = p.stages;
-    // A stage past a warp's last step is never filled; it only keeps shared memory that the next
-    // kernel's block could take beside this one (PDL launches it early) — o_proj of an 8B model at
-    // K 4096 streams one step a warp. One block an SM (16 warps, launch_bounds 1), so a block
-    // takes at most ceil(groups / SMs) groups (fewer where more blocks fit).
-    if (p.fit_ring) {
-      const int groups = n_groups<kOut, kR>(p.N);
-      const long long row_bytes = kW == kWBf16 ? 2LL * p.K : (kW == kWI8 ? (long long)p.K : p.K / 2);
-      const long long iters = (row_bytes / 16 + 32 * kU - 1) / (32 * kU);
-      const long long steps = (groups + sm_count() - 1) / sm_count() * iters;
-      st = int(std::min<long long>(st, steps));
-    }
     while (st > 2 && ring_layout(prologue, st).total > limit) --st;
-    if (st >= 1 && ring_layout(prologue, st).total <= limit) {
+    if (st >= 2 && ring_layout(prologue, st).total <= limit) {
       p.stages = st;
       return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>(p, size_t(ring_layout(prologue, st).total),
                                                                           name, stream);
@@ -923,8 +913,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   // RMSNorm inputs (launch() takes fewer where shared memory is short) — measured faster so.
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (a.in == DecodeIn::RmsNorm ? 2 : 3);
   p.no_pipe = a.register_pipe == 0;
-  p.fit_ring = a.fit_ring;
-  p.early_trigger = pdl::early_trigger();
+  p.lab_skip_weights = a.lab_skip_weights;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");

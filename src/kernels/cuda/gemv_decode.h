@@ -88,10 +88,6 @@ struct DecodeLinearArgs {
   // PERRY_GEMV_DECODE_STAGES=n (all linears) and PERRY_GEMV_DECODE_NORM_STAGES=n (RMSNorm-input
   // linears) force it in the CUDA backend for A/B runs.
   int bulk_stages = -1;
-  // Bulk copies: no more stages than a warp of the launch has steps (at least 1) — the stages past
-  // them only take shared memory from the next kernel's blocks. false keeps every stage asked
-  // (A/B: PERRY_GEMV_DECODE_FIT_RING=0 in the CUDA backend). The same bits either way.
-  bool fit_ring = true;
   // Per-channel w8a8 with register loads double-buffers them (step s + 1 loaded before step s is
   // reduced; bf16 with register loads does too, and keeps it — this switch is w8a8's only):
   // -1 / 1 = yes (the kernel's choice), 0 = no — one step in registers, the next
@@ -116,6 +112,12 @@ struct DecodeLinearArgs {
   // difference between the two is the read's round trip, between ReadOnly and Build the arithmetic
   // and its barriers. The CUDA backend sets it from PERRY_LAB_DECODE_INPUT=skip|read.
   DecodeLabInput lab_input = DecodeLabInput::Build;
+  // Lab only, wrong outputs: the bulk-copy ring's stages complete without their copies (the loop
+  // computes on whatever the stages hold), so a decode step runs every kernel, prologue, barrier
+  // and epilogue but reads no weights — its time is the step's floor without weight traffic, to
+  // set beside the weights' own time at full bandwidth. Bulk kernels only (the default on sm_90).
+  // The CUDA backend sets it from PERRY_LAB_DECODE_WEIGHTS=skip.
+  bool lab_skip_weights = false;
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared

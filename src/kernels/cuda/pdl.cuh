@@ -35,25 +35,6 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 
-// wait() then launch_dependents(), or — early (a kernel argument from early_trigger()) — the
-// trigger first, so that the next kernel may launch, and issue its weight copies before its own
-// wait, while this one still waits: more than two grids of a chain resident at once where shared
-// memory allows. Safe: a dependent launches only once every block of its primary has triggered
-// (so all of them are resident), and its wait still waits for the primary's completion, which
-// follows the primary's own wait.
-__device__ __forceinline__ void wait_then_trigger(bool early) {
-  if (early) launch_dependents();
-  wait();
-  if (!early) launch_dependents();
-}
-
-// Lab A/B switch (PERRY_PDL_EARLY_TRIGGER=1): whether the decode kernels trigger their
-// dependents before their wait (wait_then_trigger).
-inline bool early_trigger() {
-  static const bool on = env_flag("PERRY_PDL_EARLY_TRIGGER");
-  return on;
-}
-
 // Whether launches on the current device use the programmatic-serialization attribute.
 inline bool enabled() {
   static const bool on = [] {
