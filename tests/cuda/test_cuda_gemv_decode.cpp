@@ -406,6 +406,47 @@ TEST(CudaGemvDecode, LabSkipInputLeavesAZeroRow) {
   }
 }
 
+// The weights lab switch: Skip runs every step on unread stages (no error, no hang: each stage
+// still completes), SkipLoop returns after the prologue and writes nothing — and neither leaves a
+// bulk copy in flight into a block's shared memory. Bulk kernels only (sm_90).
+TEST(CudaGemvDecode, LabWeightsSwitch) {
+  REQUIRE_GPU();
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "not an sm_90 device: no bulk copies, the switch does nothing";
+  std::mt19937 gen(11);
+  for (QuantMode mode : {QuantMode::BF16, QuantMode::W8A8, QuantMode::W4A8_G128})
+    for (const DecodeForm& f : kDecodeForms) {
+      const int N = 2000, K = 4096;
+      Dev<float> dx(rand_f(size_t(K), gen, -1.f, 1.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
+      const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
+      const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
+      Dev<float> dy(y0);
+      pc::DecodeLinearArgs a;
+      a.x = dx.p;
+      a.in = f.in;
+      a.norm_w = dnw.p;
+      a.eps = 1e-5f;
+      a.y = dy.p;
+      a.out = f.out;
+      const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " out=" + std::to_string(int(f.out));
+      a.lab_weights = pc::DecodeLabWeights::SkipLoop;
+      ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      EXPECT_EQ(dy.get(), y0) << what << ": SkipLoop wrote outputs";
+      a.lab_weights = pc::DecodeLabWeights::Skip;
+      ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what << ": Skip";
+      a.lab_weights = pc::DecodeLabWeights::Read;
+      Dev<float> dy2(y0);
+      a.y = dy2.p;
+      ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      EXPECT_NE(dy2.get(), y0) << what << ": nothing written with the weights read";
+    }
+}
+
 // int4 weights against int8 activations at the extremes: the longest row (K = 32768), every
 // activation 127 and rows of all 7s, all −8s and the two mixed (low / high nibble) — the nibble
 // handling (the high nibbles kept in place as 16·(v + 8), shifted back once) and the 8·Σx

@@ -119,8 +119,11 @@ class CudaBackend final : public model::ForwardBackend {
   // PERRY_LAB_DECODE_BOUNDARIES=n: lab only — an empty n-block kernel after every kernel of a
   // one-token step (backend_kernels.h, lab_boundary), to measure what a kernel boundary costs.
   int decode_lab_boundaries_ = 0;
-  // PERRY_LAB_DECODE_WEIGHTS=skip: lab only, wrong outputs (gemv_decode.h, lab_skip_weights).
-  bool decode_lab_skip_weights_ = false;
+  // PERRY_LAB_DECODE_WEIGHTS=skip|noloop: lab only, wrong outputs (gemv_decode.h, lab_weights).
+  DecodeLabWeights decode_lab_weights_ = DecodeLabWeights::Read;
+  // PERRY_LAB_DECODE_ATTENTION=skip: lab only, wrong outputs — no decode attention kernels (o_proj
+  // reads whatever the attention buffer holds), to measure what they cost a step.
+  bool decode_lab_skip_attention_ = false;
   // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
   // linears) instead of split_qkv, rope_apply, kv_cache_append and a conversion pass;
   // PERRY_PREFILL_SEPARATE=1 keeps the separate kernels for A/B runs.
@@ -251,8 +254,15 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   }
   decode_lab_boundaries_ = env_int("PERRY_LAB_DECODE_BOUNDARIES", 0, 0, 4096);
   if (const char* lab = std::getenv("PERRY_LAB_DECODE_WEIGHTS"); lab && *lab) {
-    if (std::string(lab) != "skip") throw Error(std::string("PERRY_LAB_DECODE_WEIGHTS=") + lab + ": expected skip (lab only: wrong outputs)");
-    decode_lab_skip_weights_ = true;
+    const std::string v(lab);
+    if (v == "skip") decode_lab_weights_ = DecodeLabWeights::Skip;
+    else if (v == "noloop") decode_lab_weights_ = DecodeLabWeights::SkipLoop;
+    else throw Error("PERRY_LAB_DECODE_WEIGHTS=" + v + ": expected skip or noloop (lab only: wrong outputs)");
+  }
+  if (const char* lab = std::getenv("PERRY_LAB_DECODE_ATTENTION"); lab && *lab) {
+    if (std::string(lab) != "skip")
+      throw Error(std::string("PERRY_LAB_DECODE_ATTENTION=") + lab + ": expected skip (lab only: wrong outputs)");
+    decode_lab_skip_attention_ = true;
   }
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
@@ -490,7 +500,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = in == DecodeIn::RmsNorm && decode_norm_stages_ >= 0 ? decode_norm_stages_ : decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
-  a.lab_skip_weights = decode_lab_skip_weights_;
+  a.lab_weights = decode_lab_weights_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
   // the logits stay fp32.
@@ -538,9 +548,11 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
                          kc, vc, stream_);
     }
     boundary();
-    attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
-                     attn_ws_.bytes(), stream_);
-    boundary();
+    if (!decode_lab_skip_attention_) {
+      attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
+                       attn_ws_.bytes(), stream_);
+      boundary();
+    }
     decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x);
     boundary();
     decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);

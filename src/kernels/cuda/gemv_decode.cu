@@ -63,7 +63,7 @@ struct Params {
   DecodeRopeKv rk;  // kOutRopeKv only
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
-  bool lab_skip_weights;  // DecodeLinearArgs::lab_skip_weights (lab only, wrong outputs)
+  DecodeLabWeights lab_weights;  // DecodeLinearArgs::lab_weights (lab only, wrong outputs unless Read)
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) n[r] = row_of<kOut, kR>(gg, warp, r, p), total += n[r] >= 0 ? bytes : 0;
     const uint32_t bar = bar0 + 8u * uint32_t(st);
-    if (p.lab_skip_weights) return bulk::mbar_arrive_expect_tx(bar, 0);  // the stage "arrives" empty
+    if (p.lab_weights != DecodeLabWeights::Read) return bulk::mbar_arrive_expect_tx(bar, 0);  // "arrives" empty
     bulk::mbar_arrive_expect_tx(bar, total);
 #pragma unroll
     for (int r = 0; r < kR; ++r)
@@ -604,7 +604,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 
   const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
   const float sa = build_input<kW, kXI8, kIn>(p, xs, nw_regs);
-  if (!active) return;
+  // (SkipLoop issued no copies, so no bulk copy is in flight into this block's shared memory.)
+  if (!active || (kBulk && p.lab_weights == DecodeLabWeights::SkipLoop)) return;
 
   // Accumulators. facc: fp32 sums (bf16, grouped, weight-only). ia / ib: integer sums since the
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
@@ -913,7 +914,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   // RMSNorm inputs (launch() takes fewer where shared memory is short) — measured faster so.
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (a.in == DecodeIn::RmsNorm ? 2 : 3);
   p.no_pipe = a.register_pipe == 0;
-  p.lab_skip_weights = a.lab_skip_weights;
+  p.lab_weights = a.lab_weights;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");

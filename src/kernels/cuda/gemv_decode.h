@@ -51,6 +51,7 @@ struct DecodeWeights {
 
 enum class DecodeIn : uint8_t { RmsNorm, Plain };
 enum class DecodeLabInput : uint8_t { Build, Skip, ReadOnly };  // DecodeLinearArgs::lab_input
+enum class DecodeLabWeights : uint8_t { Read, Skip, SkipLoop };  // DecodeLinearArgs::lab_weights
 enum class DecodeOut : uint8_t { Store, Accumulate, SwiGLU, RopeKv };
 
 // What DecodeOut::RopeKv needs besides y: the one sequence (device; seq[0] is the token's row:
@@ -112,12 +113,14 @@ struct DecodeLinearArgs {
   // difference between the two is the read's round trip, between ReadOnly and Build the arithmetic
   // and its barriers. The CUDA backend sets it from PERRY_LAB_DECODE_INPUT=skip|read.
   DecodeLabInput lab_input = DecodeLabInput::Build;
-  // Lab only, wrong outputs: the bulk-copy ring's stages complete without their copies (the loop
-  // computes on whatever the stages hold), so a decode step runs every kernel, prologue, barrier
-  // and epilogue but reads no weights — its time is the step's floor without weight traffic, to
-  // set beside the weights' own time at full bandwidth. Bulk kernels only (the default on sm_90).
-  // The CUDA backend sets it from PERRY_LAB_DECODE_WEIGHTS=skip.
-  bool lab_skip_weights = false;
+  // Lab only, wrong outputs unless Read: what the step costs besides its weight traffic. Skip:
+  // the bulk-copy ring's stages complete without their copies (the loop computes on whatever the
+  // stages hold), so every kernel, prologue, loop iteration, barrier and epilogue runs but no
+  // weight is read — the step's floor without weight traffic. SkipLoop: no copies and no loop
+  // either (each block returns after building its input row): what the prologues, the kernel
+  // boundaries and the other kernels cost. Bulk kernels only (the default on sm_90). The CUDA
+  // backend sets it from PERRY_LAB_DECODE_WEIGHTS=skip|noloop.
+  DecodeLabWeights lab_weights = DecodeLabWeights::Read;
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
