@@ -181,6 +181,10 @@ decode_ab() {
         normstages[0-9]*) env+=(PERRY_GEMV_DECODE_NORM_STAGES=${sw#normstages}) ;;  # the RMSNorm-input linears' stages alone
         labskip) env+=(PERRY_LAB_DECODE_INPUT=skip) ;;  # lab (wrong outputs): the GEMVs without building their input row
         labread) env+=(PERRY_LAB_DECODE_INPUT=read) ;;  # lab (wrong outputs): ... reading x but not building the row
+        labskipw) env+=(PERRY_LAB_DECODE_WEIGHTS=skip) ;;  # lab (wrong outputs): no weight reads (the step's floor)
+        labnoloop) env+=(PERRY_LAB_DECODE_WEIGHTS=noloop) ;;  # lab (wrong outputs): no weight reads, no GEMV loops
+        labnoattn) env+=(PERRY_LAB_DECODE_ATTENTION=skip) ;;  # lab (wrong outputs): no decode attention kernels
+        labbound[0-9]*) env+=(PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}) ;;  # lab: an empty N-block kernel after each step
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done
