@@ -83,9 +83,10 @@ struct DecodeLinearArgs {
   // lost for the per-channel ones (decode-run8/9, s12-run3); with one 16-warp block an SM
   // (fourteenth session), 3 stages for o and down won for every kind measured (s14-run3:
   // w4a8-g128 +4.3%, w8a8-g128 +3%, per-channel w8a8 +5.5% over its register loads), but 3 for
-  // the RMSNorm-input linears too lost 6% (s14-run5: 424.7 / 429.0 vs 455.3 / 453.6 tok/s) —
-  // likely because a 197 KiB block leaves no room on its SM for the next kernel's blocks (PDL
-  // launches them early), where a 133 KiB one does. Same arithmetic either way, so the same bits.
+  // the RMSNorm-input linears too lost 6% (s14-run5: 424.7 / 429.0 vs 455.3 / 453.6 tok/s), and
+  // each of q|k|v and gate|up loses alone (s15-run1: −3.9%, −2.4%). Not because the next
+  // kernel's blocks lack room: giving them room to start early lost too (s15-run3). Same
+  // arithmetic either way, so the same bits.
   // PERRY_GEMV_DECODE_STAGES=n (all linears) and PERRY_GEMV_DECODE_NORM_STAGES=n (RMSNorm-input
   // linears) force it in the CUDA backend for A/B runs.
   int bulk_stages = -1;
