@@ -65,6 +65,11 @@ Command register_bench(CLI::App& root) {
     PERRY_CHECK(a->repeats >= 1 && a->decode >= 2 && a->decode_context >= 1,
                 "bench: repeats >= 1, decode tokens >= 2, decode context >= 1");
     for (int64_t b : a->batches) PERRY_CHECK(b >= 1, "bench: batch sizes must be >= 1");
+    for (const std::string& mode : a->modes) {  // every mode and the device, before the first is measured
+      ModelArgs margs = a->m;
+      margs.quant = mode;
+      check_model_args(margs);
+    }
     nlohmann::json results = nlohmann::json::array();
     std::ostringstream md;
     md << "| mode | what | tokens | tok/s | ms | peak RSS MiB | peak GPU MiB |\n|---|---|---:|---:|---:|---:|---:|\n";

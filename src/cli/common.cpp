@@ -141,7 +141,7 @@ std::string cuda_report(int device) {
 #endif
 }
 
-LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
+int check_model_args(const ModelArgs& a) {
   const std::optional<int> device = parse_device(a.device);
   if (!device) fail("--device {}: expected cpu, cuda or cuda:N", a.device);
 #ifndef PERRY_HAVE_CUDA
@@ -149,23 +149,28 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
     fail("--device {}: this perry binary was built without the CUDA backend (nvcc was not found at configure time); "
          "use --device cpu or rebuild with the CUDA toolkit",
          a.device);
+#else
+  if (*device >= 0) cuda::require_cuda_device(*device);
 #endif
+  if (a.threads < 0) fail("--threads must be positive");
+  if (!a.synthetic.empty() && !a.dir.empty()) fail("give either -m DIR or --synthetic PRESET, not both");
+  if (!a.quant.empty() && !quant::parse_quant_mode(a.quant))
+    fail("unknown --quant mode \"{}\" (choose one of: {})", a.quant, quant::quant_mode_names());
+  return *device;
+}
+
+LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
+  const std::optional<int> device = check_model_args(a);  // before minutes of loading, not after
   if (a.threads > 0) set_num_threads(a.threads);
   if (a.reference_kernels) {
     quant::set_quant_force_reference(true);
     kernels::set_float_linear_force_reference(true);
     set_max_isa(IsaLevel::Scalar);
   }
-  if (a.threads < 0) fail("--threads must be positive");
   model::LoadOptions o;
-  if (!a.synthetic.empty() && !a.dir.empty()) fail("give either -m DIR or --synthetic PRESET, not both");
   o.synthetic = a.synthetic;
   o.dir = a.synthetic.empty() ? (a.dir.empty() ? default_model_dir() : a.dir) : "";
-  if (!a.quant.empty()) {
-    auto m = quant::parse_quant_mode(a.quant);
-    if (!m) fail("unknown --quant mode \"{}\" (choose one of: {})", a.quant, quant::quant_mode_names());
-    o.quant = *m;
-  }
+  if (!a.quant.empty()) o.quant = *quant::parse_quant_mode(a.quant);  // (checked above)
   o.quant_lm_head = !a.float_lm_head;
   o.pack_for_cpu = *device < 0;
   std::string label = o.quant && quant::is_quantized(*o.quant) ? "quantizing" : "loading";

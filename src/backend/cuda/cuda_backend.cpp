@@ -779,6 +779,8 @@ std::unique_ptr<model::ForwardBackend> make_cuda_backend(const model::Model& mod
 
 std::string cuda_device_report(int device) { return describe_device(device); }
 
+void require_cuda_device(int device) { require_device(device); }
+
 double cuda_linears_ms(model::ForwardBackend* backend, int M) {
   auto* b = dynamic_cast<CudaBackend*>(backend);
   return b ? b->linears_ms(M) : 0.0;

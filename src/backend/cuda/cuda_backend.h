@@ -25,6 +25,11 @@ std::unique_ptr<model::ForwardBackend> make_cuda_backend(const model::Model& mod
 // One line on the GPU for `perry info` (or why none can be used).
 std::string cuda_device_report(int device);
 
+// Throws perry::Error saying what to do when `device` cannot run perry's CUDA kernels (no driver,
+// no GPU, no such index, compute capability below 8.0) — called before a model is loaded, so a
+// wrong --device fails at once, not after minutes of loading and quantizing.
+void require_cuda_device(int device);
+
 // Milliseconds the linear layers of one M-row forward take alone (CUDA events, median of 3), so a
 // benchmark can report the time a prefill spends outside the GEMMs. 0 when not a CUDA backend.
 double cuda_linears_ms(model::ForwardBackend* backend, int M);
