@@ -160,7 +160,11 @@ decode_ab() {
   local modes=${DECODE_MODES:-"bf16 w8a8 w4a8-g128 w8a16 w4a16 w8a8-g128"}
   say ""
   say "## decode A/B (llama3-8b, 128-token prompt, 64 new tokens, CUDA graphs)"
-  # DECODE_PAIRS="mode:variant ..." replaces the modes x variants product.
+  # DECODE_PAIRS="mode:variant ..." replaces the modes x variants product; DECODE_BATCHES="1" measures
+  # batch 1 only (~27 s a row instead of ~40). The weight-free floor split in one call (s15):
+  #   DECODE_BATCHES=1 DECODE_QWEN_MODES= DECODE_PROFILE=0 TESTS_ONLY=test_cuda_gemv_decode \
+  #   DECODE_PAIRS="w4a8-g128:fused w4a8-g128:labskipw w4a8-g128:labnoloop w4a8-g128:labnoloop+labnoattn
+  #   w4a8-g128:labnoloop+labnoattn+labskip w8a8:labskipw w8a8:labnoloop" run_cuda_backend.sh OUT decode
   local pairs=${DECODE_PAIRS:-}
   if [ -z "$pairs" ]; then
     for m in $modes; do for v in ${DECODE_VARIANTS:-fused separate nopdl}; do pairs="$pairs $m:$v"; done; done
@@ -188,8 +192,8 @@ decode_ab() {
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done
-    timeout 150 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b 1 16 -n 64 -r 3 \
-      -o "$T/dec-$m-$v" > "$T/dec-$m-$v.log" 2>&1
+    timeout 150 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b ${DECODE_BATCHES:-1 16} \
+      -n 64 -r 3 -o "$T/dec-$m-$v" > "$T/dec-$m-$v.log" 2>&1
     say "- $m $v (exit $?): $(grep 'decode b=' "$T/dec-$m-$v.md" 2>/dev/null | cut -d'|' -f3,5,6 | tr -s ' ' | tr '\n' ' ')"
   done
   for m in ${DECODE_QWEN_MODES-bf16 w8a8 w4a8-g128}; do
