@@ -184,6 +184,18 @@ const DecodeForm kDecodeForms[] = {{pc::DecodeIn::RmsNorm, pc::DecodeOut::Store}
                                    {pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU},
                                    {pc::DecodeIn::Plain, pc::DecodeOut::Accumulate}};
 
+// The arguments of one fused form over device rows x, norm weights nw and output y (eps 1e-5).
+pc::DecodeLinearArgs form_args(const DecodeForm& f, const float* x, const float* nw, float* y) {
+  pc::DecodeLinearArgs a;
+  a.x = x;
+  a.in = f.in;
+  a.norm_w = nw;
+  a.eps = 1e-5f;
+  a.y = y;
+  a.out = f.out;
+  return a;
+}
+
 TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
   REQUIRE_GPU();
   std::mt19937 gen(20261129);
@@ -423,13 +435,7 @@ TEST(CudaGemvDecode, LabWeightsSwitch) {
       const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
       const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
       Dev<float> dy(y0);
-      pc::DecodeLinearArgs a;
-      a.x = dx.p;
-      a.in = f.in;
-      a.norm_w = dnw.p;
-      a.eps = 1e-5f;
-      a.y = dy.p;
-      a.out = f.out;
+      pc::DecodeLinearArgs a = form_args(f, dx.p, dnw.p, dy.p);
       const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " out=" + std::to_string(int(f.out));
       a.lab_weights = pc::DecodeLabWeights::SkipLoop;
       ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
@@ -507,13 +513,7 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         // (stages, register_pipe): register loads with and without the double buffer, then rings.
         for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {3, -1}, {4, -1}, {16, -1}}) {
           Dev<float> dy(y0);
-          pc::DecodeLinearArgs a;
-          a.x = dx.p;
-          a.in = f.in;
-          a.norm_w = dnw.p;
-          a.eps = 1e-5f;
-          a.y = dy.p;
-          a.out = f.out;
+          pc::DecodeLinearArgs a = form_args(f, dx.p, dnw.p, dy.p);
           a.bulk_stages = stages;
           a.register_pipe = pipe;
           const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
