@@ -27,9 +27,13 @@ struct RunArgs {
 // --synthetic: random weights have no tokenizer, so the prompt is random token ids and the
 // output is reported as ids; what matters is the timing line.
 int run_synthetic(RunArgs& a) {
+  // Text the synthetic model could not read is an error, not silently replaced by random ids.
+  if (!a.prompt.empty() || !a.file.empty() || a.chat || !a.system.empty())
+    fail("--synthetic models have no tokenizer: --prompt, --file, --chat and --system need a checkpoint (-m DIR); "
+         "give --prompt-tokens N for a random prompt of N tokens");
+  PERRY_CHECK(a.prompt_tokens >= 1, "--prompt-tokens must be >= 1");
   LoadedModel lm = load_model(a.m, false);
   const auto& cfg = lm.model->config();
-  PERRY_CHECK(a.prompt_tokens >= 1, "--prompt-tokens must be >= 1");
   std::vector<int32_t> prompt = random_token_ids(a.prompt_tokens, cfg.vocab_size, 12345);
   const int64_t ctx = a.ctx > 0 ? a.ctx : std::min<int64_t>(cfg.max_position_embeddings, a.prompt_tokens + a.n + 1);
   model::KvCache cache = lm.model->make_cache(ctx, 1);

@@ -141,7 +141,7 @@ std::string cuda_report(int device) {
 #endif
 }
 
-int check_model_args(const ModelArgs& a) {
+int check_model_args(const ModelArgs& a, bool need_tokenizer) {
   const std::optional<int> device = parse_device(a.device);
   if (!device) fail("--device {}: expected cpu, cuda or cuda:N", a.device);
 #ifndef PERRY_HAVE_CUDA
@@ -154,13 +154,23 @@ int check_model_args(const ModelArgs& a) {
 #endif
   if (a.threads < 0) fail("--threads must be positive");
   if (!a.synthetic.empty() && !a.dir.empty()) fail("give either -m DIR or --synthetic PRESET, not both");
-  if (!a.quant.empty() && !quant::parse_quant_mode(a.quant))
+  std::optional<quant::QuantMode> mode;
+  if (!a.quant.empty() && !(mode = quant::parse_quant_mode(a.quant)))
     fail("unknown --quant mode \"{}\" (choose one of: {})", a.quant, quant::quant_mode_names());
+  if (*device >= 0 && a.reference_kernels)
+    fail("--reference-kernels applies to the CPU kernels; it cannot be combined with --device cuda");
+  if (a.smooth >= 0) {
+    if (a.calib.empty()) fail("--smooth needs --calib FILE (text to collect activation statistics on)");
+    if (!a.synthetic.empty()) fail("--smooth works on checkpoints with a tokenizer, not --synthetic");
+    if (!mode || !quant::is_quantized(*mode)) fail("--smooth only makes sense with a quantized --quant mode");
+  }
+  if (need_tokenizer && !a.synthetic.empty())
+    fail("--synthetic models have no tokenizer: give token counts instead of text");
   return *device;
 }
 
 LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
-  const std::optional<int> device = check_model_args(a);  // before minutes of loading, not after
+  const int device = check_model_args(a, need_tokenizer);  // before minutes of loading, not after
   if (a.threads > 0) set_num_threads(a.threads);
   if (a.reference_kernels) {
     quant::set_quant_force_reference(true);
@@ -172,28 +182,24 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
   o.dir = a.synthetic.empty() ? (a.dir.empty() ? default_model_dir() : a.dir) : "";
   if (!a.quant.empty()) o.quant = *quant::parse_quant_mode(a.quant);  // (checked above)
   o.quant_lm_head = !a.float_lm_head;
-  o.pack_for_cpu = *device < 0;
+  o.pack_for_cpu = device < 0;
   std::string label = o.quant && quant::is_quantized(*o.quant) ? "quantizing" : "loading";
   ProgressBar bar(label);
   o.progress = [&](int64_t d, int64_t t, const std::string& w) { bar.update(d, t, w); };
   LoadedModel lm;
   auto t0 = std::chrono::steady_clock::now();
   model::SmoothingPlan plan;
-  if (a.smooth >= 0) {
-    if (a.calib.empty()) fail("--smooth needs --calib FILE (text to collect activation statistics on)");
-    if (!o.synthetic.empty()) fail("--smooth works on checkpoints with a tokenizer, not --synthetic");
-    if (!o.quant || !quant::is_quantized(*o.quant)) fail("--smooth only makes sense with a quantized --quant mode");
+  if (a.smooth >= 0) {  // (its arguments checked above)
     plan = calibrate_smoothing(o.dir, a.calib, a.calib_tokens, a.smooth);
     o.smoothing = &plan;
   }
   lm.model = model::Model::load(o);
   bar.finish();
 #ifdef PERRY_HAVE_CUDA
-  if (*device >= 0) {
-    if (a.reference_kernels) fail("--reference-kernels applies to the CPU kernels; it cannot be combined with --device cuda");
+  if (device >= 0) {
     ProgressBar up("uploading to " + a.device);
     cuda::CudaBackendOptions co;
-    co.device = *device;
+    co.device = device;
     co.cuda_graphs = !a.no_cuda_graphs;
     lm.model->set_backend(cuda::make_cuda_backend(
         *lm.model, co, [&](int64_t d, int64_t t, const std::string& w) { up.update(d, t, w); }));
@@ -203,7 +209,6 @@ LoadedModel load_model(const ModelArgs& a, bool need_tokenizer) {
   lm.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lm.source = o.synthetic.empty() ? o.dir : "synthetic " + o.synthetic;
   if (need_tokenizer) {
-    if (!o.synthetic.empty()) fail("--synthetic models have no tokenizer: give token counts instead of text");
     lm.tokenizer = std::make_unique<tokenizer::Tokenizer>(tokenizer::Tokenizer::from_file(o.dir + "/tokenizer.json"));
   }
   return lm;

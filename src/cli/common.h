@@ -51,9 +51,10 @@ std::optional<int> parse_device(const std::string& d);
 std::string cuda_report(int device);
 
 // The arguments' own errors (device string, a CUDA device that cannot be used, --quant, -m with
-// --synthetic, --threads) as perry::Error, before anything is loaded; returns the device index
-// (-1 = cpu). load_model calls it first; commands that load several models check them all first.
-int check_model_args(const ModelArgs& a);
+// --synthetic, --threads, --reference-kernels with a GPU, --smooth's needs, a tokenizer asked of a
+// synthetic model) as perry::Error, before anything is loaded; returns the device index (-1 =
+// cpu). load_model calls it first; commands that load several models check them all first.
+int check_model_args(const ModelArgs& a, bool need_tokenizer = false);
 // Applies --threads/--device, resolves the directory, loads with a progress bar on stderr.
 LoadedModel load_model(const ModelArgs& a, bool need_tokenizer);
 

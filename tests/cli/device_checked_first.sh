@@ -19,11 +19,14 @@ expect_early_error() {
   fi
 }
 # Whatever this machine has — no CUDA build, no driver, no GPU, or fewer than 100 GPUs — index 99
-# cannot be used.
+# cannot be used. (A binary built without CUDA refused --device cuda before loading already; on
+# such a build only the --modes case below tests the early checks.)
 device_msg="this machine has [0-9]+ GPU|no CUDA GPU found|no usable CUDA driver|built without the CUDA backend"
 expect_early_error "$device_msg" run --device cuda:99 --synthetic llama3-8b --quant w8a8 --prompt-tokens 4 -n 1
 expect_early_error "$device_msg" bench --device cuda:99 --synthetic llama3-8b --modes w8a8 -p 4 -n 2
 # A bad mode late in --modes stops the bench before the first mode is measured.
 expect_early_error "unknown --quant mode \"w9a9\"" bench --synthetic llama3-8b --modes bf16 w9a9 -p 4 -n 2
+# Text for a model without a tokenizer (it used to be ignored: the prompt became random ids).
+expect_early_error "no tokenizer" run --synthetic llama3-8b --prompt "hello" -n 1
 [ $fails -eq 0 ] && echo PASS
 exit $fails

@@ -161,7 +161,7 @@ decode_ab() {
   say ""
   say "## decode A/B (llama3-8b, 128-token prompt, 64 new tokens, CUDA graphs)"
   # DECODE_PAIRS="mode:variant ..." replaces the modes x variants product; DECODE_BATCHES="1" measures
-  # batch 1 only (~27 s a row instead of ~40). The weight-free floor split in one call (s15):
+  # the llama3-8b rows at batch 1 only (~27 s a row instead of ~40; the qwen3-8b rows keep 1 16). The weight-free floor split in one call (s15):
   #   DECODE_BATCHES=1 DECODE_QWEN_MODES= DECODE_PROFILE=0 TESTS_ONLY=test_cuda_gemv_decode \
   #   DECODE_PAIRS="w4a8-g128:fused w4a8-g128:labskipw w4a8-g128:labnoloop w4a8-g128:labnoloop+labnoattn
   #   w4a8-g128:labnoloop+labnoattn+labskip w8a8:labskipw w8a8:labnoloop" run_cuda_backend.sh OUT decode

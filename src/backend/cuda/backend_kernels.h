@@ -21,7 +21,8 @@ void split_qkv(const uint16_t* qkv_bf16, int M, int Q, int KV, float* q, float* 
 // programmatic dependent launch — it lets its dependents launch at once, then waits for the kernel
 // before it — so that the decode step gains one kernel boundary (one grid completion the next
 // kernel waits for) and nothing else. The step's time with and without such kernels after each
-// decode kernel measures what a boundary costs (the question a persistent decode kernel answers).
+// of a layer's five steps measures what a boundary costs (the question a persistent decode kernel
+// answers).
 void lab_boundary(int blocks, cudaStream_t stream);
 
 }  // namespace perry::cuda

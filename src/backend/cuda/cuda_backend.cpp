@@ -116,8 +116,9 @@ class CudaBackend final : public model::ForwardBackend {
   int decode_register_pipe_ = -1;
   // PERRY_LAB_DECODE_INPUT=skip|read: lab only, wrong outputs (gemv_decode.h, lab_input).
   DecodeLabInput decode_lab_input_ = DecodeLabInput::Build;
-  // PERRY_LAB_DECODE_BOUNDARIES=n: lab only — an empty n-block kernel after every kernel of a
-  // one-token step (backend_kernels.h, lab_boundary), to measure what a kernel boundary costs.
+  // PERRY_LAB_DECODE_BOUNDARIES=n: lab only — an empty n-block kernel after each of a layer's five
+  // steps of a one-token step (q|k|v, attention, o, gate|up, down; four without attention), to
+  // measure what a kernel boundary costs (backend_kernels.h, lab_boundary).
   int decode_lab_boundaries_ = 0;
   // PERRY_LAB_DECODE_WEIGHTS=skip|noloop: lab only, wrong outputs (gemv_decode.h, lab_weights).
   DecodeLabWeights decode_lab_weights_ = DecodeLabWeights::Read;
