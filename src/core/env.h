@@ -2,7 +2,9 @@
 #pragma once
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -28,6 +30,21 @@ inline int env_int(const char* name, int fallback, int lo, int hi) {
     throw Error(std::string(name) + "='" + e + "': expected an integer from " + std::to_string(lo) + " to " +
                 std::to_string(hi));
   return int(v);
+}
+
+// One of named values: `fallback` when unset or ""; an unknown name is an error listing the names
+// (and `note`, e.g. "lab only: wrong outputs"). Parses an A/B switch into its enum at the edge.
+template <typename T>
+T env_choice(const char* name, T fallback, std::initializer_list<std::pair<const char*, T>> choices,
+             const char* note = nullptr) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  std::string names;
+  for (const auto& [key, value] : choices) {
+    if (std::strcmp(e, key) == 0) return value;
+    names += (names.empty() ? "" : ", ") + std::string(key);
+  }
+  throw Error(std::string(name) + "='" + e + "': expected one of " + names + (note ? std::string(" (") + note + ")" : ""));
 }
 
 }  // namespace perry

@@ -247,36 +247,22 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
   decode_norm_stages_ = env_int("PERRY_GEMV_DECODE_NORM_STAGES", -1, 0, 16);
   if (decode_norm_stages_ == 1) throw Error("PERRY_GEMV_DECODE_NORM_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
-  if (const char* lab = std::getenv("PERRY_LAB_DECODE_INPUT"); lab && *lab) {
-    const std::string v(lab);
-    if (v == "skip") decode_lab_input_ = DecodeLabInput::Skip;
-    else if (v == "read") decode_lab_input_ = DecodeLabInput::ReadOnly;
-    else throw Error("PERRY_LAB_DECODE_INPUT=" + v + ": expected skip or read (lab only: wrong outputs)");
-  }
+  decode_lab_input_ = env_choice("PERRY_LAB_DECODE_INPUT", DecodeLabInput::Build,
+                                 {{"skip", DecodeLabInput::Skip}, {"read", DecodeLabInput::ReadOnly}},
+                                 "lab only: wrong outputs");
   decode_lab_boundaries_ = env_int("PERRY_LAB_DECODE_BOUNDARIES", 0, 0, 4096);
-  if (const char* lab = std::getenv("PERRY_LAB_DECODE_WEIGHTS"); lab && *lab) {
-    const std::string v(lab);
-    if (v == "skip") decode_lab_weights_ = DecodeLabWeights::Skip;
-    else if (v == "noloop") decode_lab_weights_ = DecodeLabWeights::SkipLoop;
-    else throw Error("PERRY_LAB_DECODE_WEIGHTS=" + v + ": expected skip or noloop (lab only: wrong outputs)");
-  }
-  if (const char* lab = std::getenv("PERRY_LAB_DECODE_ATTENTION"); lab && *lab) {
-    if (std::string(lab) != "skip")
-      throw Error(std::string("PERRY_LAB_DECODE_ATTENTION=") + lab + ": expected skip (lab only: wrong outputs)");
-    decode_lab_skip_attention_ = true;
-  }
+  decode_lab_weights_ = env_choice("PERRY_LAB_DECODE_WEIGHTS", DecodeLabWeights::Read,
+                                   {{"skip", DecodeLabWeights::Skip}, {"noloop", DecodeLabWeights::SkipLoop}},
+                                   "lab only: wrong outputs");
+  decode_lab_skip_attention_ = env_choice("PERRY_LAB_DECODE_ATTENTION", false, {{"skip", true}}, "lab only: wrong outputs");
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
   gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");
   delta_bf16_ = !env_flag("PERRY_DELTA_F32");
   qkv_bf16_ = !env_flag("PERRY_QKV_F32");
-  if (const char* e = std::getenv("PERRY_PREFILL_ATTN"); e && *e) {
-    const std::string v = e;
-    if (v == "64") prefill_attn_ = PrefillKernel::Rows64;
-    else if (v == "128") prefill_attn_ = PrefillKernel::Rows128;
-    else if (v == "wgmma") prefill_attn_ = PrefillKernel::Wgmma;
-    else throw Error("PERRY_PREFILL_ATTN='" + v + "': use 64 or 128 (rows a block) or wgmma (hd 128 on sm_90)");
-  }
+  prefill_attn_ = env_choice("PERRY_PREFILL_ATTN", PrefillKernel::Auto,
+                             {{"64", PrefillKernel::Rows64}, {"128", PrefillKernel::Rows128}, {"wgmma", PrefillKernel::Wgmma}},
+                             "rows a block, or wgmma: hd 128 on sm_90");
   if (progress) progress(total, total, "done");
   PERRY_CUDA_CHECK(cudaDeviceSynchronize());
 }
