@@ -199,12 +199,17 @@ pc::DecodeLinearArgs form_args(const DecodeForm& f, const float* x, const float*
 TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
   REQUIRE_GPU();
   std::mt19937 gen(20261129);
+  // More than 32 row groups (of 32 rows) a warp even at two blocks an SM, plus a partial group: a warp
+  // keeps up to 32 finished groups' sums, one a lane, and finishes them together.
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int many_groups = 72 * 32 * sms + 6;
   for (QuantMode m : modes_and_bf16())
     for (const DecodeForm& f : kDecodeForms)
       // K = 14336 and 20480: plain int8 inputs held in registers (K <= 16384) and staged in shared
       // memory (K > 16384).
       for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}, Case{20000, 1056},
-                     Case{40, 14336}, Case{24, 20480}}) {
+                     Case{40, 14336}, Case{24, 20480}, Case{many_groups, 256}}) {
         if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
         run_case(m, c, f.in, f.out, gen);
       }

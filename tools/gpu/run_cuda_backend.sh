@@ -172,10 +172,12 @@ decode_ab() {
   for mv in $pairs; do
     m=${mv%%:*} v=${mv#*:}
     # A variant is fused (as it is) or '+'-joined switches, e.g. stages4+nopdl.
-    env=()
+    env=() bin=$P
     for sw in ${v//+/ }; do
       case $sw in
         fused) ;;
+        alt) bin="$T/bin/perry-alt"  # another commit's perry (make_bundle.sh ALT_REV=rev): A/B of two commits in one call
+          [ -x "$bin" ] || { say "- $mv: no perry-alt in the bundle (ALT_REV)"; continue 2; } ;;
         separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue 2; env+=(PERRY_NO_FUSED_DECODE=1) ;;
         nopdl) env+=(PERRY_NO_PDL=1) ;;
         ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama; the default)
@@ -192,7 +194,7 @@ decode_ab() {
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done
-    timeout 150 env "${env[@]}" "$P" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b ${DECODE_BATCHES:-1 16} \
+    timeout 150 env "${env[@]}" "$bin" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b ${DECODE_BATCHES:-1 16} \
       -n 64 -r 3 -o "$T/dec-$m-$v" > "$T/dec-$m-$v.log" 2>&1
     say "- $m $v (exit $?): $(grep 'decode b=' "$T/dec-$m-$v.md" 2>/dev/null | cut -d'|' -f3,5,6 | tr -s ' ' | tr '\n' ' ')"
   done

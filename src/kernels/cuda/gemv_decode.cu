@@ -516,14 +516,19 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       if (n >= 0 && o < row_bytes) prefetch_l2(p.w + n * row_bytes + o);
     }
   };
-  // Grouped kinds: a row group's scales into L2 ahead of their first use.
+  // Grouped kinds: a row group's scales into L2 ahead of their first use — past the lines its first
+  // step's run_scale loads anyway (the first (32·kU·kPer) >> gs_shift scales of a row: at K 4096
+  // the whole row, where this prefetch was ~65 instructions of a ~600-instruction step for
+  // nothing, s15 census). One trip a lane for every supported shape (G·4 <= 2048 bytes).
   auto prefetch_scales = [&](int gg) {
     if constexpr (kGrouped) {
+      const int covered = (4 * ((32 * kU * kPer) >> p.gs_shift)) & ~127;
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
         const int n = row_of<kOut, kR>(gg, warp, r, p);
         if (n >= 0)
-          for (int off = lane * 128; off < p.G * 4; off += 32 * 128)
+#pragma unroll 1
+          for (int off = covered + lane * 128; off < p.G * 4; off += 32 * 128)
             prefetch_l2(reinterpret_cast<const uint8_t*>(p.sw + (long long)n * p.G) + off);
       }
     }
@@ -628,6 +633,42 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     }
     csum = 0;
   };
+  // A finished row group's reduced sums (int bits for kIntAcc) wait in registers — the warp's j-th
+  // group in lane j % 32 — and up to 32 groups are finished at once, one a lane: after the xor
+  // butterfly every lane holds the same bits (each level adds the same two values, in either
+  // order), so this is lane 0's old per-step epilogue (bias and scale loads, bf16 rounding, SwiGLU
+  // or RoPE, stores: ~50 of a gate|up step's ~600 instructions, s15 census) done in parallel on the
+  // same values.
+  int kept_g = 0, nkept = 0;
+  float kept[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) kept[r] = 0.0f;
+  auto finish_kept = [&] {
+    int rows[kR];
+    float val[kR];
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      rows[r] = row_of<kOut, kR>(kept_g, warp, r, p);
+      const int n = max(rows[r], 0);
+      const float b = p.bias ? __ldg(p.bias + n) : 0.0f;
+      if constexpr (kIntAcc) val[r] = fmaf(float(__float_as_int(kept[r])) * __ldg(p.sw + n), sa, b);
+      else val[r] = kXI8 ? fmaf(kept[r], sa, b) : kept[r] + b;
+    }
+    if constexpr (kOut == kOutSwiglu) {
+      p.y[rows[0]] = p.round_bf16 ? swiglu_one(bf16_round(val[0]), bf16_round(val[1])) : swiglu_one(val[0], val[1]);
+    } else if constexpr (kOut == kOutRopeKv) {
+      const float rv[2] = {p.round_bf16 ? bf16_round(val[0]) : val[0], p.round_bf16 ? bf16_round(val[1]) : val[1]};
+      rope_kv_store(p, kept_g * kWarps + warp, rows, rv);
+    } else {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        if (rows[r] < 0) continue;
+        const float v = p.round_bf16 ? bf16_round(val[r]) : val[r];
+        if constexpr (kOut == kOutAcc) p.y[rows[r]] = __fadd_rn(p.y[rows[r]], v);
+        else p.y[rows[r]] = v;
+      }
+    }
+  };
   for (int step = 0;; ++step) {
     int ng = g, nit = it + 1;
     if (nit == iters) nit = 0, ng = g + gridDim.x;
@@ -641,15 +682,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #ifdef PERRY_BULK_COPY
       // This step's stage into registers, then the stage goes back to lane 0 for step + stages.
       bulk::mbar_wait(bar0 + 8u * uint32_t(st), ph);
+      // Unguarded: a chunk past the row's end reads stale (in-bounds) stage bytes that the loop
+      // below skips, and a chunk's place in its stage, chunk_of(0, u), is the same every step —
+      // the guards and zero fills were ~40 instructions a step (s15 census).
       const uint8_t* stage = xs + rl.ring + (warp * p.stages + st) * kStageBytes;
 #pragma unroll
       for (int u = 0; u < kU; ++u)
 #pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          const int c = chunk_of(it, u);
-          cur[u][r] = c < nchunks ? *reinterpret_cast<const uint4*>(stage + r * kWin + (c - it * 32 * kU) * 16)
-                                  : make_uint4(0, 0, 0, 0);
-        }
+        for (int r = 0; r < kR; ++r)
+          cur[u][r] = *reinterpret_cast<const uint4*>(stage + r * kWin + chunk_of(0, u) * 16);
       __syncwarp();
       if (lane == 0 && step + p.stages < nsteps) {
         bulk::fence_proxy_async_smem();  // the warp's reads of the stage before the copy that overwrites it
@@ -739,41 +780,28 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     }
     if constexpr (kRun) fold(s_cur);
     if (it == iters - 1 && rows[0] >= 0) {
-      // Warp reduction, then lane 0 finishes the outputs.
-      float val[kR];
+      // Warp reduction; the sums wait in lane nkept for finish_kept.
+      float raw[kR];
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        const int n = max(rows[r], 0);
-        const float b = p.bias ? __ldg(p.bias + n) : 0.0f;
         if constexpr (kIntAcc) {
           int v = int_sum(r);
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-          val[r] = fmaf(float(v) * __ldg(p.sw + n), sa, b);
+          raw[r] = __int_as_float(v);
         } else {
           float v = facc[r];
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-          val[r] = kXI8 ? fmaf(v, sa, b) : v + b;
+          raw[r] = v;
         }
       }
-      if (lane == 0) {
-        if constexpr (kOut == kOutSwiglu) {
-          p.y[rows[0]] = p.round_bf16 ? swiglu_one(bf16_round(val[0]), bf16_round(val[1]))
-                                      : swiglu_one(val[0], val[1]);
-        } else if constexpr (kOut == kOutRopeKv) {
-          const float rv[2] = {p.round_bf16 ? bf16_round(val[0]) : val[0], p.round_bf16 ? bf16_round(val[1]) : val[1]};
-          rope_kv_store(p, g * kWarps + warp, rows, rv);
-        } else {
+      if (lane == nkept) {
+        kept_g = g;
 #pragma unroll
-          for (int r = 0; r < kR; ++r) {
-            if (rows[r] < 0) continue;
-            const float v = p.round_bf16 ? bf16_round(val[r]) : val[r];
-            if constexpr (kOut == kOutAcc) p.y[rows[r]] = __fadd_rn(p.y[rows[r]], v);
-            else p.y[rows[r]] = v;
-          }
-        }
+        for (int r = 0; r < kR; ++r) kept[r] = raw[r];
       }
+      if (++nkept == 32) finish_kept(), nkept = 0;
     }
     if (it == iters - 1) {
 #pragma unroll
@@ -793,6 +821,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       load_step(g, it, cur);
     }
   }
+  if (lane < nkept) finish_kept();
 }
 
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, bool kNoPipe = false>
