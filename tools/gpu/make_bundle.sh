@@ -6,6 +6,9 @@
 # pcre2/utf8proc/fmt/oneDNN/OpenBLAS/httplib, so building there would mean re-creating them.
 #
 #   tools/gpu/make_bundle.sh            (BUILD=build-gpu, JOBS=2 by default)
+# ALT_REV=rev also packs rev's perry as bin/perry-alt (run_cuda_backend.sh's decode variant `alt`), so
+# that one GPU call can A/B two commits: the source files that differ are swapped in, perry is
+# rebuilt incrementally, and the files are swapped back before the bundle's own build.
 # LINEINFO=1 compiles the kernels with -lineinfo (the same code, plus the line table), so that
 # Nsight Compute's source counters (tools/gpu/lab_prologue.sh) can name the CUDA line of each SASS
 # instruction; switching it on or off rebuilds every CUDA file.
@@ -15,9 +18,25 @@ B=${BUILD:-$ROOT/build-gpu}
 cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERRY_CUDA=ON -DPERRY_CUDA_ARCHITECTURES=90a \
   -DCMAKE_CUDA_FLAGS="${LINEINFO:+-lineinfo}" >/dev/null
 TESTS=$(cd "$ROOT/tests/cuda" && ls test_cuda_*.cpp | sed 's/\.cpp$//')
-ninja -C "$B" -j"${JOBS:-2}" perry_cli lab_cuda_gemm_w8a8 $TESTS
 STAGE=$(mktemp -d)
 mkdir -p "$STAGE/bin" "$STAGE/lib"
+if [ -n "${ALT_REV:-}" ]; then
+  SAVED=$(mktemp -d)
+  CHANGED=$(git -C "$ROOT" diff --name-only "$ALT_REV" -- src include CMakeLists.txt)
+  for f in $CHANGED; do
+    mkdir -p "$SAVED/$(dirname "$f")"
+    [ -e "$ROOT/$f" ] && cp -p "$ROOT/$f" "$SAVED/$f"
+    if git -C "$ROOT" cat-file -e "$ALT_REV:$f" 2>/dev/null; then git -C "$ROOT" show "$ALT_REV:$f" > "$ROOT/$f"; else rm -f "$ROOT/$f"; fi
+  done
+  restore() { for f in $CHANGED; do if [ -e "$SAVED/$f" ]; then cp "$SAVED/$f" "$ROOT/$f"; touch "$ROOT/$f"; else rm -f "$ROOT/$f"; fi; done; }
+  trap restore EXIT
+  ninja -C "$B" -j"${JOBS:-2}" perry_cli
+  cp "$B/perry" "$STAGE/bin/perry-alt"
+  restore
+  trap - EXIT
+  echo "perry-alt: $(git -C "$ROOT" rev-parse --short "$ALT_REV")" > "$STAGE/ALT_COMMIT"
+fi
+ninja -C "$B" -j"${JOBS:-2}" perry_cli lab_cuda_gemm_w8a8 $TESTS
 cp "$B/perry" "$STAGE/bin/"
 cp "$B/src/kernels/cuda/lab_cuda_gemm_w8a8" "$STAGE/bin/" 2>/dev/null || find "$B" -name lab_cuda_gemm_w8a8 -type f -exec cp {} "$STAGE/bin/" \;
 for t in $TESTS; do find "$B" -name "$t" -type f -perm -u+x -exec cp {} "$STAGE/bin/" \;; done
@@ -26,7 +45,8 @@ for t in $TESTS; do find "$B" -name "$t" -type f -perm -u+x -exec cp {} "$STAGE/
 for f in "$STAGE"/bin/*; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
   grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt)\.so' |
   while read -r lib; do cp -L "$lib" "$STAGE/lib/"; done
-{ git -C "$ROOT" rev-parse --short HEAD; git -C "$ROOT" diff --quiet HEAD -- src tests || echo "(+ uncommitted changes)"; } > "$STAGE/COMMIT"
+{ git -C "$ROOT" rev-parse --short HEAD; git -C "$ROOT" diff --quiet HEAD -- src tests || echo "(+ uncommitted changes)"
+  cat "$STAGE/ALT_COMMIT" 2>/dev/null; } > "$STAGE/COMMIT"
 strip "$STAGE"/bin/* 2>/dev/null || true
 # xz: the device tool carries at most 64 MiB with the tree and the embedded model (~18 MB vs 37 gzip).
 mkdir -p "$ROOT/gpu-bundle"
