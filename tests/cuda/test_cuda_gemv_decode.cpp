@@ -8,9 +8,12 @@
 // kv_cache_append (bit-exact: the same fp32 operations), and the argument checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +24,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemv_decode.h"
+#include "kernels/cuda/lab_timeline.h"
 #include "quant_test_util.h"
 
 namespace {
@@ -461,6 +465,68 @@ TEST(CudaGemvDecode, LabWeightsSwitch) {
       // Skip computed on stages that no copy filled: not the product of these weights.
       EXPECT_NE(dy_skip.get(), dy_read.get()) << what << ": Skip read the weights";
     }
+}
+
+// The timeline lab (lab_timeline.h) records each block of a launch once, with its marks in order,
+// and leaves the outputs alone (the same bits with the log on); the file holds what the device
+// wrote. 20000 rows: more row groups than blocks, so every block of the grid runs.
+TEST(CudaGemvDecode, LabTimelineRecordsEveryBlockOnce) {
+  REQUIRE_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  std::mt19937 gen(7);
+  const int N = 20000, K = 4096;
+  const DecodeForm f{pc::DecodeIn::RmsNorm, pc::DecodeOut::SwiGLU};
+  Dev<float> dx(rand_f(size_t(K), gen, -1.f, 1.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
+  const DeviceWeights dw = random_weights(QuantMode::W4A8_G128, N, K, gen, nullptr);
+  const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
+  Dev<float> dy_off(y0), dy_on(y0);
+  ASSERT_NO_THROW(pc::gemv_decode(dw.w, form_args(f, dx.p, dnw.p, dy_off.p), nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::string path = ::testing::TempDir() + "perry-timeline-test.bin";
+  size_t written = 0;
+  {
+    pc::LabTimeline tl(path, 4096);
+    ASSERT_NO_THROW(pc::gemv_decode(dw.w, form_args(f, dx.p, dnw.p, dy_on.p), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    written = tl.write();
+  }
+  EXPECT_EQ(dy_on.get(), dy_off.get()) << "the log changed the outputs";
+  // The log is uninstalled with its owner: another launch writes nothing and does not fault.
+  ASSERT_NO_THROW(pc::gemv_decode(dw.w, form_args(f, dx.p, dnw.p, dy_on.p), nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  std::FILE* in = std::fopen(path.c_str(), "rb");
+  ASSERT_NE(in, nullptr);
+  char magic[8];
+  uint64_t count = 0, missed = 1;
+  ASSERT_EQ(std::fread(magic, 1, 8, in), 8u);
+  ASSERT_EQ(std::fread(&count, 8, 1, in), 1u);
+  ASSERT_EQ(std::fread(&missed, 8, 1, in), 1u);
+  std::vector<pc::TimelineRecord> rows(count);
+  ASSERT_EQ(std::fread(rows.data(), sizeof(pc::TimelineRecord), count, in), count);
+  std::fclose(in);
+  std::remove(path.c_str());
+  EXPECT_EQ(std::string(magic, 8), "perrytl1");
+  EXPECT_EQ(missed, 0u);
+  EXPECT_EQ(count, written);
+  // SwiGLU: N / 2 outputs in groups of 16 warps; one block an SM at most.
+  const int groups = (N / 2 + 15) / 16;
+  const size_t grid = size_t(std::min(groups, sms * 4));
+  ASSERT_GE(count, size_t(std::min(groups, sms)));
+  ASSERT_LE(count, grid);
+  std::set<uint32_t> blocks;
+  for (const pc::TimelineRecord& r : rows) {
+    EXPECT_EQ(r.kernel, uint32_t(pc::TimelineKernel::GemvDecode));
+    EXPECT_EQ(r.arg >> 8, uint32_t(K));
+    EXPECT_LT(r.smid, uint32_t(sms));
+    EXPECT_LE(r.c_start, r.c_waited);
+    EXPECT_LE(r.c_waited, r.c_input);
+    EXPECT_LT(r.c_input, r.c_end);
+    EXPECT_LE(r.g_start, r.g_end);
+    EXPECT_TRUE(blocks.insert(r.block).second) << "block " << r.block << " recorded twice";
+  }
+  EXPECT_EQ(*blocks.rbegin(), uint32_t(count - 1)) << "the blocks recorded are not 0 .. grid - 1";
 }
 
 // int4 weights against int8 activations at the extremes: the longest row (K = 32768), every

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include "backend/cuda/backend_kernels.h"
@@ -22,6 +24,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_decode.h"
+#include "kernels/cuda/lab_timeline.h"
 
 namespace perry::cuda {
 
@@ -125,6 +128,10 @@ class CudaBackend final : public model::ForwardBackend {
   // PERRY_LAB_DECODE_ATTENTION=skip: lab only, wrong outputs — no decode attention kernels (o_proj
   // reads whatever the attention buffer holds), to measure what they cost a step.
   bool decode_lab_skip_attention_ = false;
+  // PERRY_LAB_DECODE_TIMELINE=file: lab only — a record of every decode GEMV and attention block
+  // (start, PDL wait passed, input built, end), written to the file when the backend closes
+  // (kernels/cuda/lab_timeline.h; PERRY_LAB_DECODE_TIMELINE_RECORDS sets the capacity).
+  std::unique_ptr<LabTimeline> lab_timeline_;
   // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
   // linears) instead of split_qkv, rope_apply, kv_cache_append and a conversion pass;
   // PERRY_PREFILL_SEPARATE=1 keeps the separate kernels for A/B runs.
@@ -255,6 +262,8 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
                                    {{"skip", DecodeLabWeights::Skip}, {"noloop", DecodeLabWeights::SkipLoop}},
                                    "lab only: wrong outputs");
   decode_lab_skip_attention_ = env_choice("PERRY_LAB_DECODE_ATTENTION", false, {{"skip", true}}, "lab only: wrong outputs");
+  if (const char* tl = std::getenv("PERRY_LAB_DECODE_TIMELINE"); tl && *tl)
+    lab_timeline_ = std::make_unique<LabTimeline>(tl, size_t(env_int("PERRY_LAB_DECODE_TIMELINE_RECORDS", 4 << 20, 1, 1 << 26)));
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
   gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");
@@ -269,6 +278,14 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  if (lab_timeline_) {
+    try {
+      const size_t n = lab_timeline_->write();
+      std::fprintf(stderr, "[perry] lab timeline: %zu block records written\n", n);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[perry] lab timeline: %s\n", e.what());
+    }
+  }
   clear_graphs();
   if (lctx_.cublas) cublasDestroy(lctx_.cublas);
   if (host_logits_) cudaFreeHost(host_logits_);

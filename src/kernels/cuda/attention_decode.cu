@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/attention_device.cuh"
+#include "kernels/cuda/lab_timeline.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace perry::cuda {
@@ -59,8 +60,11 @@ __global__ void __launch_bounds__(kDecThreads)
                           const float* __restrict__ ws_ml, float* __restrict__ out) {
   extern __shared__ float w[];  // [nchunks] chunk weights
   __shared__ float red[33];
+  lab_timeline::BlockMarks marks;  // lab only (lab_timeline.h)
+  marks.start();
   pdl::wait();
   pdl::launch_dependents();
+  marks.waited();
   const AttnSeq sq = seqs[blockIdx.y];
   const int h = blockIdx.x;
   const int kv_len = min(sq.pos0 + 1, capacity);
@@ -86,6 +90,8 @@ __global__ void __launch_bounds__(kDecThreads)
     for (int c = 0; c < nc; ++c) a = fmaf(w[c], acc[(size_t)c * hd + d], a);
     dst[d] = a * inv;
   }
+  marks.input();
+  marks.finish(TimelineKernel::AttentionCombine, 0);
 }
 
 template <bool kVec>  // kVec: hd % 8 == 0 (16-byte rows: cp.async and 8-wide shared loads)
@@ -95,14 +101,17 @@ __global__ void __launch_bounds__(kDecThreads)
                           int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
                           float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
   extern __shared__ __align__(16) unsigned char dsm[];
+  lab_timeline::BlockMarks marks;  // lab only (lab_timeline.h)
+  marks.start();
   pdl::wait();  // before anything else: q and the cache come from the previous kernels
   pdl::launch_dependents();
+  marks.waited();
   const int G = nh / nkv, hdp = (hd + 7) / 8 * 8 + 8;
   const AttnSeq sq = seqs[blockIdx.z];
   const int kvh = blockIdx.y, c = blockIdx.x;
   const int kv_len = min(sq.pos0 + 1, capacity);
   const int j_begin = c * chunk;
-  if (j_begin >= kv_len) return;  // uniform for the block: before any barrier
+  if (j_begin >= kv_len) return marks.finish(TimelineKernel::AttentionPartial, 0);  // uniform for the block
   const int j_end = min(j_begin + chunk, kv_len);
 
   uint16_t* ks = reinterpret_cast<uint16_t*>(dsm);
@@ -238,6 +247,8 @@ __global__ void __launch_bounds__(kDecThreads)
     ws_ml[(part0 + (size_t)g * nchunks) * 2 + 0] = ms[g];
     ws_ml[(part0 + (size_t)g * nchunks) * 2 + 1] = ls[g];
   }
+  marks.input();
+  marks.finish(TimelineKernel::AttentionPartial, 0);
 }
 
 // ---------------------------------------------------------------- q/k/v preparation (prefill, decode)
@@ -338,6 +349,8 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
 }
 
 }  // namespace
+
+void attention_decode_set_lab_timeline(TimelineLog* log) { lab_timeline::install_timeline(log); }
 
 int attention_decode_chunk(int n_seqs, int max_ctx) {
   // Aim at ~kDecTargetParts (sequence, chunk) pairs per kv head: enough blocks to fill an H200

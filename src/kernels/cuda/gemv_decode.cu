@@ -24,6 +24,7 @@
 #include "kernels/cuda/elementwise_device.cuh"
 #include "kernels/cuda/gemv_decode.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/lab_timeline.cuh"
 #include "kernels/cuda/mma_sync_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quant_args.h"
@@ -460,6 +461,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t xs[];
   constexpr int kPer = per_chunk<kW>();
   constexpr bool kIntAcc = kXI8 && !kGrouped;
+  lab_timeline::BlockMarks marks;  // lab only (lab_timeline.h)
+  marks.start();
+  const unsigned timeline_arg = unsigned(p.K) << 8 | unsigned(kIn) << 4 | unsigned(kOut);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long row_bytes = kW == kWBf16 ? 2LL * p.K : (kW == kWI8 ? (long long)p.K : p.K / 2);
   const int nchunks = int(row_bytes / 16);
@@ -606,11 +610,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   if (kIn == kInNorm && x_in_registers(p.K, kXI8, kIn)) load_octets(p.norm_w, int(threadIdx.x), p.K / 8, nw_regs);
   pdl::wait();
   pdl::launch_dependents();
+  marks.waited();
 
   const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
   const float sa = build_input<kW, kXI8, kIn>(p, xs, nw_regs);
+  marks.input();
   // (SkipLoop issued no copies, so no bulk copy is in flight into this block's shared memory.)
-  if (!active || (kBulk && p.lab_weights == DecodeLabWeights::SkipLoop)) return;
+  if (!active || (kBulk && p.lab_weights == DecodeLabWeights::SkipLoop))
+    return marks.finish(TimelineKernel::GemvDecode, timeline_arg);
 
   // Accumulators. facc: fp32 sums (bf16, grouped, weight-only). ia / ib: integer sums since the
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
@@ -822,6 +829,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     }
   }
   if (lane < nkept) finish_kept();
+  marks.finish(TimelineKernel::GemvDecode, timeline_arg);
 }
 
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, bool kNoPipe = false>
@@ -887,6 +895,8 @@ void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, const char* name, 
 }
 
 }  // namespace
+
+void gemv_decode_set_lab_timeline(TimelineLog* log) { lab_timeline::install_timeline(log); }
 
 bool gemv_decode_supports(QuantMode mode, int K) {
   if (K < 32 || K > kMaxK || K % 32 != 0) return false;
