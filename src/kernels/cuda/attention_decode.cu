@@ -29,6 +29,17 @@ constexpr int kDecThreads = 128, kDecTile = 64;
 // Chunks of 64 keys (one tile) at short contexts: a one-token step at a few hundred positions
 // then has nkv × (ctx / 64) blocks rather than nkv × 1-2, each a short dependency chain.
 constexpr int kDecMinChunk = 64, kDecTargetParts = 1024;
+// PERRY_DECODE_ATTN_MIN_CHUNK=n (16..kDecMinChunk, a multiple of 16): shorter chunks for A/B runs
+// — a chunk of n keys is one partial tile, so a block's chain shortens with it (the s16 timeline:
+// the partial kernel's work is ~5.8 µs of a layer's critical path at ~150 positions).
+int dec_min_chunk() {
+  static const int c = [] {
+    const int v = env_int("PERRY_DECODE_ATTN_MIN_CHUNK", kDecMinChunk, 16, kDecMinChunk);
+    if (v % 16 != 0) throw Error("PERRY_DECODE_ATTN_MIN_CHUNK must be a multiple of 16, got " + std::to_string(v));
+    return v;
+  }();
+  return c;
+}
 
 int dec_stride(int hd) { return (hd + 7) / 8 * 8 + 8; }  // bf16 elements per shared K/V row
 size_t dec_smem_bytes(int G, int hd) {
@@ -57,10 +68,10 @@ __device__ float block_reduce(float v, bool is_max, float* red) {
 __global__ void __launch_bounds__(kDecThreads)
     decode_combine_kernel(const AttnSeq* __restrict__ seqs, int nh, int hd, int capacity, int chunk,
                           int nchunks, const float* __restrict__ ws_acc,
-                          const float* __restrict__ ws_ml, float* __restrict__ out) {
+                          const float* __restrict__ ws_ml, float* __restrict__ out, TimelineLog* timeline) {
   extern __shared__ float w[];  // [nchunks] chunk weights
   __shared__ float red[33];
-  lab_timeline::BlockMarks marks;  // lab only (lab_timeline.h)
+  const lab_timeline::BlockMarks marks{timeline};  // lab only (lab_timeline.h)
   marks.start();
   pdl::wait();
   pdl::launch_dependents();
@@ -99,9 +110,9 @@ __global__ void __launch_bounds__(kDecThreads)
     decode_partial_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
                           const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                           int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
-                          float* __restrict__ ws_acc, float* __restrict__ ws_ml) {
+                          float* __restrict__ ws_acc, float* __restrict__ ws_ml, TimelineLog* timeline) {
   extern __shared__ __align__(16) unsigned char dsm[];
-  lab_timeline::BlockMarks marks;  // lab only (lab_timeline.h)
+  const lab_timeline::BlockMarks marks{timeline};  // lab only (lab_timeline.h)
   marks.start();
   pdl::wait();  // before anything else: q and the cache come from the previous kernels
   pdl::launch_dependents();
@@ -357,7 +368,7 @@ int attention_decode_chunk(int n_seqs, int max_ctx) {
   // even for one sequence, few enough that the combine pass and workspace stay small.
   const long long want = ((long long)std::max(n_seqs, 1) * std::max(max_ctx, 1) +
                           kDecTargetParts - 1) / kDecTargetParts;
-  const long long c = std::max<long long>(kDecMinChunk, (want + 63) / 64 * 64);
+  const long long c = std::max<long long>(dec_min_chunk(), (want + 63) / 64 * 64);
   return int(std::min<long long>(c, 1 << 30));
 }
 
@@ -367,7 +378,7 @@ size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx)
   // largest batch serves every smaller call): chunk >= 128 gives nchunks <= ceil(ctx/128), and
   // chunk >= n·ctx/1024 gives nchunks < 1024/n + 1.
   const size_t n = size_t(n_seqs);
-  const size_t parts = std::min(n * ((size_t(max_ctx) + kDecMinChunk - 1) / kDecMinChunk),
+  const size_t parts = std::min(n * ((size_t(max_ctx) + dec_min_chunk() - 1) / dec_min_chunk()),
                                 size_t(kDecTargetParts) + n);
   return parts * size_t(nh) * (size_t(hd) + 2) * sizeof(float);
 }
@@ -405,17 +416,20 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
     ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<true>), smem, &current, &mu,
                 "attention_decode_partial");
     pdl::launch("attention_decode_partial", decode_partial_kernel<true>, grid, dim3(kDecThreads), smem, stream, q,
-                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml,
+                lab_timeline::installed_log());
   } else {
     static int current = 0;
     static std::mutex mu;
     ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<false>), smem, &current, &mu,
                 "attention_decode_partial");
     pdl::launch("attention_decode_partial", decode_partial_kernel<false>, grid, dim3(kDecThreads), smem, stream, q,
-                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml);
+                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml,
+                lab_timeline::installed_log());
   }
   pdl::launch("attention_decode_combine", decode_combine_kernel, dim3(nh, n_seqs), dim3(kDecThreads),
-              nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out);
+              nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out,
+              lab_timeline::installed_log());
 }
 
 namespace {

@@ -68,6 +68,7 @@ struct Params {
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
+  TimelineLog* timeline;     // lab only: the installed decode timeline (lab_timeline.h), or nullptr
 };
 
 template <int kW>
@@ -461,7 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t xs[];
   constexpr int kPer = per_chunk<kW>();
   constexpr bool kIntAcc = kXI8 && !kGrouped;
-  lab_timeline::BlockMarks marks;  // lab only (lab_timeline.h)
+  const lab_timeline::BlockMarks marks{p.timeline};  // lab only (lab_timeline.h)
   marks.start();
   const unsigned timeline_arg = unsigned(p.K) << 8 | unsigned(kIn) << 4 | unsigned(kOut);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -954,6 +955,7 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (a.in == DecodeIn::RmsNorm ? 2 : 3);
   p.no_pipe = a.register_pipe == 0;
   p.lab_weights = a.lab_weights;
+  p.timeline = lab_timeline::installed_log();
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");

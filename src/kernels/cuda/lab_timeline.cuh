@@ -1,20 +1,22 @@
 // Device side of the decode timeline lab (lab_timeline.h). Each kernel file that includes this
-// has its own copy of the log pointer (no relocatable device code), installed by its
-// *_set_lab_timeline function through install_timeline below.
+// keeps its own installed log (its *_set_lab_timeline calls install_timeline below) and passes it
+// to its kernels as an argument.
 #pragma once
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/lab_timeline.h"
 
 namespace perry::cuda::lab_timeline {
 namespace {
 
-__device__ TimelineLog* g_log = nullptr;
-
-inline void install_timeline(TimelineLog* log) {
-  check_cuda(cudaMemcpyToSymbol(g_log, &log, sizeof log), "cudaMemcpyToSymbol (lab timeline)");
+// The log installed for this file's kernels (host side; launches pass it as a kernel argument:
+// a parameter costs no memory load after the PDL wait, where a __device__ variable's reload,
+// forced by the wait's memory clobber, cost 2.7% of a w4a8-g128 token — s16 run 3).
+inline TimelineLog*& installed_log() {
+  static TimelineLog* log = nullptr;
+  return log;
 }
+inline void install_timeline(TimelineLog* log) { installed_log() = log; }
 
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
@@ -27,18 +29,19 @@ __device__ __forceinline__ unsigned smid() {
   return s;
 }
 
-// One block's marks: start() at the kernel's entry takes the block's record (thread 0; its address
-// waits in shared memory, so that nothing stays in registers through the kernel's loops), waited()
-// after pdl::wait, input() once the block's input is built, finish() at every exit — a barrier
-// first, so that the end is the block's, not thread 0's (lab only: with the log off it is
-// skipped, and every caller reaches it block-uniformly).
+// One block's marks, on the log given to the kernel (nullptr: off): start() at the kernel's entry
+// takes the block's record (thread 0; its address waits in shared memory, so that nothing stays
+// in registers through the kernel's loops), waited() after pdl::wait, input() once the block's
+// input is built, finish() at every exit — a barrier first, so that the end is the block's, not
+// thread 0's (lab only: with the log off it is skipped, and every caller reaches it
+// block-uniformly).
 __device__ __forceinline__ TimelineRecord*& block_record() {
   __shared__ TimelineRecord* rec;
   return rec;
 }
 struct BlockMarks {
-  __device__ __forceinline__ void start() {
-    TimelineLog* log = g_log;
+  TimelineLog* const log;
+  __device__ __forceinline__ void start() const {
     if (!log || threadIdx.x != 0) return;
     const unsigned long long slot = atomicAdd(&log->count, 1ULL);
     TimelineRecord* r = slot < log->capacity ? reinterpret_cast<TimelineRecord*>(log + 1) + slot : nullptr;
@@ -49,14 +52,14 @@ struct BlockMarks {
     r->g_start = global_ns();
     r->c_start = clock64();
   }
-  __device__ __forceinline__ void waited() {
-    if (g_log && threadIdx.x == 0 && block_record()) block_record()->c_waited = clock64();
+  __device__ __forceinline__ void waited() const {
+    if (log && threadIdx.x == 0 && block_record()) block_record()->c_waited = clock64();
   }
-  __device__ __forceinline__ void input() {
-    if (g_log && threadIdx.x == 0 && block_record()) block_record()->c_input = clock64();
+  __device__ __forceinline__ void input() const {
+    if (log && threadIdx.x == 0 && block_record()) block_record()->c_input = clock64();
   }
-  __device__ __forceinline__ void finish(TimelineKernel kernel, unsigned arg) {
-    if (!g_log) return;
+  __device__ __forceinline__ void finish(TimelineKernel kernel, unsigned arg) const {
+    if (!log) return;
     __syncthreads();
     TimelineRecord* r = block_record();
     if (threadIdx.x != 0 || !r) return;
