@@ -30,8 +30,10 @@ constexpr int kDecThreads = 128, kDecTile = 64;
 // then has nkv × (ctx / 64) blocks rather than nkv × 1-2, each a short dependency chain.
 constexpr int kDecMinChunk = 64, kDecTargetParts = 1024;
 // PERRY_DECODE_ATTN_MIN_CHUNK=n (16..kDecMinChunk, a multiple of 16): shorter chunks for A/B runs
-// — a chunk of n keys is one partial tile, so a block's chain shortens with it (the s16 timeline:
-// the partial kernel's work is ~5.8 µs of a layer's critical path at ~150 positions).
+// — a chunk of n keys is a partial tile, so a block's chain shortens with it (the s16 timeline:
+// the partial kernel's work is ~6 µs of a layer's critical path at ~150 positions). Chunks are
+// multiples of n. (Not yet measured: s16 run 4's "attnchunk32" rows ran before chunks were
+// rounded to n instead of 64, i.e. with the default — they measure the A/B noise instead.)
 int dec_min_chunk() {
   static const int c = [] {
     const int v = env_int("PERRY_DECODE_ATTN_MIN_CHUNK", kDecMinChunk, 16, kDecMinChunk);
@@ -65,13 +67,14 @@ __device__ float block_reduce(float v, bool is_max, float* red) {
 
 // Combine kernel: block (q head, sequence). out = Σ_c acc_c·2^(m_c − M) / Σ_c l_c·2^(m_c − M)
 // over the chunks the partial kernel wrote (blocks past a sequence's context exit at once).
+template <bool kTimeline>  // kTimeline: the lab's instantiation (lab_timeline.h)
 __global__ void __launch_bounds__(kDecThreads)
     decode_combine_kernel(const AttnSeq* __restrict__ seqs, int nh, int hd, int capacity, int chunk,
                           int nchunks, const float* __restrict__ ws_acc,
                           const float* __restrict__ ws_ml, float* __restrict__ out, TimelineLog* timeline) {
   extern __shared__ float w[];  // [nchunks] chunk weights
   __shared__ float red[33];
-  const lab_timeline::BlockMarks marks{timeline};  // lab only (lab_timeline.h)
+  lab_timeline::BlockMarks<kTimeline> marks{timeline};  // lab only (lab_timeline.h)
   marks.start();
   pdl::wait();
   pdl::launch_dependents();
@@ -105,14 +108,16 @@ __global__ void __launch_bounds__(kDecThreads)
   marks.finish(TimelineKernel::AttentionCombine, 0);
 }
 
-template <bool kVec>  // kVec: hd % 8 == 0 (16-byte rows: cp.async and 8-wide shared loads)
+// kVec: hd % 8 == 0 (16-byte rows: cp.async and 8-wide shared loads); kTimeline: the lab's
+// instantiation (lab_timeline.h).
+template <bool kVec, bool kTimeline>
 __global__ void __launch_bounds__(kDecThreads)
     decode_partial_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
                           const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                           int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
                           float* __restrict__ ws_acc, float* __restrict__ ws_ml, TimelineLog* timeline) {
   extern __shared__ __align__(16) unsigned char dsm[];
-  const lab_timeline::BlockMarks marks{timeline};  // lab only (lab_timeline.h)
+  lab_timeline::BlockMarks<kTimeline> marks{timeline};  // lab only (lab_timeline.h)
   marks.start();
   pdl::wait();  // before anything else: q and the cache come from the previous kernels
   pdl::launch_dependents();
@@ -359,6 +364,17 @@ __global__ void __launch_bounds__(kPrepWarps * 32)
   }
 }
 
+// One instantiation's launch, with its own shared-memory opt-in state.
+template <bool kVec, bool kTimeline, typename... Args>
+void launch_partial(dim3 grid, size_t smem, cudaStream_t stream, Args... args) {
+  static int current = 0;
+  static std::mutex mu;
+  ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<kVec, kTimeline>), smem, &current, &mu,
+              "attention_decode_partial");
+  pdl::launch("attention_decode_partial", decode_partial_kernel<kVec, kTimeline>, grid, dim3(kDecThreads), smem, stream,
+              args...);
+}
+
 }  // namespace
 
 void attention_decode_set_lab_timeline(TimelineLog* log) { lab_timeline::install_timeline(log); }
@@ -368,7 +384,8 @@ int attention_decode_chunk(int n_seqs, int max_ctx) {
   // even for one sequence, few enough that the combine pass and workspace stay small.
   const long long want = ((long long)std::max(n_seqs, 1) * std::max(max_ctx, 1) +
                           kDecTargetParts - 1) / kDecTargetParts;
-  const long long c = std::max<long long>(dec_min_chunk(), (want + 63) / 64 * 64);
+  const long long m = dec_min_chunk();
+  const long long c = std::max<long long>(m, (want + m - 1) / m * m);
   return int(std::min<long long>(c, 1 << 30));
 }
 
@@ -410,26 +427,20 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
   const int G = nh / nkv;
   const size_t smem = dec_smem_bytes(G, hd);
   const dim3 grid(nchunks, nkv, n_seqs);
-  if (hd % 8 == 0) {
-    static int current = 0;
-    static std::mutex mu;
-    ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<true>), smem, &current, &mu,
-                "attention_decode_partial");
-    pdl::launch("attention_decode_partial", decode_partial_kernel<true>, grid, dim3(kDecThreads), smem, stream, q,
-                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml,
-                lab_timeline::installed_log());
+  TimelineLog* const tl = lab_timeline::installed_log();
+  if (hd % 8 == 0 && tl) {
+    launch_partial<true, true>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks,
+                               scale_log2, ws_acc, ws_ml, tl);
+  } else if (hd % 8 == 0) {
+    launch_partial<true, false>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks,
+                                scale_log2, ws_acc, ws_ml, tl);
   } else {
-    static int current = 0;
-    static std::mutex mu;
-    ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<false>), smem, &current, &mu,
-                "attention_decode_partial");
-    pdl::launch("attention_decode_partial", decode_partial_kernel<false>, grid, dim3(kDecThreads), smem, stream, q,
-                d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc, ws_ml,
-                lab_timeline::installed_log());
+    launch_partial<false, false>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk,
+                                 nchunks, scale_log2, ws_acc, ws_ml, tl);
   }
-  pdl::launch("attention_decode_combine", decode_combine_kernel, dim3(nh, n_seqs), dim3(kDecThreads),
-              nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk, nchunks, ws_acc, ws_ml, out,
-              lab_timeline::installed_log());
+  pdl::launch("attention_decode_combine", tl ? decode_combine_kernel<true> : decode_combine_kernel<false>,
+              dim3(nh, n_seqs), dim3(kDecThreads), nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk,
+              nchunks, ws_acc, ws_ml, out, tl);
 }
 
 namespace {

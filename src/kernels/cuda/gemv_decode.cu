@@ -68,7 +68,7 @@ struct Params {
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
-  TimelineLog* timeline;     // lab only: the installed decode timeline (lab_timeline.h), or nullptr
+  TimelineLog* timeline;     // lab only: the installed decode timeline (lab_timeline.h), or nullptr (bulk kernels)
 };
 
 template <int kW>
@@ -454,7 +454,9 @@ constexpr bool kHaveBulkCopy = true;
 #else
 constexpr bool kHaveBulkCopy = false;
 #endif
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulkAsked, bool kNoPipe = false>
+// kTimeline: the lab's instantiation (lab_timeline.h), launched only while a log is installed.
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulkAsked, bool kNoPipe = false,
+          bool kTimeline = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   static_assert((kOut != kOutSwiglu && kOut != kOutRopeKv) || kR == 2, "SwiGLU / RopeKv pair two rows in one warp");
   static_assert(kR * kU * 512 == kStageBytes, "one step is one ring stage");
@@ -462,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   extern __shared__ __align__(16) uint8_t xs[];
   constexpr int kPer = per_chunk<kW>();
   constexpr bool kIntAcc = kXI8 && !kGrouped;
-  const lab_timeline::BlockMarks marks{p.timeline};  // lab only (lab_timeline.h)
+  lab_timeline::BlockMarks<kTimeline> marks{p.timeline};  // lab only (lab_timeline.h)
   marks.start();
   const unsigned timeline_arg = unsigned(p.K) << 8 | unsigned(kIn) << 4 | unsigned(kOut);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -833,9 +835,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   marks.finish(TimelineKernel::GemvDecode, timeline_arg);
 }
 
-template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, bool kNoPipe = false>
+template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, bool kNoPipe = false,
+          bool kTimeline = false>
 void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t stream) {
-  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk, kNoPipe>;
+  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk, kNoPipe, kTimeline>;
   // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed;
   // under a lock so that two host threads cannot leave it at the smaller of two requests).
   static std::mutex mu;
@@ -874,8 +877,10 @@ void launch(Params p, const char* name, cudaStream_t stream) {
     while (st > 2 && ring_layout(prologue, st).total > limit) --st;
     if (st >= 2 && ring_layout(prologue, st).total <= limit) {
       p.stages = st;
-      return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>(p, size_t(ring_layout(prologue, st).total),
-                                                                          name, stream);
+      const size_t smem = size_t(ring_layout(prologue, st).total);
+      // (The timeline lab records the bulk kernels only: the sm_90 decode path.)
+      if (p.timeline) return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true, false, true>(p, smem, name, stream);
+      return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>(p, smem, name, stream);
     }
   }
   p.stages = 0;

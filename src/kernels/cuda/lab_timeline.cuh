@@ -9,9 +9,8 @@
 namespace perry::cuda::lab_timeline {
 namespace {
 
-// The log installed for this file's kernels (host side; launches pass it as a kernel argument:
-// a parameter costs no memory load after the PDL wait, where a __device__ variable's reload,
-// forced by the wait's memory clobber, cost 2.7% of a w4a8-g128 token — s16 run 3).
+// The log installed for this file's kernels (host side; a launch passes it as a kernel argument
+// to the kernel's timeline instantiation, BlockMarks<true>).
 inline TimelineLog*& installed_log() {
   static TimelineLog* log = nullptr;
   return log;
@@ -29,44 +28,46 @@ __device__ __forceinline__ unsigned smid() {
   return s;
 }
 
-// One block's marks, on the log given to the kernel (nullptr: off): start() at the kernel's entry
-// takes the block's record (thread 0; its address waits in shared memory, so that nothing stays
-// in registers through the kernel's loops), waited() after pdl::wait, input() once the block's
-// input is built, finish() at every exit — a barrier first, so that the end is the block's, not
-// thread 0's (lab only: with the log off it is skipped, and every caller reaches it
-// block-uniformly).
-__device__ __forceinline__ TimelineRecord*& block_record() {
-  __shared__ TimelineRecord* rec;
-  return rec;
-}
+// One block's marks on the log given to the kernel: start() at the kernel's entry takes the
+// block's record (thread 0), waited() after pdl::wait, input() once the block's input is built,
+// finish() at every exit — a barrier first, so that the end is the block's, not thread 0's (every
+// caller reaches it block-uniformly). kOn = false is what the real kernels instantiate: every mark
+// is empty and the kernel's code is what it was without the lab (the first version, a runtime
+// check of the log, measured 2.7% / 5% slower for w4a8-g128 / w8a8 decode — s16 run 3); the
+// launch picks the kOn = true instantiation only while a log is installed.
+template <bool kOn>
 struct BlockMarks {
   TimelineLog* const log;
-  __device__ __forceinline__ void start() const {
-    if (!log || threadIdx.x != 0) return;
-    const unsigned long long slot = atomicAdd(&log->count, 1ULL);
-    TimelineRecord* r = slot < log->capacity ? reinterpret_cast<TimelineRecord*>(log + 1) + slot : nullptr;
-    block_record() = r;
-    if (!r) return;
-    r->smid = smid();
-    r->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    r->g_start = global_ns();
-    r->c_start = clock64();
+  TimelineRecord* rec = nullptr;  // thread 0's record, or nullptr
+  __device__ __forceinline__ void start() {
+    if constexpr (kOn) {
+      if (threadIdx.x != 0) return;
+      const unsigned long long slot = atomicAdd(&log->count, 1ULL);
+      if (slot >= log->capacity) return;
+      rec = reinterpret_cast<TimelineRecord*>(log + 1) + slot;
+      rec->smid = smid();
+      rec->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+      rec->g_start = global_ns();
+      rec->c_start = clock64();
+    }
   }
-  __device__ __forceinline__ void waited() const {
-    if (log && threadIdx.x == 0 && block_record()) block_record()->c_waited = clock64();
+  __device__ __forceinline__ void waited() {
+    if constexpr (kOn)
+      if (rec) rec->c_waited = clock64();
   }
-  __device__ __forceinline__ void input() const {
-    if (log && threadIdx.x == 0 && block_record()) block_record()->c_input = clock64();
+  __device__ __forceinline__ void input() {
+    if constexpr (kOn)
+      if (rec) rec->c_input = clock64();
   }
-  __device__ __forceinline__ void finish(TimelineKernel kernel, unsigned arg) const {
-    if (!log) return;
-    __syncthreads();
-    TimelineRecord* r = block_record();
-    if (threadIdx.x != 0 || !r) return;
-    r->c_end = clock64();
-    r->g_end = global_ns();
-    r->kernel = uint32_t(kernel);
-    r->arg = arg;
+  __device__ __forceinline__ void finish(TimelineKernel kernel, unsigned arg) {
+    if constexpr (kOn) {
+      __syncthreads();
+      if (!rec) return;
+      rec->c_end = clock64();
+      rec->g_end = global_ns();
+      rec->kernel = uint32_t(kernel);
+      rec->arg = arg;
+    }
   }
 };
 
