@@ -13,6 +13,7 @@
 #       (sdpa) on the same weights (`perry export` to /tmp, tools/gpu/peer_transformers.py, export
 #       deleted): summary.md, bench-llama3-8b.md/json, peers-transformers.md. In `full` the peer's
 #       table goes into summary.md only (the 8-file limit).
+#     timeline: the decode step block by block (timeline() below): summary.md, timeline-MODE.md.
 set -uo pipefail
 OUT=${1:?usage: run_cuda_backend.sh OUT [tests|quick|full|ops|peers]}
 LEVEL=${2:-quick}
@@ -49,6 +50,8 @@ P="$T/bin/perry"
 # `measure`: the tests TESTS_ONLY names, then bench llama3-8b in MEASURE_MODES (prompts BENCH_PROMPTS).
 # `testsonly`: the test programs (TESTS_ONLY, or all) and nothing else.
 [ "$LEVEL" = measure ] && TESTS_ONLY=${TESTS_ONLY:-"test_cuda_model"}
+# `timeline`: the tests TESTS_ONLY names (default: none), then the decode timeline below.
+[ "$LEVEL" = timeline ] && TESTS_ONLY=${TESTS_ONLY:-none}
 if [ "$LEVEL" != ops ] && [ "$LEVEL" != peers ] && [ "$LEVEL" != run3 ]; then  # (steps 1 and 2; `ops`, `peers`, `run3` skip them)
 # 1. Tests: every CUDA test program, each bounded.
 : > "$OUT/tests.log"
@@ -68,7 +71,7 @@ grep -E '^\[cuda-vs-cpu\]|TFLOP|GB/s' "$OUT/tests.log" | head -90 | sed "s/^/   
 
 # 2. perry itself on the GPU: info, a short generation with the embedded model.
 [ "$LEVEL" != final ] && [ "$LEVEL" != decode ] && [ "$LEVEL" != prefill ] && [ "$LEVEL" != measure ] &&
-  [ "$LEVEL" != testsonly ] && [ "$LEVEL" != gemmvar ] && {
+  [ "$LEVEL" != testsonly ] && [ "$LEVEL" != gemmvar ] && [ "$LEVEL" != timeline ] && {
   echo "== perry info --device cuda"; timeout 60 "$P" info --device cuda
   echo "== perry info --device cuda --quant w8a8"; timeout 60 "$P" info --device cuda --quant w8a8
   echo "== perry run --device cuda"; timeout 60 "$P" run --device cuda -n 48 -p "The ship sailed"
@@ -284,8 +287,22 @@ prefill_ab() {
     PROFILE_N=1 bash "$ROOT/tools/gpu/profile_decode.sh" "$OUT" ${PROFILE_MODES:-bf16 w8a8} > "$T/profile.log" 2>&1 &&
     { say ""; cat "$OUT/profile.md" >> "$S"; rm -f "$OUT"/profile-*.csv; }
 }
+# The block-level timeline of decode steps (PERRY_LAB_DECODE_TIMELINE, kernels/cuda/lab_timeline.h) for
+# TIMELINE_MODES (default w4a8-g128), each with TIMELINE_ENV (e.g. PERRY_LAB_DECODE_WEIGHTS=noloop):
+# a 128-token prompt and 24 new tokens under CUDA graphs, the first 2000 launches left out;
+# OUT/timeline-MODE.md (tools/gpu/timeline_report.py).
+timeline() {
+  for m in ${TIMELINE_MODES:-w4a8-g128}; do
+    timeout 150 env ${TIMELINE_ENV:-} PERRY_LAB_DECODE_TIMELINE="$T/tl-$m.bin" "$P" run --device cuda --synthetic llama3-8b \
+      --quant "$m" --prompt-tokens 128 -n 24 > "$T/tl-$m.log" 2>&1
+    say ""; say "## timeline $m ${TIMELINE_ENV:-} (exit $?): $(grep -o 'decode [0-9.]* tok/s' "$T/tl-$m.log")"
+    python3 "$ROOT/tools/gpu/timeline_report.py" "$T/tl-$m.bin" --skip-launches 2000 > "$OUT/timeline-$m.md" 2>&1
+    grep -E '^\| (gemv|attention)' "$OUT/timeline-$m.md" | tee -a "$S"
+  done
+}
 case "$LEVEL" in
   decode) decode_ab ;;
+  timeline) timeline ;;
   prefill) prefill_ab ;;
   measure) bench llama3-8b llama3-8b ${MEASURE_MODES:-bf16 w8a8 w4a8-g128} ;;
   quick) bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128 ;;

@@ -11,7 +11,10 @@ launches of:
   * span: first block start to last block end;
   * per block: start -> wait passed, wait -> input built (attention: work done), -> end (SM clock);
   * handoff: on one SM, the previous block's end to this kernel's block start (SM clock), when
-    the previous block on that SM belonged to the launch just before.
+    the previous block on that SM belonged to the launch just before;
+  * advance: this launch's last block end minus the previous launch's — what the launch adds to
+    the step (the advances of all launches sum to the wall time), and its tail: the last block
+    end minus the median block end.
 SM cycles are turned into ns by the ratio of the global timer to the SM clock over the log.
 """
 import argparse
@@ -86,14 +89,16 @@ def main():
         last = max(r["g3"] for r in rs)
         waited = min(r["g0"] + (r["c1"] - r["c0"]) * ns_per_cycle for r in rs)
         s = stats.setdefault(label(*l["key"]), {"n": 0, "gap": [], "gap_wait": [], "span": [], "pre": [], "build": [],
-                                                 "rest": [], "handoff": [], "blocks": []})
+                                                 "rest": [], "handoff": [], "blocks": [], "advance": [], "tail": []})
         s["n"] += 1
         s["span"].append(last - first)
         s["blocks"].append(len(rs))
+        s["tail"].append(last - med([r["g3"] for r in rs]))
         if i > 0:
             prev_last = max(r["g3"] for r in launches[i - 1]["recs"])
             s["gap"].append(first - prev_last)
             s["gap_wait"].append(waited - prev_last)
+            s["advance"].append(last - prev_last)
         for r in rs:
             s["pre"].append((r["c1"] - r["c0"]) * ns_per_cycle)
             s["build"].append((r["c2"] - r["c1"]) * ns_per_cycle)
@@ -110,19 +115,22 @@ def main():
     print("## Decode timeline: %d block records (%d missed), %d launches, %.3f ns an SM cycle"
           % (len(rows), missed, len(launches), ns_per_cycle))
     print()
-    print("Medians (µs). gap: previous launch's last block end -> first block start / -> first block past its wait;"
-          " span: first start -> last end; pre: block start -> wait passed; build: -> input built (attention: work"
-          " done); rest: -> block end; handoff: on one SM, the previous launch's block end -> this block's start.")
+    print("Medians (µs). advance: previous launch's last block end -> this launch's last block end (the sum over the"
+          " launches reported, in ms, is the wall time); tail: last block end - median block end; gap: previous"
+          " launch's last block end -> first block start / -> first block past its wait; span: first start -> last"
+          " end; pre: block start -> wait passed; build: -> input built (attention: work done); rest: -> block end;"
+          " handoff: on one SM, the previous launch's block end -> this block's start.")
     print()
-    print("| kernel | launches | blocks | gap start | gap wait | span | pre | build | rest | handoff (n) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| kernel | launches | blocks | advance (sum ms) | tail | gap start | gap wait | span | pre | build | rest |"
+          " handoff (n) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     total_span = 0.0
-    for name, s in sorted(stats.items(), key=lambda kv: -sum(kv[1]["span"])):
+    for name, s in sorted(stats.items(), key=lambda kv: -sum(kv[1]["advance"])):
         total_span += sum(s["span"])
-        print("| %s | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f (%d) |" % (
-            name, s["n"], med(s["blocks"]), med(s["gap"]) / 1e3, med(s["gap_wait"]) / 1e3, med(s["span"]) / 1e3,
-            med(s["pre"]) / 1e3, med(s["build"]) / 1e3, med(s["rest"]) / 1e3, med(s["handoff"]) / 1e3,
-            len(s["handoff"])))
+        print("| %s | %d | %d | %.2f (%.2f) | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f (%d) |" % (
+            name, s["n"], med(s["blocks"]), med(s["advance"]) / 1e3, sum(s["advance"]) / 1e6, med(s["tail"]) / 1e3,
+            med(s["gap"]) / 1e3, med(s["gap_wait"]) / 1e3, med(s["span"]) / 1e3, med(s["pre"]) / 1e3,
+            med(s["build"]) / 1e3, med(s["rest"]) / 1e3, med(s["handoff"]) / 1e3, len(s["handoff"])))
     first = min(r["g0"] for l in launches[a.skip_launches:] for r in l["recs"])
     last = max(r["g3"] for r in recs)
     gaps = sum(sum(s["gap"]) for s in stats.values())
