@@ -22,14 +22,19 @@ STAGE=$(mktemp -d)
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 if [ -n "${ALT_REV:-}" ]; then
   SAVED=$(mktemp -d)
-  CHANGED=$(git -C "$ROOT" diff --name-only "$ALT_REV" -- src include CMakeLists.txt)
-  for f in $CHANGED; do
-    mkdir -p "$SAVED/$(dirname "$f")"
-    [ -e "$ROOT/$f" ] && cp -p "$ROOT/$f" "$SAVED/$f"
-    if git -C "$ROOT" cat-file -e "$ALT_REV:$f" 2>/dev/null; then git -C "$ROOT" show "$ALT_REV:$f" > "$ROOT/$f"; else rm -f "$ROOT/$f"; fi
-  done
+  # (--no-renames: a renamed file is its old path and its new path, both swapped.)
+  CHANGED=$(git -C "$ROOT" diff --no-renames --name-only "$ALT_REV" -- src include CMakeLists.txt)
+  for f in $CHANGED; do mkdir -p "$SAVED/$(dirname "$f")"; [ -e "$ROOT/$f" ] && cp -p "$ROOT/$f" "$SAVED/$f"; done
   restore() { for f in $CHANGED; do if [ -e "$SAVED/$f" ]; then cp "$SAVED/$f" "$ROOT/$f"; touch "$ROOT/$f"; else rm -f "$ROOT/$f"; fi; done; }
-  trap restore EXIT
+  trap restore EXIT  # (set before the swap: a failure half-way still puts every file back)
+  for f in $CHANGED; do
+    if git -C "$ROOT" cat-file -e "$ALT_REV:$f" 2>/dev/null; then
+      mkdir -p "$ROOT/$(dirname "$f")"
+      git -C "$ROOT" show "$ALT_REV:$f" > "$ROOT/$f"
+    else
+      rm -f "$ROOT/$f"
+    fi
+  done
   ninja -C "$B" -j"${JOBS:-2}" perry_cli
   cp "$B/perry" "$STAGE/bin/perry-alt"
   restore

@@ -295,7 +295,8 @@ timeline() {
   for m in ${TIMELINE_MODES:-w4a8-g128}; do
     timeout 150 env ${TIMELINE_ENV:-} PERRY_LAB_DECODE_TIMELINE="$T/tl-$m.bin" "$P" run --device cuda --synthetic llama3-8b \
       --quant "$m" --prompt-tokens 128 -n 24 > "$T/tl-$m.log" 2>&1
-    say ""; say "## timeline $m ${TIMELINE_ENV:-} (exit $?): $(grep -o 'decode [0-9.]* tok/s' "$T/tl-$m.log")"
+    local rc=$?
+    say ""; say "## timeline $m ${TIMELINE_ENV:-} (exit $rc): $(grep -o 'decode [0-9.]* tok/s' "$T/tl-$m.log")"
     python3 "$ROOT/tools/gpu/timeline_report.py" "$T/tl-$m.bin" --skip-launches 2000 > "$OUT/timeline-$m.md" 2>&1
     grep -E '^\| (gemv|attention)' "$OUT/timeline-$m.md" | tee -a "$S"
   done

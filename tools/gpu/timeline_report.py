@@ -80,6 +80,8 @@ def main():
     for i, l in enumerate(launches):
         for r in l["recs"]:
             r["launch"] = i
+    if a.skip_launches >= len(launches):
+        sys.exit("only %d launches: --skip-launches %d leaves none" % (len(launches), a.skip_launches))
     stats = {}
     for i, l in enumerate(launches):
         if i < a.skip_launches:

@@ -130,7 +130,8 @@ class CudaBackend final : public model::ForwardBackend {
   bool decode_lab_skip_attention_ = false;
   // PERRY_LAB_DECODE_TIMELINE=file: lab only — a record of every decode GEMV and attention block
   // (start, PDL wait passed, input built, end), written to the file when the backend closes
-  // (kernels/cuda/lab_timeline.h; PERRY_LAB_DECODE_TIMELINE_RECORDS sets the capacity).
+  // (kernels/cuda/lab_timeline.h; PERRY_LAB_DECODE_TIMELINE_RECORDS sets the capacity: 1 Mi records,
+  // 64 MiB of device memory, by default — a 24-token decode of Llama-3-8B writes ~430 K).
   std::unique_ptr<LabTimeline> lab_timeline_;
   // Prefill q/k/v: rope_append_qkv + attention reading q in place (+ bf16 output for bf16
   // linears) instead of split_qkv, rope_apply, kv_cache_append and a conversion pass;
@@ -263,7 +264,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
                                    "lab only: wrong outputs");
   decode_lab_skip_attention_ = env_choice("PERRY_LAB_DECODE_ATTENTION", false, {{"skip", true}}, "lab only: wrong outputs");
   if (const char* tl = std::getenv("PERRY_LAB_DECODE_TIMELINE"); tl && *tl)
-    lab_timeline_ = std::make_unique<LabTimeline>(tl, size_t(env_int("PERRY_LAB_DECODE_TIMELINE_RECORDS", 4 << 20, 1, 1 << 26)));
+    lab_timeline_ = std::make_unique<LabTimeline>(tl, size_t(env_int("PERRY_LAB_DECODE_TIMELINE_RECORDS", 1 << 20, 1, 1 << 26)));
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
   gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");

@@ -392,7 +392,7 @@ int attention_decode_chunk(int n_seqs, int max_ctx) {
 size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx) {
   if (n_seqs <= 0 || nh <= 0 || hd <= 0 || max_ctx <= 0) return 0;
   // Bound on n_seqs·nchunks that is monotone in n_seqs and max_ctx (so one allocation for the
-  // largest batch serves every smaller call): chunk >= 128 gives nchunks <= ceil(ctx/128), and
+  // largest batch serves every smaller call): chunk >= m = dec_min_chunk() gives nchunks <= ceil(ctx/m), and
   // chunk >= n·ctx/1024 gives nchunks < 1024/n + 1.
   const size_t n = size_t(n_seqs);
   const size_t parts = std::min(n * ((size_t(max_ctx) + dec_min_chunk() - 1) / dec_min_chunk()),
@@ -428,16 +428,15 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
   const size_t smem = dec_smem_bytes(G, hd);
   const dim3 grid(nchunks, nkv, n_seqs);
   TimelineLog* const tl = lab_timeline::installed_log();
-  if (hd % 8 == 0 && tl) {
-    launch_partial<true, true>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks,
-                               scale_log2, ws_acc, ws_ml, tl);
-  } else if (hd % 8 == 0) {
-    launch_partial<true, false>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk, nchunks,
-                                scale_log2, ws_acc, ws_ml, tl);
-  } else {
-    launch_partial<false, false>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh, nkv, hd, capacity, chunk,
-                                 nchunks, scale_log2, ws_acc, ws_ml, tl);
-  }
+  // One of the four instantiations (kVec: hd % 8 == 0; kTimeline: a log installed).
+  auto partial = [&](auto vec, auto timed) {
+    launch_partial<decltype(vec)::value, decltype(timed)::value>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh,
+                                                                 nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc,
+                                                                 ws_ml, tl);
+  };
+  using std::false_type, std::true_type;
+  if (hd % 8 == 0) tl ? partial(true_type{}, true_type{}) : partial(true_type{}, false_type{});
+  else tl ? partial(false_type{}, true_type{}) : partial(false_type{}, false_type{});
   pdl::launch("attention_decode_combine", tl ? decode_combine_kernel<true> : decode_combine_kernel<false>,
               dim3(nh, n_seqs), dim3(kDecThreads), nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk,
               nchunks, ws_acc, ws_ml, out, tl);

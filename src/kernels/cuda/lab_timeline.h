@@ -7,7 +7,8 @@
 //
 // One record a block: SM clock cycles (clock64, exact within an SM and comparable between the
 // blocks that ran on the same SM) and the global timer (ns, comparable across SMs, coarser).
-// Off (no log installed), a kernel pays one load of a null pointer and a branch.
+// The marks live in separate instantiations of the kernels (BlockMarks<true>), launched only while
+// a log is installed: with none, the real kernels run without any trace of the lab.
 #pragma once
 #include <cstddef>
 #include <cstdint>
