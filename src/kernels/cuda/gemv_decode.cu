@@ -407,8 +407,8 @@ __host__ __device__ __forceinline__ int n_groups(int N) {
                                                    : (N + kWarps * kR - 1) / (kWarps * kR);
 }
 
-// The RopeKv epilogue of warp slot j (lane 0): the q pair rotated into y, the k pair rotated and
-// the v pair stored into the layer's cache at the token's position — rope_append_qkv's
+// The RopeKv epilogue of warp slot j (one lane, in finish_kept): the q pair rotated into y, the k
+// pair rotated and the v pair stored into the layer's cache at the token's position — rope_append_qkv's
 // operations on the same fp32 values, so the same bits.
 __device__ void rope_kv_store(const Params& p, int j, const int (&rows)[2], const float (&val)[2]) {
   const DecodeRopeKv& rk = p.rk;
