@@ -10,7 +10,9 @@
 //     between two CUDA events, so no timing includes host launch latency; warm-up rounds, then
 //     the median over the timed rounds (ops interleaved, so clock drift hits all alike);
 //   - perry's rows run the kernels CudaLinear picks at that M (linear_path, cuda_linear.h) with
-//     its arguments; w8a8-mma, where w8a8 picks the sm_90 wgmma GEMM, times the mma.sync one;
+//     its arguments; w8a8-mma, where w8a8 picks the sm_90 wgmma GEMM, times the mma.sync one; at
+//     M = 1 they run the decode step's kernel instead (gemv_decode, decode_kernel_row): the fp32
+//     row in, quantized or converted to bf16 inside the kernel, so one row per op (no `gemm ms`);
 //   - perry's W*A8 rows include quantize_per_token of the bf16 activation (w8a8-fp8:
 //     quantize_per_token_fp8, as CudaLinear runs it); their GEMM alone and the quantization alone
 //     are timed as well (columns `gemm ms`, `quant ms`; rows `quantize`, `quantize-fp8`);
@@ -157,7 +159,7 @@ class Bench {
   // The current shape.
   int N_ = 0, K_ = 0;
   std::map<WFmt, WeightPool> pools_;
-  DeviceBuffer x_, xq_, sa_, x8_, xf8_, sf8_, y_, scratch_, splitk_;
+  DeviceBuffer x_, x32_, xq_, sa_, x8_, xf8_, sf8_, y_, scratch_, splitk_;
   std::vector<int> ns_;                                          // sampled output columns
   std::map<WFmt, std::vector<std::vector<uint8_t>>> host_w_;     // copy 0, rows ns_
   std::map<std::pair<WFmt, int>, std::vector<std::vector<float>>> host_s_;
@@ -248,6 +250,7 @@ void Bench::measure_copy_bandwidth() {
 OpArgs Bench::args(Op op, int copy, int M) const {
   OpArgs a;
   a.x = x_.get<uint16_t>();
+  a.x32 = x32_.get<float>();
   a.xq = xq_.get<int8_t>();
   a.sa = sa_.get<float>();
   a.x8 = x8_.get<uint8_t>();
@@ -332,6 +335,13 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   fill_random_bf16(x_.get<uint16_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);
   fill_random_e4m3(x8_.get<uint8_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);
   PERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  {  // row 0 as fp32, the decode kernel's input (the same values: bf16 widens exactly)
+    const std::vector<uint16_t> xb = download<uint16_t>(x_.get<uint16_t>(), size_t(K));
+    std::vector<float> xf(xb.size());
+    for (size_t k = 0; k < xb.size(); ++k) xf[k] = bf16_to_f32(xb[k]);
+    x32_ = DeviceBuffer(pool_, xf.size() * 4, "bench-op activation row (fp32)");
+    PERRY_CUDA_CHECK(cudaMemcpy(x32_.get<float>(), xf.data(), xf.size() * 4, cudaMemcpyHostToDevice));
+  }
   fmt::print("\n== N={} K={}: weight copies in rotation (count×size): {} ==\n", N, K, rotation);
 
   // Host copies of the sampled weight rows (copy 0) for the output checks.
@@ -467,7 +477,8 @@ void Bench::run_case(int M) {
   std::vector<Item> items;
   for (Op op : ops) {
     items.push_back({op, true, {}});
-    if (quantizes_activations(op)) items.push_back({op, false, {}});
+    // (M = 1: the decode kernel quantizes its row inside, no separate step to leave out.)
+    if (quantizes_activations(op) && !decode_kernel_row(op, M, K)) items.push_back({op, false, {}});
   }
   Events ev(2 * items.size());
   for (int r = 0; r < warmup_ + reps_; ++r) {
@@ -519,7 +530,7 @@ void Bench::run_case(int M) {
     r.kernel = kernel_name(op, M, K, ctx);
     r.ms = med(op, true);
     r.best_ms = *std::min_element(by.at({op, true})->ms.begin(), by.at({op, true})->ms.end());
-    const bool quantizes = quantizes_activations(op);
+    const bool quantizes = quantizes_activations(op) && !decode_kernel_row(op, M, K);
     r.gemm_ms = quantizes ? med(op, false) : in.kind == Kind::Quantize ? -1 : r.ms;
     r.quant_ms = quantizes ? med(quantize_op(op), true) : in.kind == Kind::Quantize ? r.ms : -1;
     double bytes = 0;
@@ -569,7 +580,8 @@ void Bench::write(const std::string& aborted) const {
                   "within a round behind a spin kernel (no host launch latency in a timing); weights rotated over "
                   "copies > 4x L2 ({} MiB) per format, so never L2-resident; fresh random data; perry rows run "
                   "the kernels CudaLinear picks at each M (linear_path), w8a8-mma the mma.sync GEMM where w8a8 "
-                  "picks wgmma; W*A8 rows include "
+                  "picks wgmma, and at M = 1 the decode step's kernel (gemv_decode: fp32 row in, its "
+                  "quantization inside); W*A8 rows include "
                   "quantize_per_token of the bf16 activation, w8a8-fp8 quantize_per_token_fp8 (gemm ms: without "
                   "it); every op's output checked on 8x8 "
                   "samples against a host reference (float rows: max |err| / rms <= {:.0e}; int rows exact / +-1)",

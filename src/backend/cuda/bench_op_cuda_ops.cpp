@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/gemv_decode.h"
 #include "kernels/cuda/gemv_quant.h"
 
 namespace perry::cuda::benchop {
@@ -129,6 +130,12 @@ LinearPath op_path(Op op, int M, int K) {
   return op == Op::W8A8Mma ? LinearPath::MmaSync : linear_path(op_info(op).mode, M, K);
 }
 
+bool decode_kernel_row(Op op, int M, int K) {
+  if (M != 1 || op_info(op).kind != Kind::Perry || op == Op::W8A8Mma) return false;
+  const QuantMode mode = op_info(op).mode;
+  return !pq::quant_scheme(mode).fp8 && gemv_decode_supports(mode, K);  // CudaLinear::decode_fusable
+}
+
 bool has_row(Op op, int M, int K) {
   return op != Op::W8A8Mma || linear_path(QuantMode::W8A8, M, K) == LinearPath::Wgmma;
 }
@@ -151,6 +158,19 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
   // that the norm / SwiGLU kernel before them quantized: here quantize_per_token stands in for
   // that step (skipped when quantize = false); w8a8-fp8 quantizes its bf16 input itself.
   const QuantMode mode = op_info(op).mode;
+  if (decode_kernel_row(op, M, K)) {
+    // One token: the decode step's kernel (gemv_decode) from the fp32 row, its int8 quantization
+    // (or bf16 conversion) inside the kernel — what a decode step runs for this layer, plain input
+    // and stored output (no residual add, no bias).
+    PERRY_CHECK(a.x32 != nullptr, "bench-op: {} at M = 1 needs the fp32 input row", op_info(op).name);
+    DecodeLinearArgs d;
+    d.x = a.x32;
+    d.in = DecodeIn::Plain;
+    d.y = static_cast<float*>(a.y);
+    d.out = DecodeOut::Store;
+    gemv_decode(DecodeWeights{mode, a.w, a.scales, nullptr, N, K}, d, c.stream);
+    return;
+  }
   const pq::QuantScheme sc = pq::quant_scheme(mode);
   const bool a8 = sc.int8_activations;
   const LinearPath path = op_path(op, M, K);
@@ -216,6 +236,9 @@ std::string kernel_name(Op op, int M, int K, const OpContext& c) {
   // The layer's kernels as CudaLinear::kernel_name prints them (w8a8-fp8's name includes its
   // quantization), after the int8 quantization the bench adds for the W*A8 modes.
   const QuantMode mode = op_info(op).mode;
+  if (decode_kernel_row(op, M, K))
+    return pq::quant_scheme(mode).int8_activations ? "gemv_decode (fp32 row quantized in the kernel)"
+                                                    : "gemv_decode (fp32 row)";
   const std::string name = linear_path_name(mode, op_path(op, M, K));
   return pq::quant_scheme(mode).int8_activations ? "quantize_per_token + " + name : name;
 }

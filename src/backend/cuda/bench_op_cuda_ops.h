@@ -48,6 +48,9 @@ LinearPath op_path(Op op, int M, int K);
 // Whether `op` has a row at M: all but w8a8-mma, timed only where w8a8 runs wgmma (elsewhere it
 // would repeat w8a8's row, or time gemm_w8a8 at an M where the model runs another kernel).
 bool has_row(Op op, int M, int K);
+// Whether perry's row of op at M rows times the decode step's kernel (gemv_decode) — M = 1, every
+// mode the decode step fuses — instead of the CudaLinear path (linear_path).
+bool decode_kernel_row(Op op, int M, int K);
 // perry's quantized modes: weights with scales [N, G] in the layout of scale_group(op).
 bool has_weight_scales(Op op);
 // Int8 per-token activations (the W*A8 modes, the cuBLASLt int8 peers). Not w8a8-fp8.
@@ -73,6 +76,7 @@ struct OpArgs {
   const void* w = nullptr;
   const float* scales = nullptr;  // [N, G] in the op's scale layout (quantized modes)
   const uint16_t* x = nullptr;
+  const float* x32 = nullptr;  // x's first row as fp32: the input of the decode step's kernel at M = 1
   int8_t* xq = nullptr;
   float* sa = nullptr;
   const uint8_t* x8 = nullptr;
