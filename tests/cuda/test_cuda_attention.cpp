@@ -25,11 +25,13 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/elementwise.h"
 
 namespace pc = perry::cuda;
 #include "cuda/cuda_test_util.h"
@@ -450,6 +452,44 @@ TEST(CudaAttention, DecodeShortContexts) {
       run_decode_case({5}, hc, hd, 600, gen);      // one chunk
       run_decode_case({1, 190}, hc, hd, 600, gen);  // 3 chunks, 2 empty for the first sequence
     }
+}
+
+// attention_decode's contract with the kernel before it (programmatic dependent launch): that
+// kernel may append the newest row while the partial kernel already copies the older ones. Here
+// rope_append_qkv (identity RoPE — cos 1, sin 0 — so q and k are the reference's) appends the token
+// and attention_decode follows with no sync between, for one sequence (the decode step's case) with
+// the newest row alone, inside, first and last in its chunk's first tile, and in a later chunk.
+TEST(CudaAttention, DecodeRightAfterTheAppend) {
+  REQUIRE_GPU();
+  std::mt19937 gen(1202);
+  const Heads hc{32, 8};
+  const int cap = 1024;
+  for (int hd : {64, 128}) {
+    std::vector<float> cosv(size_t(cap) * hd / 2, 1.0f), sinv(cosv.size(), 0.0f);
+    const pc::DeviceRopeTable rope(cosv.data(), sinv.data(), hd, cap);
+    for (int ctx : {1, 5, 64, 65, 150, 1000}) {
+      SCOPED_TRACE("hd " + std::to_string(hd) + " ctx " + std::to_string(ctx));
+      const Problem p = make_problem({{ctx - 1, 1}}, hc.nh, hc.nkv, hd, cap, gen);
+      DevProblem d(p);  // the cache without the new row
+      const int Q = p.nh * hd, KV = p.nkv * hd, stride = Q + 2 * KV;
+      std::vector<float> qkv(static_cast<size_t>(stride));  // row 0, the sequence's token
+      std::copy(p.q.begin(), p.q.begin() + Q, qkv.begin());
+      std::copy(p.k.begin(), p.k.begin() + KV, qkv.begin() + Q);
+      std::copy(p.v.begin(), p.v.begin() + KV, qkv.begin() + Q + KV);
+      Dev<float> dqkv(qkv);
+      const size_t ws_bytes = pc::attention_decode_workspace_bytes(1, p.nh, hd, p.max_ctx);
+      Dev<float> ws((ws_bytes + 3) / 4);
+      poison(p, d.out);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      pc::rope_append_qkv(dqkv.p, stride, d.seqs.p, 1, 1, p.nh, p.nkv, hd, nullptr, nullptr, 1e-6f, rope.view(), cap,
+                          d.kc.p, d.vc.p, nullptr);
+      pc::attention_decode(dqkv.p, d.seqs.p, 1, p.max_ctx, d.kc.p, d.vc.p, p.nh, p.nkv, hd, cap, p.scale, d.out.p,
+                           ws.p, ws_bytes, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(d.kc.get(), p.kc);
+      EXPECT_LT(check_out(p, d.out.get(), reference(p, false)), 1e-4);
+    }
+  }
 }
 
 TEST(CudaAttention, DecodeManySequences) {

@@ -179,7 +179,18 @@ TEST(CudaBenchOp, LinearPathChoice) {
   EXPECT_EQ(op_path(Op::W8A16, 100, 4096), LinearPath::DequantCublas);
   EXPECT_EQ(op_path(Op::Bf16, 1, 4096), LinearPath::CublasBf16);
   EXPECT_EQ(op_path(Op::W8A8Mma, 1, 4096), LinearPath::MmaSync);  // the comparison row: always mma.sync
-  EXPECT_EQ(kernel_name(Op::W8A8, 1, 4096, ctx), "quantize_per_token + w8a8:gemv_quant");
+  // One row: the decode step's kernel (gemv_decode) for every mode it fuses — not w8a8-fp8, not
+  // cuBLAS's row, not a K it cannot take —; two rows: the layer's GEMV.
+  EXPECT_EQ(kernel_name(Op::W8A8, 1, 4096, ctx), "gemv_decode (fp32 row quantized in the kernel)");
+  EXPECT_EQ(kernel_name(Op::Bf16, 1, 4096, ctx), "gemv_decode (fp32 row)");
+  EXPECT_EQ(kernel_name(Op::W8A8, 2, 4096, ctx), "quantize_per_token + w8a8:gemv_quant");
+  for (Op op : {Op::Bf16, Op::W8A16, Op::W4A16, Op::W8A8, Op::W8A8G128, Op::W8A8G64, Op::W4A8, Op::W4A8G128}) {
+    EXPECT_TRUE(decode_kernel_row(op, 1, 4096)) << op_info(op).name;
+    EXPECT_FALSE(decode_kernel_row(op, 2, 4096)) << op_info(op).name;
+    EXPECT_FALSE(decode_kernel_row(op, 1, 1000)) << op_info(op).name;  // K % 32 != 0
+  }
+  for (Op op : {Op::W8A8Fp8, Op::W8A8Mma, Op::CublasBf16, Op::LtI8I32, Op::Quantize})
+    EXPECT_FALSE(decode_kernel_row(op, 1, 4096)) << op_info(op).name;
   EXPECT_EQ(kernel_name(Op::W4A8G128, 16, 4096, ctx), "quantize_per_token + w4a8-g128:gemm_small_m");
   EXPECT_EQ(kernel_name(Op::W4A16, 100, 4096, ctx), "w4a16:dequantize_bf16+cublas_gemm");
   EXPECT_EQ(kernel_name(Op::Bf16, 100, 4096, ctx), "bf16:cublas_gemm");

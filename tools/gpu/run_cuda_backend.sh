@@ -195,8 +195,6 @@ decode_ab() {
         labnoattn) env+=(PERRY_LAB_DECODE_ATTENTION=skip) ;;  # lab (wrong outputs): no decode attention kernels
         attnchunk[0-9]*) env+=(PERRY_DECODE_ATTN_MIN_CHUNK=${sw#attnchunk}) ;;  # decode attention chunks of n keys (16..64)
         labbound[0-9]*) env+=(PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}) ;;  # lab: an empty N-block kernel after each step
-        static) env+=(PERRY_GEMV_DECODE_SCHED=static) ;;  # the decode GEMVs' rows in the fixed order (no claims)
-        rounds[0-9]*) env+=(PERRY_GEMV_DECODE_STATIC_ROUNDS=${sw#rounds}) ;;  # claims after N static rounds
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done

@@ -11,8 +11,9 @@
 //     the median over the timed rounds (ops interleaved, so clock drift hits all alike);
 //   - perry's rows run the kernels CudaLinear picks at that M (linear_path, cuda_linear.h) with
 //     its arguments; w8a8-mma, where w8a8 picks the sm_90 wgmma GEMM, times the mma.sync one; at
-//     M = 1 they run the decode step's kernel instead (gemv_decode, decode_kernel_row): the fp32
-//     row in, quantized or converted to bf16 inside the kernel, so one row per op (no `gemm ms`);
+//     M = 1 they run the decode step's kernel instead (gemv_decode, decode_kernel_row) in o_proj's
+//     form: the fp32 row in (quantized or converted to bf16 inside the kernel, so one timing per
+//     op, no `gemm ms` apart), the product added to y;
 //   - perry's W*A8 rows include quantize_per_token of the bf16 activation (w8a8-fp8:
 //     quantize_per_token_fp8, as CudaLinear runs it); their GEMM alone and the quantization alone
 //     are timed as well (columns `gemm ms`, `quant ms`; rows `quantize`, `quantize-fp8`);
@@ -386,7 +387,8 @@ Bench::HostActs Bench::host_acts(int M) {
 Verdict Bench::check_op(Op op, int M, const HostActs& h, const OpContext& ctx) {
   const int K = K_, N = N_;
   const std::vector<int>& ms = h.ms;
-  PERRY_CUDA_CHECK(cudaMemsetAsync(y_.get(), 0xff, size_t(M) * N * 4, stream_));
+  // NaN: an unwritten output fails; 0 for the decode kernel, which adds its product to y.
+  PERRY_CUDA_CHECK(cudaMemsetAsync(y_.get(), decode_kernel_row(op, M, K) ? 0 : 0xff, size_t(M) * N * 4, stream_));
   run_op(op, args(op, 0, M), true, ctx);
   sync_or_hang(stream_, 20, fmt::format("the output check of {} at N={} K={} M={}", op_info(op).name, N, K, M));
   if (op == Op::Quantize || op == Op::QuantizeFp8) {  // bytes and scales exactly as the CPU rule gives them
@@ -580,8 +582,8 @@ void Bench::write(const std::string& aborted) const {
                   "within a round behind a spin kernel (no host launch latency in a timing); weights rotated over "
                   "copies > 4x L2 ({} MiB) per format, so never L2-resident; fresh random data; perry rows run "
                   "the kernels CudaLinear picks at each M (linear_path), w8a8-mma the mma.sync GEMM where w8a8 "
-                  "picks wgmma, and at M = 1 the decode step's kernel (gemv_decode: fp32 row in, its "
-                  "quantization inside); W*A8 rows include "
+                  "picks wgmma, and at M = 1 the decode step's kernel (gemv_decode as o_proj runs it: fp32 row "
+                  "in, its quantization inside, the product added to y); W*A8 rows include "
                   "quantize_per_token of the bf16 activation, w8a8-fp8 quantize_per_token_fp8 (gemm ms: without "
                   "it); every op's output checked on 8x8 "
                   "samples against a host reference (float rows: max |err| / rms <= {:.0e}; int rows exact / +-1)",

@@ -160,14 +160,14 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
   const QuantMode mode = op_info(op).mode;
   if (decode_kernel_row(op, M, K)) {
     // One token: the decode step's kernel (gemv_decode) from the fp32 row, its int8 quantization
-    // (or bf16 conversion) inside the kernel — what a decode step runs for this layer, plain input
-    // and stored output (no residual add, no bias).
+    // (or bf16 conversion) inside the kernel — o_proj's and down_proj's form in a decode step:
+    // plain input, the product added to y (the residual add; the checks start from y = 0).
     PERRY_CHECK(a.x32 != nullptr, "bench-op: {} at M = 1 needs the fp32 input row", op_info(op).name);
     DecodeLinearArgs d;
     d.x = a.x32;
     d.in = DecodeIn::Plain;
     d.y = static_cast<float*>(a.y);
-    d.out = DecodeOut::Store;
+    d.out = DecodeOut::Accumulate;
     gemv_decode(DecodeWeights{mode, a.w, a.scales, nullptr, N, K}, d, c.stream);
     return;
   }
@@ -367,6 +367,8 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       dw(pool, size_t(N) * K * 2, "bench-op check weights"), ds(pool, size_t(N) * K / 16 * 4, "bench-op check scales"),
       scratch(pool, size_t(N) * K * 2, "bench-op check scratch");
   copy_to_device(dx.get(), xb.data(), xb.size() * 2);
+  DeviceBuffer dx32(pool, size_t(K) * 4, "bench-op check x (fp32 row)");  // the decode kernel's row 0
+  copy_to_device(dx32.get(), x.data(), size_t(K) * 4);
   OpContext ctx;
   ctx.stream = stream;
   ctx.blas = blas;
@@ -424,6 +426,7 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
         a.w = dw.get();
         a.scales = ds.get<float>();
         a.x = dx.get<uint16_t>();
+        a.x32 = dx32.get<float>();
         a.xq = dxq.get<int8_t>();
         a.sa = dsa.get<float>();
         a.xf8 = dxf8.get<uint8_t>();
@@ -432,7 +435,8 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
         a.M = M;
         a.N = N;
         a.K = K;
-        PERRY_CUDA_CHECK(cudaMemsetAsync(dy.get(), 0xff, dy.bytes(), stream));  // NaN: unwritten outputs fail
+        // NaN: unwritten outputs fail (the decode kernel adds to y: 0 there, and it must write every row)
+        PERRY_CUDA_CHECK(cudaMemsetAsync(dy.get(), decode_kernel_row(op, M, K) ? 0 : 0xff, dy.bytes(), stream));
         run_op(op, a, true, ctx);
         sync_or_hang(stream, 20, fmt::format("the startup check of {} (M={}, {})", c.op, M, c.kernel));
         std::vector<float> y(size_t(M) * N);

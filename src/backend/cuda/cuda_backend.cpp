@@ -117,13 +117,6 @@ class CudaBackend final : public model::ForwardBackend {
   // Register double buffering of the per-channel w8a8 decode linears: -1 = the kernel's choice;
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
-  // The decode linears' claim counters (gemv_decode.h, sched_counter): one a call site — 4 a layer
-  // (q|k|v, o, gate|up, down) and lm_head's —, zeroed once; each launch leaves its counter at 0.
-  // PERRY_GEMV_DECODE_SCHED=static keeps the fixed order (A/B runs);
-  // PERRY_GEMV_DECODE_STATIC_ROUNDS=n sets the rounds kept static (gemv_decode.h, static_rounds).
-  DeviceBuffer decode_sched_;
-  bool decode_claim_ = true;
-  int decode_static_rounds_ = -1;
   // PERRY_LAB_DECODE_INPUT=skip|read: lab only, wrong outputs (gemv_decode.h, lab_input).
   DecodeLabInput decode_lab_input_ = DecodeLabInput::Build;
   // PERRY_LAB_DECODE_BOUNDARIES=n: lab only — an empty n-block kernel after each of a layer's five
@@ -260,14 +253,6 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
-  decode_claim_ = env_choice("PERRY_GEMV_DECODE_SCHED", true, {{"static", false}, {"claim", true}},
-                             "static: fixed order; claim: the last rows claimed at run time");
-  decode_static_rounds_ = env_int("PERRY_GEMV_DECODE_STATIC_ROUNDS", -1, 0, 1 << 20);
-  if (fused_decode_) {
-    const size_t bytes = (4 * layers_.size() + 1) * sizeof(int);
-    decode_sched_ = DeviceBuffer(pool_, bytes, "decode claim counters");
-    PERRY_CUDA_CHECK(cudaMemset(decode_sched_.get<int>(), 0, bytes));
-  }
   decode_norm_stages_ = env_int("PERRY_GEMV_DECODE_NORM_STAGES", -1, 0, 16);
   if (decode_norm_stages_ == 1) throw Error("PERRY_GEMV_DECODE_NORM_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   decode_lab_input_ = env_choice("PERRY_LAB_DECODE_INPUT", DecodeLabInput::Build,
@@ -529,19 +514,6 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
                  : out == DecodeOut::SwiGLU     ? gate_up_bf16_
                                                 : qkv_bf16_;
   if (rope_kv) a.rope_kv = *rope_kv;
-  if (decode_claim_ && decode_sched_.get<int>()) {
-    // The call site's own counter: 4 a layer in the order q|k|v, o, gate|up, down; lm_head last.
-    size_t site = 4 * layers_.size();
-    for (size_t i = 0; i < layers_.size() && site == 4 * layers_.size(); ++i) {
-      const Layer& L = layers_[i];
-      const CudaLinear* const mine[4] = {&L.qkv, &L.o, &L.gate_up, &L.down};
-      for (size_t k = 0; k < 4; ++k)
-        if (mine[k] == &l) site = 4 * i + k;
-    }
-    PERRY_CHECK(site < 4 * layers_.size() || &l == &lm_head_, "decode_linear: a linear of no known call site");
-    a.sched_counter = decode_sched_.get<int>() + site;
-    a.static_rounds = decode_static_rounds_;
-  }
   gemv_decode(l.decode_weights(), a, stream_);
 }
 

@@ -99,6 +99,9 @@ PrefillKernel attention_prefill_choice(PrefillKernel want, int hd, int n_seqs, i
 // is read once; a second kernel merges the partial (max, sum, acc) states into out. fp32 math.
 // workspace: device memory of at least attention_decode_workspace_bytes(n_seqs, nh, hd, max_ctx)
 // bytes (allocate once for the largest batch / context; any call with smaller values fits).
+// Launched with programmatic dependent launch: the kernel just before it on the stream may write q
+// and each sequence's row at pos0 (the append of the new token), but no older cache row — those
+// are copied before the wait, while that kernel still runs.
 void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_ctx,
                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
                       int capacity, float scale, float* out, float* workspace,

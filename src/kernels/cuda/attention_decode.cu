@@ -119,15 +119,21 @@ __global__ void __launch_bounds__(kDecThreads)
   extern __shared__ __align__(16) unsigned char dsm[];
   lab_timeline::BlockMarks<kTimeline> marks{timeline};  // lab only (lab_timeline.h)
   marks.start();
-  pdl::wait();  // before anything else: q and the cache come from the previous kernels
-  pdl::launch_dependents();
-  marks.waited();
+  // Before the PDL wait: the sequence and (kVec) the copies of the chunk's first K/V tile, except
+  // the row at pos0 — the kernel just before this one (q|k|v's epilogue, rope_append_qkv or
+  // kv_cache_append) appends that row and q; every older row was written by kernels that had
+  // completed before it passed its own wait (pdl.cuh), and the sequences come from the host. The
+  // tile's fetch then overlaps the previous kernel instead of heading this block's chain (~6 µs
+  // of work after the wait at ~150 positions: s16 timeline).
   const int G = nh / nkv, hdp = (hd + 7) / 8 * 8 + 8;
   const AttnSeq sq = seqs[blockIdx.z];
   const int kvh = blockIdx.y, c = blockIdx.x;
   const int kv_len = min(sq.pos0 + 1, capacity);
   const int j_begin = c * chunk;
-  if (j_begin >= kv_len) return marks.finish(TimelineKernel::AttentionPartial, 0);  // uniform for the block
+  if (j_begin >= kv_len) {  // uniform for the block (the wait first: pdl.cuh's rule for early returns)
+    pdl::wait();
+    return marks.finish(TimelineKernel::AttentionPartial, 0);
+  }
   const int j_end = min(j_begin + chunk, kv_len);
 
   uint16_t* ks = reinterpret_cast<uint16_t*>(dsm);
@@ -144,6 +150,25 @@ __global__ void __launch_bounds__(kDecThreads)
   const uint16_t* vg = vc + head_off;
   const float* qg = q + (size_t)sq.q_row * nh * hd + (size_t)kvh * G * hd;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // kVec: the copies of tile k0's rows (zero-filled past its nk keys) — those other than the newest
+  // row (at pos0), that row alone, or all of them.
+  enum class Rows { Old, Newest, All };
+  auto copy_tile = [&](int k0, int nk, Rows which) {
+    const int cpr = hd / 8;
+    for (int e = tid; e < kDecTile * cpr; e += kDecThreads) {
+      const int r = e / cpr, col = (e - r * cpr) * 8;
+      if (which != Rows::All && (k0 + r == sq.pos0) != (which == Rows::Newest)) continue;
+      const bool ok = r < nk;
+      const size_t off = ok ? (size_t)(k0 + r) * hd + col : 0;
+      cp_async16(ks + r * hdp + col, kg + off, ok ? 16 : 0);
+      cp_async16(vs + r * hdp + col, vg + off, ok ? 16 : 0);
+    }
+  };
+  if constexpr (kVec) copy_tile(j_begin, min(kDecTile, j_end - j_begin), Rows::Old);
+  pdl::wait();
+  pdl::launch_dependents();
+  marks.waited();
+  if constexpr (kVec) copy_tile(j_begin, min(kDecTile, j_end - j_begin), Rows::Newest);
   for (int e = tid; e < G * hd; e += kDecThreads) {
     qs[e] = qg[e];
     os[e] = 0.f;
@@ -156,14 +181,7 @@ __global__ void __launch_bounds__(kDecThreads)
   for (int k0 = j_begin; k0 < j_end; k0 += kDecTile) {
     const int nk = min(kDecTile, j_end - k0);  // >= 1
     if constexpr (kVec) {
-      const int cpr = hd / 8;
-      for (int e = tid; e < kDecTile * cpr; e += kDecThreads) {
-        const int r = e / cpr, col = (e - r * cpr) * 8;
-        const bool ok = r < nk;
-        const size_t off = ok ? (size_t)(k0 + r) * hd + col : 0;
-        cp_async16(ks + r * hdp + col, kg + off, ok ? 16 : 0);
-        cp_async16(vs + r * hdp + col, vg + off, ok ? 16 : 0);
-      }
+      if (k0 != j_begin) copy_tile(k0, nk, Rows::All);  // (the first tile's copies were issued above)
       cp_async_commit();
       cp_async_wait<0>();
     } else {

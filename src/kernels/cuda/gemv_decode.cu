@@ -15,7 +15,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <climits>
 #include <mutex>
 #include <string>
 
@@ -70,12 +69,6 @@ struct Params {
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
   TimelineLog* timeline;     // lab only: the installed decode timeline (lab_timeline.h), or nullptr (bulk kernels)
-  // Work claimed at run time (bulk kernels; DecodeLinearArgs::sched_counter): null = every warp's
-  // slots fixed in advance. Otherwise a warp takes its first static_rounds slots as the static
-  // order gives them and then claims slots dyn_first, dyn_first + 1, ... from the counter; the
-  // claim that returns sched_last is a launch's last and sets the counter back to 0.
-  int* sched;
-  int static_rounds, dyn_first, sched_last;
 };
 
 template <int kW>
@@ -130,17 +123,14 @@ __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, i
 // Bulk-copy kernels: after the prologue's bytes, each warp's ring of `stages` stages of one step
 // (kR rows × kU·512 bytes), then its `stages` mbarriers.
 constexpr int kStageBytes = 4096;  // kR·kU·512 (2 rows, 4 chunks a lane)
-// Then each warp's `stages` slot ids: the warp slot (row_of) of the step each stage holds, -1 past
-// the warp's last step — written by the issuing lane, read by the warp when it moves to a new slot.
 struct RingLayout {
-  int ring, bars, slots, total;
+  int ring, bars, total;
 };
 __host__ __device__ inline RingLayout ring_layout(int prologue_bytes, int stages) {
   RingLayout r;
   r.ring = (prologue_bytes + 127) / 128 * 128;
   r.bars = r.ring + kWarps * stages * kStageBytes;
-  r.slots = r.bars + kWarps * stages * 8;
-  r.total = r.slots + kWarps * stages * 4;
+  r.total = r.bars + kWarps * stages * 8;
   return r;
 }
 
@@ -387,18 +377,17 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
   }
 }
 
-// Physical weight row r (0..kR-1) of warp slot j (the kR rows one warp computes together; a row
-// group g is the slots g·kWarps .. g·kWarps + kWarps − 1); -1 when past the end.
+// Physical weight row r (0..kR-1) of the warp's slot in group g; -1 when past the end.
 // SwiGLU: slot j holds gate row j and up row j + N/2. RopeKv: slots [0, (nh + nkv)·hd/2) hold the
 // RoPE pairs (i, i + hd/2) of the q and k heads, the rest two consecutive v rows each.
 template <int kOut, int kR>
-__device__ __forceinline__ int row_of(int j, int r, const Params& p) {
+__device__ __forceinline__ int row_of(int g, int warp, int r, const Params& p) {
   const int N = p.N;
   if constexpr (kOut == kOutSwiglu) {
-    const int half = N / 2;
+    const int half = N / 2, j = g * kWarps + warp;
     return j < half ? j + r * half : -1;
   } else if constexpr (kOut == kOutRopeKv) {
-    const int hd = p.rk.hd, half = hd / 2, qk_pairs = (p.rk.nh + p.rk.nkv) * half;
+    const int hd = p.rk.hd, half = hd / 2, j = g * kWarps + warp, qk_pairs = (p.rk.nh + p.rk.nkv) * half;
     if (j < qk_pairs) {
       // j / half by a multiply-high (the row of every load and step; an integer division is ~20
       // instructions): exact for j·half < 2^32 with the magic ceil(2^32 / half).
@@ -408,7 +397,7 @@ __device__ __forceinline__ int row_of(int j, int r, const Params& p) {
     const int n = qk_pairs * 2 + 2 * (j - qk_pairs) + r;
     return n < N ? n : -1;
   } else {
-    const int n = j * kR + r;
+    const int n = (g * kWarps + warp) * kR + r;
     return n < N ? n : -1;
   }
 }
@@ -483,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   const int nchunks = int(row_bytes / 16);
   const int groups = n_groups<kOut, kR>(p.N);
 
-  // The warp's work is a flat sequence of steps (slot j, chunk window it) of kU·kR 16-byte
+  // The block's work is a flat sequence of steps (group g, chunk window it) of kU·kR 16-byte
   // loads per lane. kPipe (bf16, per-channel int8: measured faster so on the H200) double-buffers
   // them in registers — step s + 1 is loaded before step s is computed and reduced; the others
   // (int4, grouped, weight-only: the extra registers cost more occupancy than they bought)
@@ -508,7 +497,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   auto load_step = [&](int gg, int ii, uint4 (&wc)[kU][kR]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const int n = row_of<kOut, kR>(gg, r, p);
+      const int n = row_of<kOut, kR>(gg, warp, r, p);
       const uint8_t* wr = p.w + (long long)(n >= 0 ? n : 0) * row_bytes;  // row 0: valid memory, never stored
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
@@ -530,7 +519,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     for (int off = lane * 128; off < kR * kWin; off += 32 * 128) {
       const int r = int(off / kWin);
       const long long o = ii * kWin + off % kWin;
-      const int n = row_of<kOut, kR>(gg, r, p);
+      const int n = row_of<kOut, kR>(gg, warp, r, p);
       if (n >= 0 && o < row_bytes) prefetch_l2(p.w + n * row_bytes + o);
     }
   };
@@ -543,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       const int covered = (4 * ((32 * kU * kPer) >> p.gs_shift)) & ~127;
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
-        const int n = row_of<kOut, kR>(gg, r, p);
+        const int n = row_of<kOut, kR>(gg, warp, r, p);
         if (n >= 0)
 #pragma unroll 1
           for (int off = covered + lane * 128; off < p.G * 4; off += 32 * 128)
@@ -555,28 +544,24 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // Before the wait (weights do not depend on earlier kernels): the first step into registers,
   // the rest of the block's first rows into L2 — their fetch overlaps the previous kernel's tail
   // and this block's input prologue. Bulk: the first p.stages steps into the ring instead.
-  // Work: warp slots (row_of). Static order: the warp's r-th slot is group blockIdx.x +
-  // r·gridDim.x's. Claimed (p.sched, bulk kernels): static for the first p.static_rounds, then
-  // from the counter, so that the warps that run ahead take the launch's last rows instead of
-  // every block waiting for its own share (a launch ends with its slowest block).
-  const int slots = groups * kWarps;
-  int j = int(blockIdx.x) * kWarps + warp, it = 0;  // the slot and chunk window of the warp's current step
+  const bool active = blockIdx.x < groups;
+  int g = blockIdx.x, it = 0;
   uint4 cur[kU][kR];
 #ifdef PERRY_BULK_COPY
-  // Bulk-copy ring: step s (the flat (slot, chunk window) sequence) goes to stage s % stages.
+  // Bulk-copy ring: step s (the flat (group, chunk window) sequence) goes to stage s % stages.
+  const int nsteps = active ? ((groups - 1 - int(blockIdx.x)) / int(gridDim.x) + 1) * iters : 0;
   const RingLayout rl = ring_layout(smem_layout(p.K, kW, kXI8, kIn).total, p.stages);
   const uint32_t ring0 = bulk::smem_addr(xs + rl.ring) + uint32_t(warp * p.stages * kStageBytes);
   const uint32_t bar0 = bulk::smem_addr(xs + rl.bars) + uint32_t(warp * p.stages * 8);
-  int* const slot_of_stage = reinterpret_cast<int*>(xs + rl.slots) + warp * p.stages;
-  // Lane 0 only: step (slot jj, chunk window ii) into stage st. The loop below tracks jj, ii and
+  // Lane 0 only: step (group gg, chunk window ii) into stage st. The loop below tracks gg, ii and
   // st by increments — integer divisions by the runtime iters and stages were ~5 a step.
-  auto issue_step_at = [&](int jj, int ii, int st) {
+  auto issue_step_at = [&](int gg, int ii, int st) {
     const long long off = ii * kWin;
     const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
     int n[kR];
     uint32_t total = 0;
 #pragma unroll
-    for (int r = 0; r < kR; ++r) n[r] = row_of<kOut, kR>(jj, r, p), total += n[r] >= 0 ? bytes : 0;
+    for (int r = 0; r < kR; ++r) n[r] = row_of<kOut, kR>(gg, warp, r, p), total += n[r] >= 0 ? bytes : 0;
     const uint32_t bar = bar0 + 8u * uint32_t(st);
     if (p.lab_weights != DecodeLabWeights::Read) return bulk::mbar_arrive_expect_tx(bar, 0);  // "arrives" empty
     bulk::mbar_arrive_expect_tx(bar, total);
@@ -586,79 +571,42 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         bulk::copy_global_to_smem(ring0 + uint32_t(st * kStageBytes + r * kWin), p.w + n[r] * row_bytes + off, bytes,
                                   bar);
   };
-  // The slots the warp issues, in order (every lane follows; lane 0 claims and issues). A claim is
-  // made one slot ahead of its use — its atomic's round trip (~1 µs while HBM streams) is not
-  // waited for at the issue point — and the first claim once the last static slot is issued.
-  const int static_rounds = p.sched ? p.static_rounds : INT_MAX;
-  int iss_round = 0, pending = -1;  // pending (lane 0): a claimed counter value not yet used
-  auto claim = [&] { return atomicAdd(p.sched, 1); };
-  auto claimed_slot = [&] {  // warp-wide
-    int c = 0;
-    if (lane == 0) {
-      c = pending >= 0 ? pending : claim();
-      // Every warp claims until one claim is past the end; the last claim of all resets the counter
-      // (all others were made before it), for this call site's next launch.
-      if (c == p.sched_last) atomicExch(p.sched, 0);
-      pending = p.dyn_first + c < slots ? claim() : -1;
-    }
-    c = p.dyn_first + __shfl_sync(kFull, c, 0);
-    return c < slots ? c : -1;
-  };
-  auto slot_of_round = [&](int round) {  // warp-wide
-    if (round < static_rounds) {
-      const int gg = int(blockIdx.x) + round * int(gridDim.x);
-      if (p.sched && lane == 0 && round == static_rounds - 1) pending = claim();  // the first claim, ahead
-      return gg < groups ? gg * kWarps + warp : -1;
-    }
-    return p.sched ? claimed_slot() : -1;
-  };
-  // The next step to issue: its slot (-1: none left) and chunk window.
-  int iss_j = -1, iss_ii = 0;
+  // The next step to issue: its group and chunk window (every lane keeps them; lane 0 issues).
+  int iss_g = int(blockIdx.x), iss_ii = 0;
   auto next_issue = [&] {
-    if (iss_j < 0 || ++iss_ii < iters) return;
-    iss_ii = 0;
-    iss_j = slot_of_round(++iss_round);
+    if (++iss_ii == iters) iss_ii = 0, iss_g += int(gridDim.x);
   };
   int st = 0;        // step % p.stages
   uint32_t ph = 0;   // (step / p.stages) & 1: the stage's mbarrier phase
-  // Lane 0: the next step into stage st (or the end of the warp's steps noted there).
-  auto issue_into = [&](int stage) {
-    if (iss_j >= 0) issue_step_at(iss_j, iss_ii, stage);
-    slot_of_stage[stage] = iss_j;
-  };
   if constexpr (kBulk) {
     if (lane == 0) {
       for (int i = 0; i < p.stages; ++i) bulk::mbar_init(bar0 + 8u * uint32_t(i), 1);
       bulk::mbar_init_fence();
     }
-    iss_j = slot_of_round(0);
     // The first p.stages steps into stages 0.. (after them the issue point is step p.stages).
     for (int s = 0; s < p.stages; ++s) {
-      if (lane == 0) issue_into(s);
+      if (lane == 0 && s < nsteps) issue_step_at(iss_g, iss_ii, s);
       next_issue();
     }
     __syncwarp();
-    j = slot_of_stage[0];
   }
 #endif
-  if (j >= slots) j = -1;
-  const bool active = j >= 0;  // the warp has work (every block has: the grid is at most the groups)
   if (!kBulk && active) {
-    load_step(j, 0, cur);
+    load_step(g, 0, cur);
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const int n = row_of<kOut, kR>(j, r, p);
+      const int n = row_of<kOut, kR>(g, warp, r, p);
       if (n >= 0)
         for (long long off = kWin + 128LL * lane; off < row_bytes; off += 32 * 128) prefetch_l2(p.w + n * row_bytes + off);
     }
   }
-  if (active) prefetch_scales(j);
+  if (active) prefetch_scales(g);
   // kRun: the group scales of a step are loaded one step ahead (their load was the loop's top
   // long-scoreboard stall at K 4096, where every step starts a new row) — the first step's before
   // the wait (scales are never written by the decode step's kernels).
   float s_cur[kR];
 #pragma unroll
-  for (int r = 0; r < kR; ++r) s_cur[r] = kRun && active ? run_scale(row_of<kOut, kR>(j, r, p), 0) : 0.0f;
+  for (int r = 0; r < kR; ++r) s_cur[r] = kRun && active ? run_scale(row_of<kOut, kR>(g, warp, r, p), 0) : 0.0f;
   // The RMSNorm weights (never written by the decode step's kernels) into registers before the
   // wait, so the prologue after it reads global memory once, for x.
   float nw_regs[kNormRegOctets][8];
@@ -671,7 +619,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   const float sa = build_input<kW, kXI8, kIn>(p, xs, nw_regs);
   marks.input();
   // (SkipLoop issued no copies, so no bulk copy is in flight into this block's shared memory.)
-  if (kBulk && p.lab_weights == DecodeLabWeights::SkipLoop) return marks.finish(TimelineKernel::GemvDecode, timeline_arg);
+  if (!active || (kBulk && p.lab_weights == DecodeLabWeights::SkipLoop))
+    return marks.finish(TimelineKernel::GemvDecode, timeline_arg);
 
   // Accumulators. facc: fp32 sums (bf16, grouped, weight-only). ia / ib: integer sums since the
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
@@ -700,7 +649,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // order), so this is lane 0's old per-step epilogue (bias and scale loads, bf16 rounding, SwiGLU
   // or RoPE, stores: ~50 of a gate|up step's ~600 instructions, s15 census) done in parallel on the
   // same values.
-  int kept_j = 0, nkept = 0;
+  int kept_g = 0, nkept = 0;
   float kept[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) kept[r] = 0.0f;
@@ -709,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     float val[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      rows[r] = row_of<kOut, kR>(kept_j, r, p);
+      rows[r] = row_of<kOut, kR>(kept_g, warp, r, p);
       const int n = max(rows[r], 0);
       const float b = p.bias ? __ldg(p.bias + n) : 0.0f;
       if constexpr (kIntAcc) val[r] = fmaf(float(__float_as_int(kept[r])) * __ldg(p.sw + n), sa, b);
@@ -719,7 +668,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       p.y[rows[0]] = p.round_bf16 ? swiglu_one(bf16_round(val[0]), bf16_round(val[1])) : swiglu_one(val[0], val[1]);
     } else if constexpr (kOut == kOutRopeKv) {
       const float rv[2] = {p.round_bf16 ? bf16_round(val[0]) : val[0], p.round_bf16 ? bf16_round(val[1]) : val[1]};
-      rope_kv_store(p, kept_j, rows, rv);
+      rope_kv_store(p, kept_g * kWarps + warp, rows, rv);
     } else {
 #pragma unroll
       for (int r = 0; r < kR; ++r) {
@@ -730,23 +679,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       }
     }
   };
-  for (int step = 0; active; ++step) {
-    int nj = j, nit = it + 1;
-    if (nit == iters) {
-      nit = 0;
-#ifdef PERRY_BULK_COPY
-      // The next step's stage says its slot (issued at least one step ago: stages >= 2).
-      if constexpr (kBulk) nj = slot_of_stage[st + 1 == p.stages ? 0 : st + 1];
-      else nj = j + int(gridDim.x) * kWarps;
-#else
-      nj = j + int(gridDim.x) * kWarps;
-#endif
-    }
-    const bool has_next = nj >= 0 && nj < slots;
-    if (has_next && nit == 0) prefetch_scales(nj);  // one step ahead of the next slot
+  for (int step = 0;; ++step) {
+    int ng = g, nit = it + 1;
+    if (nit == iters) nit = 0, ng = g + gridDim.x;
+    const bool has_next = ng < groups;
+    if (has_next && nit == 0) prefetch_scales(ng);  // one step ahead of the next row group
     float s_nxt[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) s_nxt[r] = kRun && has_next ? run_scale(row_of<kOut, kR>(nj, r, p), nit) : 0.0f;
+    for (int r = 0; r < kR; ++r) s_nxt[r] = kRun && has_next ? run_scale(row_of<kOut, kR>(ng, warp, r, p), nit) : 0.0f;
     uint4 nxt[kU][kR];
     if constexpr (kBulk) {
 #ifdef PERRY_BULK_COPY
@@ -762,22 +702,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         for (int r = 0; r < kR; ++r)
           cur[u][r] = *reinterpret_cast<const uint4*>(stage + r * kWin + chunk_of(0, u) * 16);
       __syncwarp();
-      if (lane == 0) {
-        if (iss_j >= 0) bulk::fence_proxy_async_smem();  // the warp's reads of the stage before the copy that overwrites it
-        issue_into(st);
+      if (lane == 0 && step + p.stages < nsteps) {
+        bulk::fence_proxy_async_smem();  // the warp's reads of the stage before the copy that overwrites it
+        issue_step_at(iss_g, iss_ii, st);
       }
       next_issue();
-      __syncwarp();  // slot_of_stage[st] written before any lane reads it (next steps)
       if (++st == p.stages) st = 0, ph ^= 1u;
 #endif
     } else if constexpr (kPipe) {
-      if (has_next) load_step(nj, nit, nxt);
+      if (has_next) load_step(ng, nit, nxt);
     } else {
-      if (has_next) prefetch_step(nj, nit);
+      if (has_next) prefetch_step(ng, nit);
     }
     int rows[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut, kR>(j, r, p);
+    for (int r = 0; r < kR; ++r) rows[r] = row_of<kOut, kR>(g, warp, r, p);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = chunk_of(it, u);
@@ -868,7 +807,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         }
       }
       if (lane == nkept) {
-        kept_j = j;
+        kept_g = g;
 #pragma unroll
         for (int r = 0; r < kR; ++r) kept[r] = raw[r];
       }
@@ -880,7 +819,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       csum = 0;
     }
     if (!has_next) break;
-    j = nj, it = nit;
+    g = ng, it = nit;
 #pragma unroll
     for (int r = 0; r < kR; ++r) s_cur[r] = s_nxt[r];
     if constexpr (kPipe) {
@@ -889,7 +828,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #pragma unroll
         for (int r = 0; r < kR; ++r) cur[u][r] = nxt[u][r];
     } else if constexpr (!kBulk) {
-      load_step(j, it, cur);
+      load_step(g, it, cur);
     }
   }
   if (lane < nkept) finish_kept();
@@ -898,7 +837,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, bool kNoPipe = false,
           bool kTimeline = false>
-void launch_kernel(Params p, size_t smem, const char* name, cudaStream_t stream) {
+void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t stream) {
   auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk, kNoPipe, kTimeline>;
   // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed;
   // under a lock so that two host threads cannot leave it at the smaller of two requests).
@@ -917,16 +856,6 @@ void launch_kernel(Params p, size_t smem, const char* name, cudaStream_t stream)
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv_decode)");
   const int groups = n_groups<kOut, kR>(p.N);
   const int grid = std::max(1, std::min(groups, std::max(per_sm, 1) * sm_count()));
-  // Claimed work (bulk kernels that read their weights): the static rounds every block has (by
-  // default all but the last full one, so that about a round and the remainder are claimed), then
-  // one claim a slot plus one past the end for every warp.
-  if (!kBulk || p.lab_weights != DecodeLabWeights::Read) p.sched = nullptr;
-  if (p.sched) {
-    const int full = groups / grid;
-    p.static_rounds = std::min(full, p.static_rounds >= 0 ? p.static_rounds : std::max(0, full - 1));
-    p.dyn_first = p.static_rounds * grid * kWarps;
-    p.sched_last = groups * kWarps - p.dyn_first + grid * kWarps - 1;
-  }
   pdl::launch(name, kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
 }
 
@@ -1002,8 +931,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
     if (int64_t(rk.nh + rk.nkv) * (rk.hd / 2) * (rk.hd / 2) >= (int64_t(1) << 32))
       throw Error(where + ": RopeKv: too many heads of this size for one q|k|v row");
   }
-  if (a.static_rounds < -1) throw Error(where + ": static_rounds must be -1 (the kernel's choice) or >= 0");
-  if (a.sched_counter && !quant_args::aligned(a.sched_counter, 4)) throw Error(where + ": misaligned sched_counter");
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
@@ -1034,8 +961,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   p.no_pipe = a.register_pipe == 0;
   p.lab_weights = a.lab_weights;
   p.timeline = lab_timeline::installed_log();
-  p.sched = a.sched_counter;
-  p.static_rounds = a.static_rounds;
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");

@@ -101,17 +101,6 @@ struct DecodeLinearArgs {
   // PERRY_GEMV_DECODE_PIPE=0 sets it in the CUDA backend. Same bits either way (tested).
   int register_pipe = -1;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
-  // Claimed work: a device int, 0 before the first launch, that the launch leaves 0 again — one for
-  // each call site, never shared by two launches that may overlap (programmatic dependent launch
-  // lets a kernel start before the one before it ends; kernels two apart never overlap). With it
-  // the bulk kernels' warps take their last slots (kR rows each) from the counter as they run out
-  // of work, instead of in a fixed order: a launch lasts as long as its slowest block, and blocks
-  // run at different speeds (the decode timeline, docs/perf/cuda/s16-run3-4-timeline.md). null =
-  // the fixed order. Same arithmetic for each row either way, so the same bits.
-  int* sched_counter = nullptr;
-  // With sched_counter: how many rounds of row groups (one group a block a round) keep the fixed
-  // order; -1 = the kernel's choice (all full rounds but the last).
-  int static_rounds = -1;
   // Round the layer's outputs to bf16 (RNE) before the epilogue uses them — the CUDA backend's
   // bf16-intermediate rule, the same bits as the separate kernels' rounding forms:
   //   SwiGLU: gate and up (swiglu(..., round_to_bf16 = true) on the stored gate|up);
