@@ -32,6 +32,7 @@
 #include "core/error.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemv_decode.h"
 
 namespace pc = perry::cuda;
 #include "cuda/cuda_test_util.h"
@@ -455,40 +456,89 @@ TEST(CudaAttention, DecodeShortContexts) {
 }
 
 // attention_decode's contract with the kernel before it (programmatic dependent launch): that
-// kernel may append the newest row while the partial kernel already copies the older ones. Here
-// rope_append_qkv (identity RoPE — cos 1, sin 0 — so q and k are the reference's) appends the token
-// and attention_decode follows with no sync between, for one sequence (the decode step's case) with
-// the newest row alone, inside, first and last in its chunk's first tile, and in a later chunk.
+// kernel may append the newest row while the partial kernel already copies the older ones. The
+// newest row starts as NaN (the problem's poison), so a copy of it taken too early shows. Two
+// producers, each followed by attention_decode with no sync between, for one sequence (the decode
+// step's case) with the newest row alone, inside, first and last in its chunk's first tile, and
+// in a later chunk:
+//   - rope_append_qkv (identity RoPE — cos 1, sin 0 — so q and k are the problem's own);
+//   - the decode step's own producer, gemv_decode's RopeKv form (bf16 weights, K 4096): it lets
+//     attention launch right after its wait and appends the row only in its epilogue, microseconds
+//     later, while attention's blocks (which fit beside a GEMV block) are already copying. Its q and
+//     row are read back afterwards and the reference computed from them.
 TEST(CudaAttention, DecodeRightAfterTheAppend) {
   REQUIRE_GPU();
   std::mt19937 gen(1202);
   const Heads hc{32, 8};
-  const int cap = 1024;
+  const int cap = 1024, K = 4096;
+  Dev<float> dx(rand_f(size_t(K), gen, -1.f, 1.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
   for (int hd : {64, 128}) {
     std::vector<float> cosv(size_t(cap) * hd / 2, 1.0f), sinv(cosv.size(), 0.0f);
     const pc::DeviceRopeTable rope(cosv.data(), sinv.data(), hd, cap);
-    for (int ctx : {1, 5, 64, 65, 150, 1000}) {
-      SCOPED_TRACE("hd " + std::to_string(hd) + " ctx " + std::to_string(ctx));
-      const Problem p = make_problem({{ctx - 1, 1}}, hc.nh, hc.nkv, hd, cap, gen);
-      DevProblem d(p);  // the cache without the new row
-      const int Q = p.nh * hd, KV = p.nkv * hd, stride = Q + 2 * KV;
-      std::vector<float> qkv(static_cast<size_t>(stride));  // row 0, the sequence's token
-      std::copy(p.q.begin(), p.q.begin() + Q, qkv.begin());
-      std::copy(p.k.begin(), p.k.begin() + KV, qkv.begin() + Q);
-      std::copy(p.v.begin(), p.v.begin() + KV, qkv.begin() + Q + KV);
-      Dev<float> dqkv(qkv);
-      const size_t ws_bytes = pc::attention_decode_workspace_bytes(1, p.nh, hd, p.max_ctx);
-      Dev<float> ws((ws_bytes + 3) / 4);
-      poison(p, d.out);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      pc::rope_append_qkv(dqkv.p, stride, d.seqs.p, 1, 1, p.nh, p.nkv, hd, nullptr, nullptr, 1e-6f, rope.view(), cap,
-                          d.kc.p, d.vc.p, nullptr);
-      pc::attention_decode(dqkv.p, d.seqs.p, 1, p.max_ctx, d.kc.p, d.vc.p, p.nh, p.nkv, hd, cap, p.scale, d.out.p,
-                           ws.p, ws_bytes, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(d.kc.get(), p.kc);
-      EXPECT_LT(check_out(p, d.out.get(), reference(p, false)), 1e-4);
-    }
+    const int Q = hc.nh * hd, KV = hc.nkv * hd, stride = Q + 2 * KV;
+    std::vector<uint16_t> wb(size_t(stride) * K);
+    for (auto& e : wb) e = perry::f32_to_bf16(std::uniform_real_distribution<float>(-0.02f, 0.02f)(gen));
+    Dev<uint16_t> dw(wb);
+    for (bool gemv : {false, true})
+      for (int ctx : {1, 5, 64, 65, 150, 1000}) {
+        SCOPED_TRACE(std::string(gemv ? "gemv_decode" : "rope_append_qkv") + " hd " + std::to_string(hd) + " ctx " +
+                     std::to_string(ctx));
+        Problem p = make_problem({{ctx - 1, 1}}, hc.nh, hc.nkv, hd, cap, gen);
+        DevProblem d(p);  // the cache without the new row (NaN there)
+        std::vector<float> qkv(static_cast<size_t>(stride));  // row 0, the sequence's token
+        std::copy(p.q.begin(), p.q.begin() + Q, qkv.begin());
+        std::copy(p.k.begin(), p.k.begin() + KV, qkv.begin() + Q);
+        std::copy(p.v.begin(), p.v.begin() + KV, qkv.begin() + Q + KV);
+        Dev<float> dqkv(qkv);
+        const size_t ws_bytes = pc::attention_decode_workspace_bytes(1, p.nh, hd, p.max_ctx);
+        Dev<float> ws((ws_bytes + 3) / 4);
+        poison(p, d.out);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        if (gemv) {
+          pc::DecodeLinearArgs a;
+          a.x = dx.p;
+          a.in = pc::DecodeIn::RmsNorm;
+          a.norm_w = dnw.p;
+          a.eps = 1e-5f;
+          a.y = dqkv.p;
+          a.out = pc::DecodeOut::RopeKv;
+          a.rope_kv = pc::DecodeRopeKv{d.seqs.p, rope.view(), p.nh, p.nkv, hd, cap, d.kc.p, d.vc.p};
+          ASSERT_NO_THROW(pc::gemv_decode(pc::DecodeWeights{perry::quant::QuantMode::BF16, dw.p, nullptr, nullptr,
+                                                            stride, K},
+                                          a, nullptr));
+        } else {
+          pc::rope_append_qkv(dqkv.p, stride, d.seqs.p, 1, 1, p.nh, p.nkv, hd, nullptr, nullptr, 1e-6f, rope.view(),
+                              cap, d.kc.p, d.vc.p, nullptr);
+        }
+        pc::attention_decode(dqkv.p, d.seqs.p, 1, p.max_ctx, d.kc.p, d.vc.p, p.nh, p.nkv, hd, cap, p.scale, d.out.p,
+                             ws.p, ws_bytes, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<uint16_t> kc = d.kc.get(), vc = d.vc.get();
+        if (gemv) {  // the reference from what the GEMV wrote: its q and the row it appended
+          const std::vector<float> y = dqkv.get();
+          std::copy(y.begin(), y.begin() + Q, p.q.begin());
+          p.kc = kc;
+          p.vc = vc;
+        }
+        size_t bad = 0, appended = 0;
+        for (int h = 0; h < p.nkv; ++h)
+          for (int pos = 0; pos < cap; ++pos)
+            for (int e = 0; e < hd; ++e) {
+              const size_t i = cache_index(p, p.seqs[0].slot, h, pos, e);
+              // Old rows untouched, and the new row written (not the NaN poison) — also in the
+              // GEMV case, where p.kc / p.vc are the read-back.
+              bad += pos != ctx - 1 ? (kc[i] != p.kc0[i]) + (vc[i] != p.vc0[i])
+                                    : (kc[i] == kBf16NaN) + (vc[i] == kBf16NaN) + (kc[i] != p.kc[i]) + (vc[i] != p.vc[i]);
+              appended += pos == ctx - 1;
+            }
+        EXPECT_EQ(bad, 0u) << "cache bytes not as expected";
+        EXPECT_EQ(appended, size_t(p.nkv) * hd);
+        if (!gemv) {
+          EXPECT_EQ(kc == p.kc, true) << "the appended k row is not the problem's";
+          EXPECT_EQ(vc == p.vc, true) << "the appended v row is not the problem's";
+        }
+        EXPECT_LT(check_out(p, d.out.get(), reference(p, false)), 1e-4);
+      }
   }
 }
 

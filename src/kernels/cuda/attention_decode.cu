@@ -132,6 +132,7 @@ __global__ void __launch_bounds__(kDecThreads)
   const int j_begin = c * chunk;
   if (j_begin >= kv_len) {  // uniform for the block (the wait first: pdl.cuh's rule for early returns)
     pdl::wait();
+    marks.waited();
     return marks.finish(TimelineKernel::AttentionPartial, 0);
   }
   const int j_end = min(j_begin + chunk, kv_len);
