@@ -495,14 +495,10 @@ TEST(CudaAttention, DecodeRightAfterTheAppend) {
         poison(p, d.out);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         if (gemv) {
-          pc::DecodeLinearArgs a;
-          a.x = dx.p;
-          a.in = pc::DecodeIn::RmsNorm;
-          a.norm_w = dnw.p;
-          a.eps = 1e-5f;
-          a.y = dqkv.p;
-          a.out = pc::DecodeOut::RopeKv;
-          a.rope_kv = pc::DecodeRopeKv{d.seqs.p, rope.view(), p.nh, p.nkv, hd, cap, d.kc.p, d.vc.p};
+          const pc::DecodeLinearArgs a{
+              .x = dx.p, .in = pc::DecodeIn::RmsNorm, .norm_w = dnw.p, .eps = 1e-5f, .y = dqkv.p,
+              .out = pc::DecodeOut::RopeKv,
+              .rope_kv = pc::DecodeRopeKv{d.seqs.p, rope.view(), p.nh, p.nkv, hd, cap, d.kc.p, d.vc.p}};
           ASSERT_NO_THROW(pc::gemv_decode(pc::DecodeWeights{perry::quant::QuantMode::BF16, dw.p, nullptr, nullptr,
                                                             stride, K},
                                           a, nullptr));
