@@ -614,6 +614,170 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
       }
 }
 
+// The row maximum a SwiGLU gate|up publishes (row_max_out) is max |y| of its output, one slot a
+// block (every block writes, grid <= capacity), and nothing is published where the grid does not
+// fit the capacity. int8-input modes and bf16 (the producer does not care about its own mode).
+TEST(CudaGemvDecode, SwigluPublishesItsRowMaximum) {
+  REQUIRE_GPU();
+  std::mt19937 gen(2026120201);
+  const int capacity = pc::gemv_decode_row_max_capacity();
+  ASSERT_GE(capacity, device_attribute(cudaDevAttrMultiProcessorCount));
+  for (QuantMode mode : {QuantMode::W8A8, QuantMode::W4A8_G128, QuantMode::W8A8_G128, QuantMode::BF16})
+    for (Case c : {Case{6000, 4096}, Case{64, 1056}}) {  // (64: 2 row groups, a grid of 2 blocks)
+      const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(c.N);
+      Dev<float> dx(rand_f(size_t(c.K), gen, -2.f, 2.f)), dnw(rand_f(size_t(c.K), gen, 0.5f, 1.5f));
+      const DeviceWeights dw = random_weights(mode, c.N, c.K, gen, nullptr);
+      Dev<float> y(size_t(c.N / 2)), parts(std::vector<float>(size_t(capacity), -1.0f));
+      pc::DecodeLinearArgs a = form_args(kDecodeForms[1], dx.p, dnw.p, y.p);
+      a.round_bf16 = true;
+      a.row_max_out = parts.p;
+      a.row_max_capacity = capacity;
+      int count = 0;
+      ASSERT_NO_THROW(count = pc::gemv_decode(dw.w, a, nullptr)) << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      ASSERT_GT(count, 0) << what;
+      ASSERT_LE(count, capacity) << what;
+      const std::vector<float> yv = y.get(), pv = parts.get();
+      float want = 0.0f;
+      for (float e : yv) want = std::max(want, std::fabs(e));
+      ASSERT_GT(want, 0.0f) << what;
+      float got = 0.0f;
+      for (int i = 0; i < count; ++i) {
+        EXPECT_GE(pv[size_t(i)], 0.0f) << what << ": slot " << i << " not written";
+        got = std::max(got, pv[size_t(i)]);
+      }
+      EXPECT_EQ(got, want) << what;
+      for (int i = count; i < capacity; ++i) EXPECT_EQ(pv[size_t(i)], -1.0f) << what << ": slot " << i << " past the grid";
+      if (count > 1) {  // a capacity below the grid: nothing published, nothing written
+        Dev<float> small(std::vector<float>(1, -1.0f));
+        a.row_max_out = small.p;
+        a.row_max_capacity = 1;
+        ASSERT_EQ(pc::gemv_decode(dw.w, a, nullptr), 0) << what;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        EXPECT_EQ(small.get()[0], -1.0f) << what;
+      }
+    }
+}
+
+// A plain int8 input quantized with the published row maximum (row_max_in) gives the bits of its
+// own block reduction over x — registers (K <= 16384) and the staged row (K 20480), with a NaN in
+// x (ignored by both maxima) — and the published value is what the kernel uses: a larger one
+// changes the output.
+TEST(CudaGemvDecode, PublishedRowMaximumIsBitIdentical) {
+  REQUIRE_GPU();
+  std::mt19937 gen(2026120202);
+  for (QuantMode mode : {QuantMode::W8A8, QuantMode::W4A8_G128, QuantMode::W4A8, QuantMode::W8A8_G64})
+    for (int K : {4096, 14336, 20480})
+      for (bool with_nan : {false, true}) {
+        const int N = 1536;
+        const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " K=" + std::to_string(K) +
+                                 (with_nan ? " NaN" : "");
+        std::vector<float> x = rand_f(size_t(K), gen, -2.f, 2.f);
+        if (with_nan) x[size_t(K / 3)] = std::nanf("");
+        // The published slots: maxima of 7 uneven slices, as a producer's blocks would write them.
+        std::vector<float> slots(7, 0.0f);
+        for (int k = 0; k < K; ++k)
+          if (!std::isnan(x[size_t(k)]))
+            slots[size_t(k) * size_t(k) % 7] = std::max(slots[size_t(k) * size_t(k) % 7], std::fabs(x[size_t(k)]));
+        Dev<float> dx(x), dslots(slots);
+        const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
+        const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
+        Dev<float> own(y0), published(y0), lying(y0);
+        pc::DecodeLinearArgs a = form_args(kDecodeForms[2], dx.p, nullptr, own.p);
+        ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+        a.y = published.p;
+        a.row_max_in = dslots.p;
+        a.row_max_count = int(slots.size());
+        ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+        std::vector<float> doubled(slots);
+        doubled[3] = 2.0f * *std::max_element(slots.begin(), slots.end());
+        Dev<float> dlie(doubled);
+        a.y = lying.p;
+        a.row_max_in = dlie.p;
+        ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        const std::vector<float> yo = own.get(), yp = published.get(), yl = lying.get();
+        EXPECT_NE(yo, y0) << what << ": nothing written";
+        EXPECT_EQ(std::memcmp(yo.data(), yp.data(), yo.size() * 4), 0) << what;
+        EXPECT_NE(std::memcmp(yo.data(), yl.data(), yo.size() * 4), 0) << what << ": the published maximum is not used";
+      }
+}
+
+// The sum of squares an Accumulate (o_proj / down_proj) publishes (row_ss_out) is Σ y² of the
+// residual row it wrote, in float64 (up to the order of the additions), one slot a block.
+TEST(CudaGemvDecode, AccumulatePublishesItsSumOfSquares) {
+  REQUIRE_GPU();
+  std::mt19937 gen(2026120204);
+  const int capacity = pc::gemv_decode_row_max_capacity();
+  for (QuantMode mode : {QuantMode::W8A8, QuantMode::W4A8_G128, QuantMode::BF16})
+    for (Case c : {Case{4096, 4096}, Case{4096, 14336}, Case{40, 1056}}) {
+      const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(c.N) +
+                               " K=" + std::to_string(c.K);
+      Dev<float> dx(rand_f(size_t(c.K), gen, -2.f, 2.f));
+      const DeviceWeights dw = random_weights(mode, c.N, c.K, gen, nullptr);
+      Dev<float> y(rand_f(size_t(c.N), gen, -3.f, 3.f));
+      Dev<double> parts(std::vector<double>(size_t(capacity), -1.0));
+      pc::DecodeLinearArgs a = form_args(kDecodeForms[2], dx.p, nullptr, y.p);
+      a.round_bf16 = true;
+      a.row_ss_out = parts.p;
+      a.row_ss_capacity = capacity;
+      int count = 0;
+      ASSERT_NO_THROW(count = pc::gemv_decode(dw.w, a, nullptr)) << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      ASSERT_GT(count, 0) << what;
+      ASSERT_LE(count, capacity) << what;
+      const std::vector<float> yv = y.get();
+      const std::vector<double> pv = parts.get();
+      double want = 0.0, got = 0.0;
+      for (float e : yv) want += double(e) * double(e);
+      for (int i = 0; i < count; ++i) {
+        EXPECT_GE(pv[size_t(i)], 0.0) << what << ": slot " << i << " not written";
+        got += pv[size_t(i)];
+      }
+      EXPECT_NEAR(got, want, want * 1e-13) << what;
+      for (int i = count; i < capacity; ++i) EXPECT_EQ(pv[size_t(i)], -1.0) << what << ": slot " << i << " past the grid";
+    }
+}
+
+// An RMSNorm input normalized with a published sum of squares (row_ss_in) gives the bits of its
+// own reduction over x (the orders differ; inv's fp32 value differs only on a rounding boundary,
+// which random rows do not hit) — x and the norm weights in registers (K 4096) and staged (K
+// 12288), int8 and bf16 inputs, Store and SwiGLU — and the published sum is what the kernel uses.
+TEST(CudaGemvDecode, PublishedSumOfSquaresIsBitIdentical) {
+  REQUIRE_GPU();
+  std::mt19937 gen(2026120205);
+  for (QuantMode mode : {QuantMode::W8A8, QuantMode::W4A8_G128, QuantMode::BF16, QuantMode::W4A16})
+    for (int K : {4096, 12288})
+      for (int form : {0, 1}) {
+        const int N = 1000;
+        const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " K=" + std::to_string(K) +
+                                 " form " + std::to_string(form);
+        const std::vector<float> x = rand_f(size_t(K), gen, -2.f, 2.f);
+        std::vector<double> slots(5, 0.0);
+        for (int k = 0; k < K; ++k) slots[size_t(k) % 5] += double(x[size_t(k)]) * double(x[size_t(k)]);
+        std::vector<double> lie(slots);
+        lie[2] *= 4.0;
+        Dev<float> dx(x), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
+        Dev<double> dslots(slots), dlie(lie);
+        const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
+        const size_t n = form == 1 ? size_t(N / 2) : size_t(N);
+        Dev<float> own(n), published(n), lying(n);
+        pc::DecodeLinearArgs a = form_args(kDecodeForms[form], dx.p, dnw.p, own.p);
+        ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+        a.y = published.p;
+        a.row_ss_in = dslots.p;
+        a.row_ss_count = int(slots.size());
+        ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+        a.y = lying.p;
+        a.row_ss_in = dlie.p;
+        ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        const std::vector<float> yo = own.get(), yp = published.get(), yl = lying.get();
+        EXPECT_EQ(std::memcmp(yo.data(), yp.data(), yo.size() * 4), 0) << what;
+        EXPECT_NE(std::memcmp(yo.data(), yl.data(), yo.size() * 4), 0) << what << ": the published sum is not used";
+      }
+}
+
 TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   REQUIRE_GPU();
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 1000));  // K % 32
@@ -643,6 +807,16 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.bulk_stages = -1;
   a.register_pipe = 2;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.register_pipe = -1;
+  a.row_max_count = -1;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);  // row maxima: a negative count
+  a.row_max_count = 3;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);  // ... a count without slots
+  a.row_max_count = 0;
+  a.row_ss_count = -2;
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);  // sums of squares: the same checks
+  a.row_ss_count = 1;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 

@@ -195,6 +195,8 @@ decode_ab() {
         labnoattn) env+=(PERRY_LAB_DECODE_ATTENTION=skip) ;;  # lab (wrong outputs): no decode attention kernels
         attnchunk[0-9]*) env+=(PERRY_DECODE_ATTN_MIN_CHUNK=${sw#attnchunk}) ;;  # decode attention chunks of n keys (16..64)
         labbound[0-9]*) env+=(PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}) ;;  # lab: an empty N-block kernel after each step
+        nomax) env+=(PERRY_DECODE_ROW_MAX=0) ;;  # o / down reduce their input's amax themselves (no published maxima)
+        noss) env+=(PERRY_DECODE_ROW_SS=0) ;;  # the RMSNorm linears sum their input's squares themselves
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done

@@ -104,6 +104,26 @@ __device__ T block_all_reduce(T v, Op op) {
   return r;
 }
 
+// block_all_reduce for a block of exactly kNumWarps warps, with the caller's own partials buffer
+// `part` (kNumWarps values in shared memory that no other reduction of the kernel uses): one
+// barrier instead of two, and the partials read by unrolled loads that are all in flight at once
+// (the loop over a run-time warp count waited one shared-memory round trip per warp). Every thread
+// folds them in warp order, so the result is the same in every thread and run to run.
+template <int kNumWarps, typename T, typename Op>
+__device__ __forceinline__ T block_all_reduce_once(T v, Op op, T* part) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_xor_sync(kFull, v, off));
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T w[kNumWarps];
+#pragma unroll
+  for (int i = 0; i < kNumWarps; ++i) w[i] = part[i];
+  T r = w[0];
+#pragma unroll
+  for (int i = 1; i < kNumWarps; ++i) r = op(r, w[i]);
+  return r;
+}
+
 // The normalized value, written as two rounded fp32 multiplies like the CPU ((x * inv) * w);
 // __fmul_rn keeps the compiler from reassociating.
 __device__ __forceinline__ float norm_one(float x, float inv, float w) { return __fmul_rn(__fmul_rn(x, inv), w); }
