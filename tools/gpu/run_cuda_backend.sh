@@ -294,13 +294,28 @@ prefill_ab() {
 # a 128-token prompt and 24 new tokens under CUDA graphs, the first 2000 launches left out;
 # OUT/timeline-MODE.md (tools/gpu/timeline_report.py).
 timeline() {
-  for m in ${TIMELINE_MODES:-w4a8-g128}; do
-    timeout 150 env ${TIMELINE_ENV:-} PERRY_LAB_DECODE_TIMELINE="$T/tl-$m.bin" "$P" run --device cuda --synthetic llama3-8b \
-      --quant "$m" --prompt-tokens 128 -n 24 > "$T/tl-$m.log" 2>&1
+  # TIMELINE_PAIRS="mode:variant ..." (variants: fused, alt = perry-alt, nomax, noss, '+'-joined)
+  # instead of TIMELINE_MODES (each mode as it is, with TIMELINE_ENV).
+  local pairs=${TIMELINE_PAIRS:-}
+  [ -z "$pairs" ] && for m in ${TIMELINE_MODES:-w4a8-g128}; do pairs="$pairs $m:fused"; done
+  for mv in $pairs; do
+    local m=${mv%%:*} v=${mv#*:} bin=$P env=(${TIMELINE_ENV:-})
+    for sw in ${v//+/ }; do
+      case $sw in
+        fused) ;;
+        alt) bin="$T/bin/perry-alt" ;;
+        nomax) env+=(PERRY_DECODE_ROW_MAX=0) ;;
+        noss) env+=(PERRY_DECODE_ROW_SS=0) ;;
+        *) say "- unknown timeline variant $v"; continue 2 ;;
+      esac
+    done
+    local tag=$m; [ "$v" != fused ] && tag="$m-$v"
+    timeout 150 env "${env[@]}" PERRY_LAB_DECODE_TIMELINE="$T/tl-$tag.bin" "$bin" run --device cuda --synthetic llama3-8b \
+      --quant "$m" --prompt-tokens 128 -n 24 > "$T/tl-$tag.log" 2>&1
     local rc=$?
-    say ""; say "## timeline $m ${TIMELINE_ENV:-} (exit $rc): $(grep -o 'decode [0-9.]* tok/s' "$T/tl-$m.log")"
-    python3 "$ROOT/tools/gpu/timeline_report.py" "$T/tl-$m.bin" --skip-launches 2000 > "$OUT/timeline-$m.md" 2>&1
-    grep -E '^\| (gemv|attention)' "$OUT/timeline-$m.md" | tee -a "$S"
+    say ""; say "## timeline $m $v ${TIMELINE_ENV:-} (exit $rc): $(grep -o 'decode [0-9.]* tok/s' "$T/tl-$tag.log")"
+    python3 "$ROOT/tools/gpu/timeline_report.py" "$T/tl-$tag.bin" --skip-launches 2000 > "$OUT/timeline-$tag.md" 2>&1
+    grep -E '^\| (gemv|attention)' "$OUT/timeline-$tag.md" | tee -a "$S"
   done
 }
 case "$LEVEL" in
