@@ -195,8 +195,6 @@ decode_ab() {
         labnoattn) env+=(PERRY_LAB_DECODE_ATTENTION=skip) ;;  # lab (wrong outputs): no decode attention kernels
         attnchunk[0-9]*) env+=(PERRY_DECODE_ATTN_MIN_CHUNK=${sw#attnchunk}) ;;  # decode attention chunks of n keys (16..64)
         labbound[0-9]*) env+=(PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}) ;;  # lab: an empty N-block kernel after each step
-        nomax) env+=(PERRY_DECODE_ROW_MAX=0) ;;  # o / down reduce their input's amax themselves (no published maxima)
-        noss) env+=(PERRY_DECODE_ROW_SS=0) ;;  # the RMSNorm linears sum their input's squares themselves
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done
@@ -294,7 +292,7 @@ prefill_ab() {
 # a 128-token prompt and 24 new tokens under CUDA graphs, the first 2000 launches left out;
 # OUT/timeline-MODE.md (tools/gpu/timeline_report.py).
 timeline() {
-  # TIMELINE_PAIRS="mode:variant ..." (variants: fused, alt = perry-alt, nomax, noss, '+'-joined)
+  # TIMELINE_PAIRS="mode:variant ..." (variants: fused, alt = perry-alt)
   # instead of TIMELINE_MODES (each mode as it is, with TIMELINE_ENV).
   local pairs=${TIMELINE_PAIRS:-}
   [ -z "$pairs" ] && for m in ${TIMELINE_MODES:-w4a8-g128}; do pairs="$pairs $m:fused"; done
@@ -304,8 +302,6 @@ timeline() {
       case $sw in
         fused) ;;
         alt) bin="$T/bin/perry-alt" ;;
-        nomax) env+=(PERRY_DECODE_ROW_MAX=0) ;;
-        noss) env+=(PERRY_DECODE_ROW_SS=0) ;;
         *) say "- unknown timeline variant $v"; continue 2 ;;
       esac
     done

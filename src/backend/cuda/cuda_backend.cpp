@@ -49,16 +49,6 @@ DeviceBuffer upload_vector(DevicePool& pool, const std::vector<T>& v, const std:
   return b;
 }
 
-// The row statistics a decode linear publishes or takes (gemv_decode.h: row_max_*, row_ss_*).
-struct RowStats {
-  float* max_out = nullptr;
-  const float* max_in = nullptr;
-  int max_n = 0;
-  double* ss_out = nullptr;
-  const double* ss_in = nullptr;
-  int ss_n = 0;
-};
-
 class CudaBackend final : public model::ForwardBackend {
  public:
   CudaBackend(const model::Model& m, const CudaBackendOptions& o,
@@ -87,9 +77,8 @@ class CudaBackend final : public model::ForwardBackend {
   };
   void enqueue(const Step& st);
   void enqueue_decode_one(const Step& st);
-  // Returns the row-statistics slots written (gemv_decode's return), 0 where none.
-  int decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm, DecodeOut out,
-                    float* y, const DecodeRopeKv* rope_kv = nullptr, const RowStats& rs = {});
+  void decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm, DecodeOut out,
+                     float* y, const DecodeRopeKv* rope_kv = nullptr);
   void run_graph(const Step& st);
   void clear_graphs();
   DeviceKv& device_kv(model::KvCache& cache);
@@ -134,16 +123,6 @@ class CudaBackend final : public model::ForwardBackend {
   // steps of a one-token step (q|k|v, attention, o, gate|up, down; four without attention), to
   // measure what a kernel boundary costs (backend_kernels.h, lab_boundary).
   int decode_lab_boundaries_ = 0;
-  // The row maxima of the plain int8 inputs published by their producers — the SwiGLU output's by
-  // gate|up for down_proj, the attention output's by attention's combine kernel for o_proj — so
-  // that those two skip their block-wide amax reduction (same bits: gemv_decode.h, row_max_in);
-  // PERRY_DECODE_ROW_MAX=0 turns it off for A/B runs.
-  bool decode_row_max_ = true;
-  DeviceBuffer act_row_max_;  // gemv_decode_row_max_capacity() floats (SwiGLU), then num_heads (attention)
-  // The residual row's sum of squares published by o_proj and down_proj for the RMSNorm of the
-  // next gate|up, q|k|v or lm_head (gemv_decode.h, row_ss_in); PERRY_DECODE_ROW_SS=0 turns it off.
-  bool decode_row_ss_ = true;
-  DeviceBuffer x_row_ss_;  // gemv_decode_row_max_capacity() doubles
   // PERRY_LAB_DECODE_WEIGHTS=skip|noloop: lab only, wrong outputs (gemv_decode.h, lab_weights).
   DecodeLabWeights decode_lab_weights_ = DecodeLabWeights::Read;
   // PERRY_LAB_DECODE_ATTENTION=skip: lab only, wrong outputs — no decode attention kernels (o_proj
@@ -280,13 +259,6 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
                                  {{"skip", DecodeLabInput::Skip}, {"read", DecodeLabInput::ReadOnly}},
                                  "lab only: wrong outputs");
   decode_lab_boundaries_ = env_int("PERRY_LAB_DECODE_BOUNDARIES", 0, 0, 4096);
-  decode_row_max_ = fused_decode_ && act_fmt_ == ActFormat::I8 && env_flag("PERRY_DECODE_ROW_MAX", true);
-  if (decode_row_max_)
-    act_row_max_ = DeviceBuffer(pool_, (size_t(gemv_decode_row_max_capacity()) + cfg_.num_heads) * 4,
-                                "decode row maxima");
-  decode_row_ss_ = fused_decode_ && env_flag("PERRY_DECODE_ROW_SS", true);
-  if (decode_row_ss_)
-    x_row_ss_ = DeviceBuffer(pool_, size_t(gemv_decode_row_max_capacity()) * 8, "decode row sums of squares");
   decode_lab_weights_ = env_choice("PERRY_LAB_DECODE_WEIGHTS", DecodeLabWeights::Read,
                                    {{"skip", DecodeLabWeights::Skip}, {"noloop", DecodeLabWeights::SkipLoop}},
                                    "lab only: wrong outputs");
@@ -522,8 +494,8 @@ void CudaBackend::clear_graphs() {
   graphs_.clear();
 }
 
-int CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm,
-                               DecodeOut out, float* y, const DecodeRopeKv* rope_kv, const RowStats& rs) {
+void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm,
+                                DecodeOut out, float* y, const DecodeRopeKv* rope_kv) {
   DecodeLinearArgs a;
   a.x = x;
   a.in = in;
@@ -542,15 +514,7 @@ int CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x,
                  : out == DecodeOut::SwiGLU     ? gate_up_bf16_
                                                 : qkv_bf16_;
   if (rope_kv) a.rope_kv = *rope_kv;
-  a.row_max_out = rs.max_out;
-  a.row_max_capacity = rs.max_out ? gemv_decode_row_max_capacity() : 0;
-  a.row_max_in = rs.max_in;
-  a.row_max_count = rs.max_n;
-  a.row_ss_out = rs.ss_out;
-  a.row_ss_capacity = rs.ss_out ? gemv_decode_row_max_capacity() : 0;
-  a.row_ss_in = rs.ss_in;
-  a.row_ss_count = rs.ss_n;
-  return gemv_decode(l.decode_weights(), a, stream_);
+  gemv_decode(l.decode_weights(), a, stream_);
 }
 
 // One token of one sequence: 6 kernels a layer (7 with q/k norm), each linear carrying the
@@ -575,26 +539,15 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
     if (decode_lab_boundaries_ > 0) lab_boundary(decode_lab_boundaries_, stream_);
   };
   embedding_lookup(embed_.get(), embed_dtype_, H, d_tok, 1, x, stream_, V);
-  // The row statistics the producers publish for the next linear's input (decode_row_max_,
-  // decode_row_ss_): x's sum of squares (o and down write it; 0 slots: the embedding wrote x),
-  // the attention output's and the SwiGLU output's maxima.
-  double* x_ss = decode_row_ss_ ? x_row_ss_.get<double>() : nullptr;
-  float* act_max = decode_row_max_ ? act_row_max_.get<float>() : nullptr;
-  float* attn_max = decode_row_max_ && !decode_lab_skip_attention_
-                        ? act_row_max_.get<float>() + gemv_decode_row_max_capacity()
-                        : nullptr;
-  int x_ss_n = 0;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     uint16_t* kc = kv.k.get<uint16_t>() + l * kv.layer_elems;
     uint16_t* vc = kv.v.get<uint16_t>() + l * kv.layer_elems;
-    RowStats qkv_rs;
-    qkv_rs.ss_in = x_ss, qkv_rs.ss_n = x_ss_n;
     if (rope_in_qkv_) {
       const DecodeRopeKv rk{d_seq, rope_view_, nh, nkv, hd, st.cap, kc, vc};
-      decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::RopeKv, qkv, &rk, qkv_rs);
+      decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::RopeKv, qkv, &rk);
     } else {
-      decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::Store, qkv, nullptr, qkv_rs);
+      decode_linear(L.qkv, DecodeIn::RmsNorm, x, &L.in_norm, DecodeOut::Store, qkv);
       rope_append_qkv(qkv, Q + 2 * KV, d_seq, 1, 1, nh, nkv, hd, cfg_.qk_norm ? L.q_norm.get<float>() : nullptr,
                          cfg_.qk_norm ? L.k_norm.get<float>() : nullptr, float(cfg_.rms_norm_eps), rope_view_, st.cap,
                          kc, vc, stream_);
@@ -602,27 +555,18 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
     boundary();
     if (!decode_lab_skip_attention_) {
       attention_decode(qkv, d_seq, 1, st.max_ctx, kc, vc, nh, nkv, hd, st.cap, scale, attn, attn_ws_.get<float>(),
-                       attn_ws_.bytes(), stream_, attn_max);
+                       attn_ws_.bytes(), stream_);
       boundary();
     }
-    RowStats o_rs;
-    o_rs.max_in = attn_max, o_rs.max_n = attn_max ? nh : 0, o_rs.ss_out = x_ss;
-    x_ss_n = decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x, nullptr, o_rs);
+    decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x);
     boundary();
-    RowStats gu_rs;
-    gu_rs.ss_in = x_ss, gu_rs.ss_n = x_ss_n, gu_rs.max_out = act_max;
-    const int act_max_n = decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act, nullptr,
-                                        gu_rs);
+    decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
     boundary();
-    RowStats down_rs;
-    down_rs.max_in = act_max, down_rs.max_n = act_max_n, down_rs.ss_out = x_ss;
-    x_ss_n = decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x, nullptr, down_rs);
+    decode_linear(L.down, DecodeIn::Plain, act, nullptr, DecodeOut::Accumulate, x);
     boundary();
   }
   float* dl = logits_.get<float>();
-  RowStats head_rs;
-  head_rs.ss_in = x_ss, head_rs.ss_n = x_ss_n;
-  decode_linear(lm_head_, DecodeIn::RmsNorm, x, &final_norm_, DecodeOut::Store, dl, nullptr, head_rs);
+  decode_linear(lm_head_, DecodeIn::RmsNorm, x, &final_norm_, DecodeOut::Store, dl);
   PERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_, dl, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
 }
 

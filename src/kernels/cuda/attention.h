@@ -102,13 +102,10 @@ PrefillKernel attention_prefill_choice(PrefillKernel want, int hd, int n_seqs, i
 // Launched with programmatic dependent launch: the kernel just before it on the stream may write q
 // and each sequence's row at pos0 (the append of the new token), but no older cache row — those
 // are copied before the wait, while that kernel still runs.
-// row_max (one sequence only, else null): each head's max |out| into row_max[h] (nh floats), the
-// row maximum that the o projection's int8 input takes instead of reducing over out itself
-// (gemv_decode.h, row_max_in with count nh; fmaxf, so NaN is ignored as the CPU rule does).
 void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_ctx,
                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
                       int capacity, float scale, float* out, float* workspace,
-                      size_t workspace_bytes, cudaStream_t stream, float* row_max = nullptr);
+                      size_t workspace_bytes, cudaStream_t stream);
 size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx);
 // Keys per decode chunk for this batch (a multiple of 64); exposed for tests and logs.
 int attention_decode_chunk(int n_seqs, int max_ctx);

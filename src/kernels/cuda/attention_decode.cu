@@ -71,8 +71,7 @@ template <bool kTimeline>  // kTimeline: the lab's instantiation (lab_timeline.h
 __global__ void __launch_bounds__(kDecThreads)
     decode_combine_kernel(const AttnSeq* __restrict__ seqs, int nh, int hd, int capacity, int chunk,
                           int nchunks, const float* __restrict__ ws_acc,
-                          const float* __restrict__ ws_ml, float* __restrict__ out, float* __restrict__ row_max,
-                          TimelineLog* timeline) {
+                          const float* __restrict__ ws_ml, float* __restrict__ out, TimelineLog* timeline) {
   extern __shared__ float w[];  // [nchunks] chunk weights
   __shared__ float red[33];
   lab_timeline::BlockMarks<kTimeline> marks{timeline};  // lab only (lab_timeline.h)
@@ -100,16 +99,10 @@ __global__ void __launch_bounds__(kDecThreads)
   const float inv = 1.f / lsum;
   const float* acc = ws_acc + part0 * hd;
   float* dst = out + (size_t)sq.q_row * nh * hd + (size_t)h * hd;
-  float amax = 0.f;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.f;
     for (int c = 0; c < nc; ++c) a = fmaf(w[c], acc[(size_t)c * hd + d], a);
     dst[d] = a * inv;
-    amax = fmaxf(amax, fabsf(a * inv));
-  }
-  if (row_max) {  // (one sequence: attention_decode's contract) this head's max |out|
-    amax = block_reduce(amax, true, red);
-    if (threadIdx.x == 0) row_max[h] = amax;
   }
   marks.input();
   marks.finish(TimelineKernel::AttentionCombine, 0);
@@ -429,14 +422,13 @@ size_t attention_decode_workspace_bytes(int n_seqs, int nh, int hd, int max_ctx)
 void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max_ctx,
                       const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
                       int capacity, float scale, float* out, float* workspace,
-                      size_t workspace_bytes, cudaStream_t stream, float* row_max) {
+                      size_t workspace_bytes, cudaStream_t stream) {
   const char* fn = "attention_decode";
   check_heads(fn, nh, nkv, hd, capacity);
   check_batch(fn, d_seqs, n_seqs);
   check_cache(fn, k_cache, v_cache);
   PERRY_CHECK(max_ctx >= 0, "{}: max_ctx {} must be non-negative", fn, max_ctx);
   PERRY_CHECK(nh <= 65535, "{}: n_heads {} exceeds the grid limit 65535", fn, nh);
-  PERRY_CHECK(!row_max || n_seqs == 1, "{}: row maxima are published for one sequence only, got {}", fn, n_seqs);
   if (n_seqs == 0 || max_ctx == 0) return;
   PERRY_CHECK(q && out && workspace, "{}: null q, out or workspace pointer", fn);
   const int ctx = std::min(max_ctx, capacity);  // no sequence reads past the capacity
@@ -466,7 +458,7 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
   else tl ? partial(false_type{}, true_type{}) : partial(false_type{}, false_type{});
   pdl::launch("attention_decode_combine", tl ? decode_combine_kernel<true> : decode_combine_kernel<false>,
               dim3(nh, n_seqs), dim3(kDecThreads), nchunks * sizeof(float), stream, d_seqs, nh, hd, capacity, chunk,
-              nchunks, ws_acc, ws_ml, out, row_max, tl);
+              nchunks, ws_acc, ws_ml, out, tl);
 }
 
 namespace {

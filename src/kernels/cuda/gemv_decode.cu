@@ -69,14 +69,6 @@ struct Params {
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
   TimelineLog* timeline;     // lab only: the installed decode timeline (lab_timeline.h), or nullptr (bulk kernels)
-  float* rmax_out;           // DecodeLinearArgs::row_max_out (SwiGLU; null: not published)
-  const float* rmax_in;      // DecodeLinearArgs::row_max_in (plain int8 inputs, with rmax_in_count > 0)
-  int rmax_in_count;
-  int rmax_capacity;         // (host) slots at rmax_out
-  double* rss_out;           // DecodeLinearArgs::row_ss_out (Accumulate; null: not published)
-  const double* rss_in;      // DecodeLinearArgs::row_ss_in (RMSNorm inputs, with rss_in_count > 0)
-  int rss_in_count;
-  int rss_capacity;          // (host) slots at rss_out
 };
 
 template <int kW>
@@ -213,53 +205,19 @@ __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float
   }
 }
 
-// The row's amax from the `count` slots its producer published (DecodeLinearArgs::row_max_in):
-// every warp folds all of them itself — the loads in flight together, then a butterfly — so no
-// block barrier; a maximum is exact and order-free, so every thread gets the bits of the block
-// reduction over x. (L2 loads: the producer is the previous grid.)
-__device__ __forceinline__ float published_row_max(const float* parts, int count) {
-  float m = 0.0f;
-#pragma unroll 4
-  for (int i = threadIdx.x & 31; i < count; i += 32) m = fmaxf(m, __ldcg(parts + i));
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, off));
-  return m;
-}
-
-// The row's float64 sum of squares from the `count` slots its producer published
-// (DecodeLinearArgs::row_ss_in): every warp adds them in the same order (lane l: slots l, l + 32,
-// ... in turn, then the xor butterfly, whose every level adds the same two values in each lane),
-// so every thread of every block gets the same bits, run to run — a different order from the
-// block's own reduction over x, which decides inv's fp32 value only when the sum lands on a
-// rounding boundary (gemv_decode.h: the RMSNorm sum's order is not part of the contract).
-__device__ __forceinline__ double published_row_ss(const double* parts, int count) {
-  double s = 0.0;
-#pragma unroll 4
-  for (int i = threadIdx.x & 31; i < count; i += 32) s += __ldcg(parts + i);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(kFull, s, off);
-  return s;
-}
-
 // Inputs held in registers (x_in_registers): thread t holds octets t + b·kThreads, so a warp's
 // lanes hold consecutive octets as quantize_octet needs. The row's amax (of the values as they
-// are now in v; or published by the producer: rmax_count > 0), then quantized into xs; returns
-// the per-token scale.
+// are now in v), then quantized into xs; returns the per-token scale.
 template <int kW, int kB>
-__device__ float quantize_registers(int octets, const float (&v)[kB][8], uint8_t* xs, int* xsum,
-                                    const float* rmax = nullptr, int rmax_count = 0) {
+__device__ float quantize_registers(int octets, const float (&v)[kB][8], uint8_t* xs, int* xsum) {
   float amax = 0.0f;
-  if (rmax_count > 0) {
-    amax = published_row_max(rmax, rmax_count);
-  } else {
 #pragma unroll
-    for (int b = 0; b < kB; ++b)
-      if (threadIdx.x + b * kThreads < octets)
+  for (int b = 0; b < kB; ++b)
+    if (threadIdx.x + b * kThreads < octets)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[b][j]));
-    __shared__ float amax_part[kWarps];
-    amax = block_all_reduce_once<kWarps>(amax, MaxOp{}, amax_part);
-  }
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[b][j]));
+  __shared__ float amax_part[kWarps];
+  amax = block_all_reduce_once<kWarps>(amax, MaxOp{}, amax_part);
   float scale, qinv;
   per_token_params(amax, scale, qinv);
   const int o0 = threadIdx.x & ~31;
@@ -283,17 +241,13 @@ __device__ float normalize_from_registers(const Params& p, const float (&nw)[kNo
   float v[kNormRegOctets][8];
   load_octets(p.x, int(threadIdx.x), octets, v);
   double ss = 0.0;  // x*x exact in double, as rms_norm
-  if (p.rss_in_count > 0) {
-    ss = published_row_ss(p.rss_in, p.rss_in_count);
-  } else {
 #pragma unroll
-    for (int b = 0; b < kNormRegOctets; ++b)
-      if (threadIdx.x + b * kThreads < octets)
+  for (int b = 0; b < kNormRegOctets; ++b)
+    if (threadIdx.x + b * kThreads < octets)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) ss += double(v[b][j]) * double(v[b][j]);
-    __shared__ double ss_part[kWarps];  // (quantize_registers reduces into its own buffer next)
-    ss = block_all_reduce_once<kWarps>(ss, SumOp{}, ss_part);
-  }
+      for (int j = 0; j < 8; ++j) ss += double(v[b][j]) * double(v[b][j]);
+  __shared__ double ss_part[kWarps];  // (quantize_registers reduces into its own buffer next)
+  ss = block_all_reduce_once<kWarps>(ss, SumOp{}, ss_part);
   const float inv = float(1.0 / sqrt(ss / double(p.K) + double(p.eps)));
 #pragma unroll
   for (int b = 0; b < kNormRegOctets; ++b)
@@ -364,7 +318,7 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
       if constexpr (kIn == kInNorm) return normalize_from_registers<kW, kXI8>(p, nw_regs, xs, xsum);
       float v[kRegOctets][8];
       load_octets(p.x, int(threadIdx.x), octets, v);
-      return quantize_registers<kW>(octets, v, xs, xsum, p.rmax_in, p.rmax_in_count);
+      return quantize_registers<kW>(octets, v, xs, xsum);
     }
     // Pass 1 (global → staging by async copies, all of a thread's in flight at once: x was just
     // written by the previous kernel, so each round trip is an L2 latency on the block's critical
@@ -389,14 +343,8 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
     }
     float inv = 1.0f;
     if constexpr (kIn == kInNorm) {
-      if (p.rss_in_count > 0) {
-        // Published by the producer. Pass 2 reads only the octets this thread copied, so no
-        // barrier is needed before it.
-        ss = published_row_ss(p.rss_in, p.rss_in_count);
-      } else {
-        __shared__ double ss_part[kWarps];
-        ss = block_all_reduce_once<kWarps>(ss, SumOp{}, ss_part);
-      }
+      __shared__ double ss_part[kWarps];
+      ss = block_all_reduce_once<kWarps>(ss, SumOp{}, ss_part);
       inv = float(1.0 / sqrt(ss / double(K) + double(p.eps)));
       // Pass 2 (staging): normalized — straight to bf16, or in place with its amax for int8.
       for (int o = threadIdx.x; o < octets; o += kThreads) {
@@ -416,14 +364,8 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
       __syncthreads();
       return 0.0f;
     } else {
-      if (kIn == kInPlain && p.rmax_in_count > 0) {
-        // Published by the producer. Pass 3 reads only the octets this thread copied (o = t + j·
-        // kThreads either way), so no barrier is needed between the passes.
-        amax = published_row_max(p.rmax_in, p.rmax_in_count);
-      } else {
-        __shared__ float amax_part[kWarps];
-        amax = block_all_reduce_once<kWarps>(amax, MaxOp{}, amax_part);
-      }
+      __shared__ float amax_part[kWarps];
+      amax = block_all_reduce_once<kWarps>(amax, MaxOp{}, amax_part);
       float scale, qinv;
       per_token_params(amax, scale, qinv);
       // Pass 3 (staging → xs): quantize, a warp's lanes over consecutive octets.
@@ -438,18 +380,6 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
     }
   }
 }
-
-// The block's statistic of the outputs it stored (each thread's v over its own) into
-// out[blockIdx.x], for the consumer's published_row_max / published_row_ss
-// (DecodeLinearArgs::row_max_out, row_ss_out). Called by every thread of the block once, at its end.
-template <typename T, typename Op>
-__device__ void publish_block(T* out, T v, Op op) {
-  __shared__ T part[kWarps];
-  v = block_all_reduce_once<kWarps>(v, op, part);
-  if (threadIdx.x == 0) out[blockIdx.x] = v;
-}
-__device__ void publish_row_max(float* out, float m) { publish_block(out, m, MaxOp{}); }
-__device__ void publish_row_ss(double* out, double s) { publish_block(out, s, SumOp{}); }
 
 // Physical weight row r (0..kR-1) of the warp's slot in group g; -1 when past the end.
 // SwiGLU: slot j holds gate row j and up row j + N/2. RopeKv: slots [0, (nh + nkv)·hd/2) hold the
@@ -697,11 +627,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   const float sa = build_input<kW, kXI8, kIn>(p, xs, nw_regs);
   marks.input();
   // (SkipLoop issued no copies, so no bulk copy is in flight into this block's shared memory.)
-  if (!active || (kBulk && p.lab_weights == DecodeLabWeights::SkipLoop)) {
-    if (kOut == kOutSwiglu && p.rmax_out) publish_row_max(p.rmax_out, 0.0f);  // stored nothing
-    if (kOut == kOutAcc && p.rss_out) publish_row_ss(p.rss_out, 0.0);
+  if (!active || (kBulk && p.lab_weights == DecodeLabWeights::SkipLoop))
     return marks.finish(TimelineKernel::GemvDecode, timeline_arg);
-  }
 
   // Accumulators. facc: fp32 sums (bf16, grouped, weight-only). ia / ib: integer sums since the
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
@@ -731,8 +658,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // or RoPE, stores: ~50 of a gate|up step's ~600 instructions, s15 census) done in parallel on the
   // same values.
   int kept_g = 0, nkept = 0;
-  float ymax = 0.0f;  // SwiGLU: max |y| over the outputs this thread stored (publish_row_max)
-  double yss = 0.0;   // Accumulate: Σ y² over the outputs this thread stored (publish_row_ss)
   float kept[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) kept[r] = 0.0f;
@@ -748,10 +673,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       else val[r] = kXI8 ? fmaf(kept[r], sa, b) : kept[r] + b;
     }
     if constexpr (kOut == kOutSwiglu) {
-      const float yv =
-          p.round_bf16 ? swiglu_one(bf16_round(val[0]), bf16_round(val[1])) : swiglu_one(val[0], val[1]);
-      p.y[rows[0]] = yv;
-      ymax = fmaxf(ymax, fabsf(yv));  // (NaN ignored, as the consumer's own amax would)
+      p.y[rows[0]] = p.round_bf16 ? swiglu_one(bf16_round(val[0]), bf16_round(val[1])) : swiglu_one(val[0], val[1]);
     } else if constexpr (kOut == kOutRopeKv) {
       const float rv[2] = {p.round_bf16 ? bf16_round(val[0]) : val[0], p.round_bf16 ? bf16_round(val[1]) : val[1]};
       rope_kv_store(p, kept_g * kWarps + warp, rows, rv);
@@ -760,11 +682,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       for (int r = 0; r < kR; ++r) {
         if (rows[r] < 0) continue;
         const float v = p.round_bf16 ? bf16_round(val[r]) : val[r];
-        if constexpr (kOut == kOutAcc) {
-          const float yv = __fadd_rn(p.y[rows[r]], v);
-          p.y[rows[r]] = yv;
-          yss += double(yv) * double(yv);  // (exact in double, as rms_norm's)
-        }
+        if constexpr (kOut == kOutAcc) p.y[rows[r]] = __fadd_rn(p.y[rows[r]], v);
         else p.y[rows[r]] = v;
       }
     }
@@ -922,14 +840,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     }
   }
   if (lane < nkept) finish_kept();
-  if (kOut == kOutSwiglu && p.rmax_out) publish_row_max(p.rmax_out, ymax);
-  if (kOut == kOutAcc && p.rss_out) publish_row_ss(p.rss_out, yss);
   marks.finish(TimelineKernel::GemvDecode, timeline_arg);
 }
 
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, bool kNoPipe = false,
           bool kTimeline = false>
-int launch_kernel(Params p, size_t smem, const char* name, cudaStream_t stream) {
+void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t stream) {
   auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk, kNoPipe, kTimeline>;
   // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed;
   // under a lock so that two host threads cannot leave it at the smaller of two requests).
@@ -948,16 +864,13 @@ int launch_kernel(Params p, size_t smem, const char* name, cudaStream_t stream) 
              "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv_decode)");
   const int groups = n_groups<kOut, kR>(p.N);
   const int grid = std::max(1, std::min(groups, std::max(per_sm, 1) * sm_count()));
-  if (grid > p.rmax_capacity) p.rmax_out = nullptr;  // (does not fit: not published)
-  if (grid > p.rss_capacity) p.rss_out = nullptr;
   pdl::launch(name, kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
-  return p.rmax_out || p.rss_out ? grid : 0;
 }
 
 // p.stages on entry: the bulk-copy stages asked for (0 = registers). Bulk copies on sm_90+ with as
 // many of them as fit in shared memory (at least 2); registers otherwise.
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int kU = 4>
-int launch(Params p, const char* name, cudaStream_t stream) {
+void launch(Params p, const char* name, cudaStream_t stream) {
   const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
   static const bool has_bulk_copy = compute_capability_major() >= 9;
   if (p.stages > 0 && has_bulk_copy) {
@@ -982,11 +895,11 @@ int launch(Params p, const char* name, cudaStream_t stream) {
   if constexpr (kW == kWI8 && kXI8 && !kGrouped) {  // (the only kind that double-buffers registers)
     if (p.no_pipe) return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false, true>(p, size_t(prologue), name, stream);
   }
-  return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false>(p, size_t(prologue), name, stream);
+  launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false>(p, size_t(prologue), name, stream);
 }
 
 template <int kW, bool kXI8, bool kGrouped>
-int dispatch_io(const Params& p, DecodeIn in, DecodeOut out, const char* name, cudaStream_t s) {
+void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, const char* name, cudaStream_t s) {
   if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, name, s);
   if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, name, s);
   if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, name, s);
@@ -1010,9 +923,7 @@ bool gemv_decode_supports(QuantMode mode, int K) {
   return gs == 0 || (gs % (mb.bits == 4 ? 128 : 64) == 0 && (gs & (gs - 1)) == 0);
 }
 
-int gemv_decode_row_max_capacity() { return 4 * sm_count(); }
-
-int gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream) {
+void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream) {
   const std::string where = "gemv_decode(N=" + std::to_string(w.N) + ", K=" + std::to_string(w.K) + ")";
   if (!gemv_decode_supports(w.mode, w.K)) throw Error(where + ": unsupported mode or K (need K % 32 == 0, K <= 32768)");
   if (w.N < 1 || (a.out == DecodeOut::SwiGLU && w.N % 2 != 0)) throw Error(where + ": bad N (SwiGLU needs an even N)");
@@ -1058,26 +969,6 @@ int gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t 
   p.no_pipe = a.register_pipe == 0;
   p.lab_weights = a.lab_weights;
   p.timeline = lab_timeline::installed_log();
-  if (a.row_max_out && a.out == DecodeOut::SwiGLU && a.row_max_capacity > 0) {
-    p.rmax_out = a.row_max_out;
-    p.rmax_capacity = a.row_max_capacity;
-  }
-  if (a.row_max_count < 0 || (a.row_max_count > 0 && !a.row_max_in))
-    throw Error(where + ": row_max_in needs a non-negative count and a pointer");
-  if (a.in == DecodeIn::Plain && a.row_max_count > 0) {
-    p.rmax_in = a.row_max_in;
-    p.rmax_in_count = a.row_max_count;
-  }
-  if (a.row_ss_out && a.out == DecodeOut::Accumulate && a.row_ss_capacity > 0) {
-    p.rss_out = a.row_ss_out;
-    p.rss_capacity = a.row_ss_capacity;
-  }
-  if (a.row_ss_count < 0 || (a.row_ss_count > 0 && !a.row_ss_in))
-    throw Error(where + ": row_ss_in needs a non-negative count and a pointer");
-  if (a.in == DecodeIn::RmsNorm && a.row_ss_count > 0) {
-    p.rss_in = a.row_ss_in;
-    p.rss_in_count = a.row_ss_count;
-  }
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");

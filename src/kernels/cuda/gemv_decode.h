@@ -123,35 +123,6 @@ struct DecodeLinearArgs {
   // boundaries and the other kernels cost. Bulk kernels only (the default on sm_90). The CUDA
   // backend sets it from PERRY_LAB_DECODE_WEIGHTS=skip|noloop.
   DecodeLabWeights lab_weights = DecodeLabWeights::Read;
-  // The row maximum of a plain int8 input, published by the kernel that wrote it (the SwiGLU
-  // output for down_proj), so that the consumer skips its block-wide amax reduction — an exact,
-  // order-free maximum, so the same bits (fmaxf ignores NaN, as the CPU rule does):
-  //   SwiGLU out: each block writes max |y| over the outputs it stored into
-  //               row_max_out[block] (row_max_capacity floats; every block, 0 where it stored
-  //               none). gemv_decode returns the number of slots written, or 0 — nothing
-  //               published — where the grid exceeds the capacity or row_max_out is null;
-  //   Plain in:   with row_max_count > 0 the row's amax is max(row_max_in[0 .. row_max_count)),
-  //               the slots the producer wrote (pass its return value). int8-input modes only;
-  //               others ignore it.
-  float* row_max_out = nullptr;
-  int row_max_capacity = 0;
-  const float* row_max_in = nullptr;
-  int row_max_count = 0;
-  // The same for the float64 sum of squares of an RMSNorm input, published by the kernel that
-  // wrote the residual row (o_proj, down_proj: Accumulate) so that the next q|k|v, gate|up or
-  // lm_head skips its first block reduction:
-  //   Accumulate out: each block writes Σ y² (float64, x·x exact) over the rows it stored into
-  //                   row_ss_out[block] (row_ss_capacity slots; 0 where it stored none);
-  //                   gemv_decode's return value counts these slots too;
-  //   RmsNorm in:     with row_ss_count > 0 the sum is that of row_ss_in[0 .. row_ss_count),
-  //                   added in a fixed order (the same bits in every block, run to run).
-  // Only the summation order differs from the kernel's own reduction — what decides inv's fp32
-  // value only when the sum lands on a rounding boundary, as everywhere the sum of squares is
-  // taken (module comment).
-  double* row_ss_out = nullptr;
-  int row_ss_capacity = 0;
-  const double* row_ss_in = nullptr;
-  int row_ss_count = 0;
 };
 
 // Whether gemv_decode takes this layer: K % 32 == 0, K <= 32768 (the input row lives in shared
@@ -160,14 +131,8 @@ struct DecodeLinearArgs {
 bool gemv_decode_supports(quant::QuantMode mode, int K);
 
 // Launches the fused linear on `stream` (programmatic dependent launch where available).
-// Returns the row-statistics slots written (DecodeLinearArgs::row_max_out / row_ss_out: the
-// grid), 0 where none.
 // Throws perry::Error on unsupported shapes, null or misaligned pointers (w, x, norm_w 16-byte
 // aligned), an odd N with SwiGLU, or a launch failure.
-int gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream);
-
-// Row-statistics slots enough for any gemv_decode grid on the current device (one block an SM or
-// more).
-int gemv_decode_row_max_capacity();
+void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream);
 
 }  // namespace perry::cuda
