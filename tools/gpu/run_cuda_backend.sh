@@ -297,15 +297,12 @@ timeline() {
   local pairs=${TIMELINE_PAIRS:-}
   [ -z "$pairs" ] && for m in ${TIMELINE_MODES:-w4a8-g128}; do pairs="$pairs $m:fused"; done
   for mv in $pairs; do
-    local m=${mv%%:*} v=${mv#*:} bin=$P env=(${TIMELINE_ENV:-})
-    for sw in ${v//+/ }; do
-      case $sw in
-        fused) ;;
-        alt) bin="$T/bin/perry-alt" ;;
-        *) say "- unknown timeline variant $v"; continue 2 ;;
-      esac
-    done
-    local tag=$m; [ "$v" != fused ] && tag="$m-$v"
+    local m=${mv%%:*} v=${mv#*:} bin=$P tag=${mv%%:*} env=(${TIMELINE_ENV:-})
+    case $v in
+      fused) ;;
+      alt) bin="$T/bin/perry-alt" tag="$m-alt" ;;
+      *) say "- unknown timeline variant $v"; continue ;;
+    esac
     timeout 150 env "${env[@]}" PERRY_LAB_DECODE_TIMELINE="$T/tl-$tag.bin" "$bin" run --device cuda --synthetic llama3-8b \
       --quant "$m" --prompt-tokens 128 -n 24 > "$T/tl-$tag.log" 2>&1
     local rc=$?

@@ -87,15 +87,22 @@ struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// Every thread gets the same result: the xor butterfly gives all lanes the same value
-// (a + b == b + a), and all threads fold the per-warp partials in the same order, so the result
-// is also deterministic run to run. blockDim.x must be a multiple of 32. The leading barrier lets
-// a kernel call it twice (the partials buffer is reused).
+// The xor butterfly: every lane gets the same value (each level combines the same two values,
+// a + b == b + a, in either order).
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_all_reduce(T v, Op op) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_xor_sync(kFull, v, off));
+  return v;
+}
+
+// Every thread gets the same result: warp_all_reduce, then all threads fold the per-warp
+// partials in the same order, so the result is also deterministic run to run. blockDim.x must be
+// a multiple of 32. The leading barrier lets a kernel call it twice (the partials buffer is reused).
 template <typename T, typename Op>
 __device__ T block_all_reduce(T v, Op op) {
   __shared__ T part[32];
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_xor_sync(kFull, v, off));
+  v = warp_all_reduce(v, op);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
   __syncthreads();
@@ -111,8 +118,7 @@ __device__ T block_all_reduce(T v, Op op) {
 // folds them in warp order, so the result is the same in every thread and run to run.
 template <int kNumWarps, typename T, typename Op>
 __device__ __forceinline__ T block_all_reduce_once(T v, Op op, T* part) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_xor_sync(kFull, v, off));
+  v = warp_all_reduce(v, op);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
   __syncthreads();
   T w[kNumWarps];
