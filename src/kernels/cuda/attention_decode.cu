@@ -76,8 +76,14 @@ __global__ void __launch_bounds__(kDecThreads)
   __shared__ float red[33];
   lab_timeline::BlockMarks<kTimeline> marks{timeline};  // lab only (lab_timeline.h)
   marks.start();
-  pdl::wait();
+  // The trigger comes before the wait here, unlike every other decode kernel (pdl.cuh): the next
+  // kernel is the o projection, whose blocks then become resident while the partial kernel still
+  // runs and stream o's weights into their rings during attention, when HBM is otherwise idle (a
+  // decode step's attention reads a few KB of cache per head). Safe: o's own wait still waits for
+  // this grid to complete, and every block of this grid and of the partial kernel is resident
+  // before o's first block is scheduled.
   pdl::launch_dependents();
+  pdl::wait();
   marks.waited();
   const AttnSeq sq = seqs[blockIdx.y];
   const int h = blockIdx.x;
