@@ -117,6 +117,9 @@ class CudaBackend final : public model::ForwardBackend {
   // Register double buffering of the per-channel w8a8 decode linears: -1 = the kernel's choice;
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
+  // Decode rings capped at a warp's steps: -1 = the kernel's choice (yes); PERRY_GEMV_DECODE_RING_CAP=0
+  // turns it off for A/B runs (gemv_decode.h, cap_ring).
+  int decode_cap_ring_ = -1;
   // PERRY_LAB_DECODE_INPUT=skip|read: lab only, wrong outputs (gemv_decode.h, lab_input).
   DecodeLabInput decode_lab_input_ = DecodeLabInput::Build;
   // PERRY_LAB_DECODE_BOUNDARIES=n: lab only — an empty n-block kernel after each of a layer's five
@@ -253,6 +256,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
+  decode_cap_ring_ = env_int("PERRY_GEMV_DECODE_RING_CAP", -1, 0, 1);
   decode_norm_stages_ = env_int("PERRY_GEMV_DECODE_NORM_STAGES", -1, 0, 16);
   if (decode_norm_stages_ == 1) throw Error("PERRY_GEMV_DECODE_NORM_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   decode_lab_input_ = env_choice("PERRY_LAB_DECODE_INPUT", DecodeLabInput::Build,
@@ -505,6 +509,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = in == DecodeIn::RmsNorm && decode_norm_stages_ >= 0 ? decode_norm_stages_ : decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
+  a.cap_ring = decode_cap_ring_;
   a.lab_weights = decode_lab_weights_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
