@@ -9,6 +9,7 @@
 
 #include "cli/common.h"
 #include "core/cpu_features.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/op_profile.h"
 #include "core/thread_pool.h"
@@ -122,6 +123,8 @@ Command register_bench(CLI::App& root) {
         auto t = random_token_ids(16, vocab, 7);
         model.forward({{0, t.data(), 16, false}}, cache, logits);
         model.forward({{0, t.data(), 1, false}}, cache, logits);
+        std::vector<int32_t> picked;
+        for (int i = 0; i < 2; ++i) model.forward_greedy({{0, t.data() + i, 1, false}}, cache, picked);
         cache.reset(0);
       }
       prof::reset();
@@ -155,15 +158,22 @@ Command register_bench(CLI::App& root) {
             cache.reset(b);
             model.forward({{b, toks.data(), a->decode_context, false}}, cache, logits);
           }
-          std::vector<int32_t> next(size_t(B), 1);
+          // Greedy decoding as perry run does it (Model::forward_greedy: on the GPU the argmax runs
+          // there and each step returns B token ids).
+          // PERRY_BENCH_HOST_PICK=1 (A/B runs): forward() and the pick on the host, as before.
+          static const bool host_pick = env_flag("PERRY_BENCH_HOST_PICK");
+          std::vector<int32_t> next(size_t(B), 1), picked;
           double t1 = now_s();
           for (int64_t i = 0; i < a->decode; ++i) {
             std::vector<model::SeqInput> batch;
             for (int64_t b = 0; b < B; ++b) batch.push_back({b, &next[size_t(b)], 1, false});
-            model.forward(batch, cache, logits);
-            for (int64_t b = 0; b < B; ++b)
-              next[size_t(b)] = int32_t(std::max_element(logits.begin() + b * vocab, logits.begin() + (b + 1) * vocab) -
-                                        (logits.begin() + b * vocab));
+            if (host_pick) {
+              model.forward(batch, cache, logits);
+              for (int64_t b = 0; b < B; ++b) next[size_t(b)] = model::greedy_token(logits.data() + b * vocab, vocab);
+            } else {
+              model.forward_greedy(batch, cache, picked);
+              next = picked;
+            }
           }
           dec.push_back((now_s() - t1) / double(a->decode));
         }

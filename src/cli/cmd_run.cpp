@@ -41,11 +41,20 @@ int run_synthetic(RunArgs& a) {
   runtime::Sampler sampler(sp);
   std::vector<float> logits;
   std::vector<int32_t> history = prompt;
+  std::vector<int32_t> picked;
+  auto step = [&](const int32_t* tokens, int64_t n) {  // as runtime::generate: greedy picks on the device
+    if (sampler.picks_greedy()) {
+      lm.model->forward_greedy({{0, tokens, n, false}}, cache, picked);
+      return picked[0];
+    }
+    lm.model->forward({{0, tokens, n, false}}, cache, logits);
+    return sampler.sample(logits.data(), cfg.vocab_size, history);
+  };
   auto t0 = std::chrono::steady_clock::now();
   const int64_t chunk = lm.model->preferred_prefill_chunk();
+  int32_t next = 0;
   for (size_t b = 0; b < prompt.size(); b += size_t(chunk))
-    lm.model->forward({{0, prompt.data() + b, std::min<int64_t>(chunk, int64_t(prompt.size() - b)), false}}, cache, logits);
-  int32_t next = sampler.sample(logits.data(), cfg.vocab_size, history);
+    next = step(prompt.data() + b, std::min<int64_t>(chunk, int64_t(prompt.size() - b)));
   auto t1 = std::chrono::steady_clock::now();
   std::printf("generated ids:");
   for (int64_t i = 0; i < a.n; ++i) {
@@ -53,8 +62,7 @@ int run_synthetic(RunArgs& a) {
     std::fflush(stdout);
     history.push_back(next);
     if (i + 1 == a.n) break;
-    lm.model->forward({{0, &next, 1, false}}, cache, logits);
-    next = sampler.sample(logits.data(), cfg.vocab_size, history);
+    next = step(&next, 1);
   }
   auto t2 = std::chrono::steady_clock::now();
   const double pre = std::chrono::duration<double>(t1 - t0).count(), dec = std::chrono::duration<double>(t2 - t1).count();

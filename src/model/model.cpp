@@ -193,22 +193,58 @@ KvCache Model::make_cache(int64_t capacity, int64_t n_slots) const {
   return KvCache(cfg_.num_layers, cfg_.num_kv_heads, cfg_.head_dim, capacity, n_slots);
 }
 
-void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits) {
-  const io::ModelConfig& c = cfg_;
-  const int64_t H = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(), I = c.intermediate_size, hd = c.head_dim;
-  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads);
-  int64_t M = 0, out_rows = 0;
+int32_t greedy_token(const float* logits, int64_t vocab) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!std::isnan(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
+  return int32_t(best < 0 ? 0 : best);
+}
+
+void ForwardBackend::forward_greedy(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<int32_t>& next) {
+  std::vector<float> logits;
+  forward(batch, cache, logits);
+  next.resize(batch.size());
+  if (batch.empty()) return;
+  const int64_t vocab = int64_t(logits.size() / batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) next[i] = greedy_token(logits.data() + int64_t(i) * vocab, vocab);
+}
+
+void Model::check_batch(const std::vector<SeqInput>& batch, const KvCache& cache) const {
   for (const SeqInput& s : batch) {
     PERRY_CHECK(s.n_tokens > 0 && s.tokens, "forward: a sequence has no tokens");
     const int64_t len = cache.length(s.slot);
     if (len + s.n_tokens > cache.capacity())
       fail("sequence needs {} positions but the context holds {}: shorten the prompt or raise --ctx (max {})",
-           len + s.n_tokens, cache.capacity(), c.max_position_embeddings);
+           len + s.n_tokens, cache.capacity(), cfg_.max_position_embeddings);
+  }
+  PERRY_CHECK(!(backend_ && calib_), "calibration runs on the CPU (use --device cpu for perry quantize --smooth)");
+}
+
+void Model::forward_greedy(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<int32_t>& next) {
+  for (const SeqInput& s : batch)
+    PERRY_CHECK(!s.all_logits, "forward_greedy picks one token a sequence: all_logits rows need forward()");
+  if (backend_) {
+    check_batch(batch, cache);
+    backend_->forward_greedy(batch, cache, next);
+    return;
+  }
+  forward(batch, cache, greedy_logits_);
+  const int64_t vocab = cfg_.vocab_size;
+  next.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) next[i] = greedy_token(greedy_logits_.data() + int64_t(i) * vocab, vocab);
+}
+
+void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits) {
+  const io::ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size, Q = c.q_dim(), KV = c.kv_dim(), I = c.intermediate_size, hd = c.head_dim;
+  const int nh = int(c.num_heads), nkv = int(c.num_kv_heads);
+  check_batch(batch, cache);
+  int64_t M = 0, out_rows = 0;
+  for (const SeqInput& s : batch) {
     M += s.n_tokens;
     out_rows += s.all_logits ? s.n_tokens : 1;
   }
   if (backend_) {
-    PERRY_CHECK(!calib_, "calibration runs on the CPU (use --device cpu for perry quantize --smooth)");
     backend_->forward(batch, cache, logits);
     return;
   }

@@ -40,12 +40,22 @@ struct SeqInput {
   bool all_logits = false;       // logits for every new token (perplexity) or only the last
 };
 
+// The greedy pick from one row of logits: the first index of the largest non-NaN value (torch.argmax
+// also takes the first maximum); a row of only NaN gives 0. The one rule of every greedy path:
+// runtime::Sampler at temperature 0, Model::forward_greedy, cuda::argmax_rows.
+int32_t greedy_token(const float* logits, int64_t vocab);
+
 // A device that runs forward() instead of the CPU kernels (the CUDA backend). Set on a loaded
 // Model; the model keeps its weights, config and checks, the backend does the arithmetic.
 class ForwardBackend {
  public:
   virtual ~ForwardBackend() = default;
   virtual void forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits) = 0;
+  // forward(), then greedy_token() of each sequence's row into next (one row a sequence: every
+  // all_logits is false). This default picks on the host; a backend that can pick where the logits
+  // are overrides it (CUDA: an argmax kernel, so 4 bytes a sequence cross PCIe instead of vocab·4
+  // and the host scans nothing).
+  virtual void forward_greedy(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<int32_t>& next);
   virtual std::string name() const = 0;                 // e.g. "cuda:0 (NVIDIA H200)"
   virtual std::string kernel_summary() const = 0;       // kernels per layer kind, for perry info
   virtual int64_t preferred_prefill_chunk() const = 0;  // tokens per forward when feeding a long prompt
@@ -70,6 +80,11 @@ class Model {
   // Appends the sequences' tokens to their slots and writes logits row-major into `logits`
   // (resized): for each sequence in order, n_tokens rows if all_logits else 1 row, vocab wide.
   void forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits);
+  // forward() with each sequence's greedy next token (greedy_token of its logits row) in next[i]
+  // instead of the logits: how greedy decoding runs (perry run / bench, the generator at --temp 0
+  // without a repetition penalty), since a device backend then returns token ids instead of
+  // vocabulary-wide rows. Every all_logits must be false.
+  void forward_greedy(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<int32_t>& next);
 
   // Runs forward() on a device from now on (nullptr: back to the CPU kernels).
   void set_backend(std::unique_ptr<ForwardBackend> b) { backend_ = std::move(b); }
@@ -110,6 +125,7 @@ class Model {
     std::vector<float> x, xn, q, k, v, attn, o, gate, up, hidden, last;
   };
   Model() = default;
+  void check_batch(const std::vector<SeqInput>& batch, const KvCache& cache) const;
   void load_layers(const LoadOptions& opts);
   Linear make_linear(const std::string& base, const LoadOptions& opts, bool is_lm_head,
                      const std::vector<float>* col_scale = nullptr);
@@ -124,6 +140,7 @@ class Model {
   std::unique_ptr<kernels::RopeTable> rope_;
   std::map<std::string, std::vector<float>> norms_by_name_;
   Scratch s_;
+  std::vector<float> greedy_logits_;  // forward_greedy on the CPU
   CalibrationStats* calib_ = nullptr;
   bool smoothed_ = false;
   std::vector<std::vector<float>> owned_;  // smoothed float weights kept alive for float modes

@@ -72,12 +72,21 @@ GenerateStats generate(model::Model& model, const tokenizer::Tokenizer& tok, mod
   tokenizer::StreamDecoder dec(tok, true);
   StopStringFilter stops(opts.stop_strings);
 
+  // One forward pass and the pick of the next token: greedy picks go through forward_greedy, so a
+  // device backend picks where the logits are and returns a token id.
+  std::vector<int32_t> picked;
+  auto step = [&](const int32_t* tokens, int64_t n) {
+    if (sampler.picks_greedy()) {
+      model.forward_greedy({{slot, tokens, n, false}}, cache, picked);
+      return picked[0];
+    }
+    model.forward({{slot, tokens, n, false}}, cache, logits);
+    return sampler.sample(logits.data(), vocab, history);
+  };
   const double t0 = now_s();
-  for (size_t b = 0; b < prompt.size(); b += size_t(opts.prefill_chunk)) {
-    const int64_t n = std::min<int64_t>(opts.prefill_chunk, int64_t(prompt.size() - b));
-    model.forward({{slot, prompt.data() + b, n, false}}, cache, logits);
-  }
-  int32_t next = sampler.sample(logits.data(), vocab, history);
+  int32_t next = 0;
+  for (size_t b = 0; b < prompt.size(); b += size_t(opts.prefill_chunk))
+    next = step(prompt.data() + b, std::min<int64_t>(opts.prefill_chunk, int64_t(prompt.size() - b)));
   const double t1 = now_s();
   st.ttft_s = st.prefill_s = t1 - t0;
 
@@ -106,8 +115,7 @@ GenerateStats generate(model::Model& model, const tokenizer::Tokenizer& tok, mod
       st.finish = FinishReason::ContextFull;
       break;
     }
-    model.forward({{slot, &next, 1, false}}, cache, logits);
-    next = sampler.sample(logits.data(), vocab, history);
+    next = step(&next, 1);
   }
   if (st.finish != FinishReason::StopString && st.finish != FinishReason::Cancelled) {
     bool stopped = false;

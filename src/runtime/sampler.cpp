@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/model.h"
 
 namespace perry::runtime {
 
@@ -28,13 +29,7 @@ int32_t Sampler::sample(float* logits, int64_t vocab, const std::vector<int32_t>
     for (int32_t id : seen)
       if (id >= 0 && id < vocab) logits[id] = logits[id] > 0 ? logits[id] / rp : logits[id] * rp;
   }
-  if (p_.temperature <= 0.0) {
-    // Greedy: first maximal index (matches torch.argmax on ties).
-    int64_t best = 0;
-    for (int64_t i = 1; i < vocab; ++i)
-      if (logits[i] > logits[best]) best = i;
-    return int32_t(best);
-  }
+  if (p_.temperature <= 0.0) return model::greedy_token(logits, vocab);  // first maximum, as torch.argmax
   // The HF order of warpers: temperature → top-k → top-p → min-p.
   const float inv_t = float(1.0 / p_.temperature);
   cand_.resize(size_t(vocab));

@@ -22,6 +22,9 @@ class Sampler {
   // repetition penalty. The logits buffer is modified.
   int32_t sample(float* logits, int64_t vocab, const std::vector<int32_t>& history);
   const SamplingParams& params() const { return p_; }
+  // Whether sample() is the greedy pick of the raw logits (temperature 0, no repetition penalty),
+  // which Model::forward_greedy can then make on the device instead.
+  bool picks_greedy() const { return p_.temperature <= 0.0 && p_.repetition_penalty == 1.0; }
 
  private:
   SamplingParams p_;

@@ -206,14 +206,18 @@ bool Scheduler::step() {
   if (!batch.empty()) {
     const int64_t vocab = model_.config().vocab_size;
     try {
-      model_.forward(batch, cache_, logits_);
+      // Every sequence greedy: the tokens are picked where the logits are (Model::forward_greedy).
+      const bool greedy = std::all_of(seqs.begin(), seqs.end(), [](const Seq* s) { return s->sampler.picks_greedy(); });
+      if (greedy) model_.forward_greedy(batch, cache_, picked_);
+      else model_.forward(batch, cache_, logits_);
       for (size_t i = 0; i < seqs.size(); ++i) {
         Seq& s = *seqs[i];
         if (chunk[i] > 0) {
           s.prompt_pos += size_t(chunk[i]);
           if (s.prompt_pos < s.req.prompt.size()) continue;  // more prompt to go: logits unused
         }
-        const int32_t tok = s.sampler.sample(logits_.data() + int64_t(i) * vocab, vocab, s.history);
+        const int32_t tok =
+            greedy ? picked_[i] : s.sampler.sample(logits_.data() + int64_t(i) * vocab, vocab, s.history);
         if (s.res.tokens.empty() && s.res.ttft_s == 0) s.res.ttft_s = now_s() - s.t_submit;
         on_token(s, tok);
       }

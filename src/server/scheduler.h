@@ -130,6 +130,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Seq>> active_;
   std::vector<int64_t> free_slots_;
   std::vector<float> logits_;
+  std::vector<int32_t> picked_;  // greedy steps: one token a sequence
   std::thread thread_;
 };
 

@@ -206,6 +206,49 @@ TEST(CudaBatch, BatchedEqualsSingleSequence) {
   }
 }
 
+// forward_greedy on the GPU (argmax_rows in the step, its own decode graph) picks
+// model::greedy_token of the logits forward() returns for the same step: one sequence (the fused
+// decode path) and two (the batched path), prefill then 8 decode steps with graphs recorded for
+// both outputs. Two caches fed the same tokens; a near tie (top-2 within 1e-5 of the scale: two
+// runs' split-K sums may round apart) may pick either of the tied tokens.
+TEST(CudaBatch, ForwardGreedyMatchesTheLogits) {
+  REQUIRE_DEVICE();
+  for (const char* mode : {"bf16", "w4a8-g128"})
+    for (int n : {1, 2}) {
+      SCOPED_TRACE(std::string(mode) + " sequences=" + std::to_string(n));
+      auto m = load(source_dir() + "/models/perry-qwen3-20m", quant::parse_quant_mode(mode), true);
+      const int64_t V = m->config().vocab_size;
+      auto ca = m->make_cache(128, n), cb = m->make_cache(128, n);
+      std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65}, {27, 18}};
+      std::vector<model::SeqInput> in;
+      for (int s = 0; s < n; ++s) in.push_back({s, prompts[size_t(s)].data(), int64_t(prompts[size_t(s)].size()), false});
+      std::vector<float> logits;
+      std::vector<int32_t> picked, feed(static_cast<size_t>(n));
+      m->forward(in, ca, logits);
+      m->forward_greedy(in, cb, picked);
+      for (int step = 0; step <= 8; ++step) {
+        ASSERT_EQ(picked.size(), size_t(n));
+        for (int s = 0; s < n; ++s) {
+          const float* row = logits.data() + s * V;
+          const int32_t want = model::greedy_token(row, V);
+          const int32_t got = picked[size_t(s)];
+          ASSERT_TRUE(got >= 0 && got < V) << "step " << step;
+          if (got != want) {
+            double scale = 0;
+            for (int64_t i = 0; i < V; ++i) scale = std::max(scale, double(std::abs(row[i])));
+            EXPECT_LE(double(row[want]) - double(row[got]), 1e-5 * scale) << "step " << step << " sequence " << s;
+          }
+          feed[size_t(s)] = got;
+        }
+        if (step == 8) break;
+        std::vector<model::SeqInput> dec;
+        for (int s = 0; s < n; ++s) dec.push_back({s, &feed[size_t(s)], 1, false});
+        m->forward(dec, ca, logits);
+        m->forward_greedy(dec, cb, picked);
+      }
+    }
+}
+
 TEST(CudaErrors, ContextOverflowAndOutOfMemoryAreErrors) {
   REQUIRE_DEVICE();
   auto m = load(source_dir() + "/models/perry-qwen3-20m", std::nullopt, true);

@@ -19,6 +19,57 @@ TEST(Sampler, GreedyIsFirstArgmax) {
   EXPECT_EQ(s.sample(l.data(), 5, {}), 1);
 }
 
+// The greedy rule (model::greedy_token), against a plain scan written here: the first index of
+// the largest non-NaN value; a row of only NaN picks 0. NaN anywhere, first included, is skipped
+// (the old Sampler loop returned 0 whenever logits[0] was NaN).
+TEST(Sampler, GreedyTokenRule) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  const std::vector<std::pair<std::vector<float>, int32_t>> cases = {
+      {{0.1f, 2.0f, -1.0f, 2.0f, 0.5f}, 1},  // tie: the first
+      {{nan, 1.0f, 3.0f, nan, 3.0f}, 2},      // NaN first is not picked
+      {{nan, nan, nan}, 0},                   // only NaN
+      {{-inf, -inf, -inf}, 0},                // all -inf: the first
+      {{-inf, -5.0f, inf, inf}, 2},           // +inf wins, first of two
+      {{-1e30f}, 0},
+  };
+  for (const auto& [row, want] : cases) {
+    EXPECT_EQ(model::greedy_token(row.data(), int64_t(row.size())), want);
+    auto l = row;
+    EXPECT_EQ(Sampler({}).sample(l.data(), int64_t(l.size()), {}), want);  // the Sampler's greedy is the rule
+  }
+  SamplingParams sp;
+  EXPECT_TRUE(Sampler(sp).picks_greedy());
+  sp.repetition_penalty = 1.1;  // penalized logits: the pick needs the host
+  EXPECT_FALSE(Sampler(sp).picks_greedy());
+  sp.repetition_penalty = 1.0;
+  sp.temperature = 0.7;
+  EXPECT_FALSE(Sampler(sp).picks_greedy());
+}
+
+// Model::forward_greedy == forward() + greedy_token of each sequence's row, for a batch of two
+// sequences over several steps (prefill, then decode), and it rejects all_logits rows.
+TEST(Sampler, ForwardGreedyPicksFromTheLogits) {
+  auto cfg = test_util::tiny_config(io::Architecture::Llama);
+  model::LoadOptions o;
+  o.dir = test_util::write_tiny_checkpoint("greedy", cfg);
+  auto m = model::Model::load(o);
+  auto ca = m->make_cache(64, 2), cb = m->make_cache(64, 2);
+  std::vector<int32_t> p0 = {5, 9, 2, 7}, p1 = {11, 3};
+  std::vector<int32_t> next, want(2);
+  std::vector<float> logits;
+  m->forward_greedy({{0, p0.data(), 4, false}, {1, p1.data(), 2, false}}, ca, next);
+  m->forward({{0, p0.data(), 4, false}, {1, p1.data(), 2, false}}, cb, logits);
+  for (int step = 0; step < 6; ++step) {
+    const int64_t V = cfg.vocab_size;
+    for (int i = 0; i < 2; ++i) want[size_t(i)] = model::greedy_token(logits.data() + i * V, V);
+    ASSERT_EQ(next, want) << "step " << step;
+    std::vector<int32_t> t = next;
+    m->forward_greedy({{0, &t[0], 1, false}, {1, &t[1], 1, false}}, ca, next);
+    m->forward({{0, &t[0], 1, false}, {1, &t[1], 1, false}}, cb, logits);
+  }
+  EXPECT_THROW(m->forward_greedy({{0, p0.data(), 2, true}}, ca, next), Error);
+}
+
 TEST(Sampler, FrequenciesFollowSoftmax) {
   // Temperature 1, no truncation: empirical frequencies over 200k draws match softmax within
   // 5 standard errors (deterministic: fixed seed).

@@ -56,6 +56,10 @@ class CudaBackend final : public model::ForwardBackend {
   ~CudaBackend() override;
 
   void forward(const std::vector<model::SeqInput>& batch, model::KvCache& cache, std::vector<float>& logits) override;
+  // The greedy tokens picked on the GPU (argmax_rows after lm_head, in the decode graph), so a
+  // step returns 4 bytes a sequence instead of its vocabulary-wide logits row.
+  void forward_greedy(const std::vector<model::SeqInput>& batch, model::KvCache& cache,
+                      std::vector<int32_t>& next) override;
   std::string name() const override { return name_; }
   std::string kernel_summary() const override;
   int64_t preferred_prefill_chunk() const override { return 8192; }
@@ -72,11 +76,14 @@ class CudaBackend final : public model::ForwardBackend {
   struct Step {
     int M = 0, n_seqs = 0, out_rows = 0, max_new = 0, max_ctx = 0, cap = 0;
     bool decode = true;
+    bool greedy = false;  // the step ends in argmax_rows and returns token ids, not logits
     const DeviceKv* kv = nullptr;
     std::vector<std::pair<int, int>> gather;  // (first row, rows) runs of wanted rows; empty = all of x
   };
+  Step run_step(const std::vector<model::SeqInput>& batch, model::KvCache& cache, bool greedy);
   void enqueue(const Step& st);
   void enqueue_decode_one(const Step& st);
+  void enqueue_output(const Step& st, const float* logits);  // logits, or the greedy tokens, to the host
   void decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm, DecodeOut out,
                      float* y, const DecodeRopeKv* rope_kv = nullptr);
   void run_graph(const Step& st);
@@ -92,7 +99,7 @@ class CudaBackend final : public model::ForwardBackend {
   CudaBackendOptions opts_;
   // Recorded decode steps by (batch rows, context bucket, KV storage); null = seen once, not yet
   // recorded. Invalidated when a scratch buffer is reallocated (scratch_gen_ moves).
-  using GraphKey = std::tuple<int, int, uint64_t>;
+  using GraphKey = std::tuple<int, int, uint64_t, bool>;  // (..., greedy)
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   uint64_t scratch_gen_ = 0, graph_gen_ = 0;
   DevicePool pool_;
@@ -189,6 +196,8 @@ class CudaBackend final : public model::ForwardBackend {
   DeviceBuffer meta_;  // tokens [M], positions [M], AttnSeq [n_seqs]
   std::vector<uint8_t> host_meta_;
   float* host_logits_ = nullptr;  // pinned
+  DeviceBuffer next_;               // greedy tokens [out_rows]
+  int32_t* host_next_ = nullptr;    // pinned
 };
 
 CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
@@ -294,6 +303,7 @@ CudaBackend::~CudaBackend() {
   clear_graphs();
   if (lctx_.cublas) cublasDestroy(lctx_.cublas);
   if (host_logits_) cudaFreeHost(host_logits_);
+  if (host_next_) cudaFreeHost(host_next_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -353,7 +363,12 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     logits_.ensure(pool_, size_t(out_rows) * V * 4, "logits");
     const size_t hb = size_t(out_rows) * V * 4;
     if (host_logits_) cudaFreeHost(host_logits_);
+    host_logits_ = nullptr;
     PERRY_CUDA_CHECK(cudaMallocHost(&host_logits_, hb));
+    next_.ensure(pool_, size_t(out_rows) * 4, "greedy tokens");
+    if (host_next_) cudaFreeHost(host_next_);
+    host_next_ = nullptr;
+    PERRY_CUDA_CHECK(cudaMallocHost(&host_next_, size_t(out_rows) * 4));
     scratch_rows_ = out_rows;
     ++scratch_gen_;
     // (The final norm writes the lm_head input into the activation buffers: out_rows <= M fits.)
@@ -391,9 +406,27 @@ void CudaBackend::to_linear_input(const float* x, int M, int K) {
 }
 
 void CudaBackend::forward(const std::vector<model::SeqInput>& batch, model::KvCache& cache, std::vector<float>& logits) {
+  const Step st = run_step(batch, cache, false);
+  const size_t n = size_t(st.out_rows) * size_t(cfg_.vocab_size);
+  logits.resize(n);
+  std::memcpy(logits.data(), host_logits_, n * 4);
+}
+
+void CudaBackend::forward_greedy(const std::vector<model::SeqInput>& batch, model::KvCache& cache,
+                                 std::vector<int32_t>& next) {
+  for (const model::SeqInput& s : batch) PERRY_CHECK(!s.all_logits, "forward_greedy: one row a sequence");
+  const Step st = run_step(batch, cache, true);
+  next.assign(host_next_, host_next_ + st.out_rows);
+}
+
+// One forward pass: the batch description uploaded, the kernels enqueued (or the step's graph
+// replayed), the stream waited for; its output is in host_logits_ or, greedy, host_next_.
+CudaBackend::Step CudaBackend::run_step(const std::vector<model::SeqInput>& batch, model::KvCache& cache,
+                                        bool greedy) {
   const int V = int(cfg_.vocab_size);
   const int n_seqs = int(batch.size());
   Step st;
+  st.greedy = greedy;
   st.n_seqs = n_seqs;
   st.cap = int(cache.capacity());
   bool rows_in_order = true;
@@ -452,9 +485,7 @@ void CudaBackend::forward(const std::vector<model::SeqInput>& batch, model::KvCa
   for (const model::SeqInput& s : batch) cache.advance(s.slot, s.n_tokens);
   cudaError_t e = cudaStreamSynchronize(stream_);
   if (e != cudaSuccess) throw_cuda("CUDA forward pass (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to name it)", e);
-  const size_t lb = size_t(st.out_rows) * size_t(V) * 4;
-  logits.resize(size_t(st.out_rows) * size_t(V));
-  std::memcpy(logits.data(), host_logits_, lb);
+  return st;
 }
 
 void CudaBackend::run_graph(const Step& st) {
@@ -462,7 +493,7 @@ void CudaBackend::run_graph(const Step& st) {
     clear_graphs();
     graph_gen_ = scratch_gen_;
   }
-  const GraphKey key{st.M, st.max_ctx, st.kv->id};
+  const GraphKey key{st.M, st.max_ctx, st.kv->id, st.greedy};
   auto it = graphs_.find(key);
   if (it != graphs_.end() && it->second) {
     PERRY_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
@@ -572,7 +603,19 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
   }
   float* dl = logits_.get<float>();
   decode_linear(lm_head_, DecodeIn::RmsNorm, x, &final_norm_, DecodeOut::Store, dl);
-  PERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_, dl, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+  enqueue_output(st, dl);
+}
+
+void CudaBackend::enqueue_output(const Step& st, const float* logits) {
+  const int64_t V = cfg_.vocab_size;
+  if (st.greedy) {
+    argmax_rows(logits, st.out_rows, V, next_.get<int32_t>(), stream_);
+    PERRY_CUDA_CHECK(cudaMemcpyAsync(host_next_, next_.get<int32_t>(), size_t(st.out_rows) * 4,
+                                     cudaMemcpyDeviceToHost, stream_));
+  } else {
+    PERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_, logits, size_t(st.out_rows) * size_t(V) * 4,
+                                     cudaMemcpyDeviceToHost, stream_));
+  }
 }
 
 // Every kernel of one forward pass, from the token ids in meta_ to the logits in pinned host memory.
@@ -679,8 +722,7 @@ void CudaBackend::enqueue(const Step& st) {
   rms_norm(xl, final_norm_.get<float>(), eps, st.out_rows, H, act_out(), stream_);
   float* dl = logits_.get<float>();
   lm_head_.forward(in, st.out_rows, dl, lctx_);
-  PERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_, dl, size_t(st.out_rows) * size_t(V) * 4, cudaMemcpyDeviceToHost,
-                                   stream_));
+  enqueue_output(st, dl);
 }
 
 bool CudaBackend::gate_up_writes_bf16(const Layer& L, int M) const {
