@@ -592,24 +592,22 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         const DeviceWeights dw = random_weights(mode, N, K, gen, nullptr);
         const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
         std::vector<float> base;
-        // (stages, register_pipe, cap_ring): register loads with and without the double buffer,
-        // then rings, capped at a warp's steps (the default) and not (N = 34: 3 and 16 stages
-        // asked, 2 kept when capped).
-        struct Variant {
-          int stages, pipe, cap;
-        };
-        for (const Variant v : {Variant{0, -1, -1}, {0, 0, -1}, {2, -1, -1}, {3, -1, -1}, {3, -1, 0}, {4, -1, -1},
-                                {16, -1, -1}, {16, -1, 0}}) {
-          const auto [stages, pipe, cap] = v;
+        // (stages, register_pipe): register loads with and without the double buffer, then rings.
+        // stages -3: 3 stages with two L2 prefetch ranges for a next kernel (l2_next), which must
+        // change nothing.
+        for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {3, -1}, {-3, -1}, {4, -1}, {16, -1}}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a = form_args(f, dx.p, dnw.p, dy.p);
-          a.bulk_stages = stages;
+          a.bulk_stages = stages == -3 ? 3 : stages;
           a.register_pipe = pipe;
-          a.cap_ring = cap;
+          if (stages == -3) {
+            a.l2_next[0] = {dnw.p, size_t(K) * 4};
+            a.l2_next[1] = {dw.w.w, size_t(N) * 16};
+          }
           const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(N) +
                                    " K=" + std::to_string(K) + " out=" + std::to_string(int(f.out)) +
                                    " stages=" + std::to_string(stages) +
-                                   " pipe=" + std::to_string(pipe) + " cap=" + std::to_string(cap);
+                                   " pipe=" + std::to_string(pipe);
           ASSERT_NO_THROW(pc::gemv_decode(dw.w, a, nullptr)) << what;
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
           if (stages == 0 && pipe == -1) {
@@ -653,7 +651,11 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   a.register_pipe = 2;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.register_pipe = -1;
-  a.cap_ring = 2;
+  a.l2_next[1] = {L.x.p, 24};  // not a multiple of 16 bytes
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.l2_next[1] = {nullptr, 64};
+  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
+  a.l2_next[1] = {reinterpret_cast<const uint8_t*>(L.x.p) + 4, 64};  // misaligned
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
 }
 

@@ -186,9 +186,9 @@ decode_ab() {
         ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama; the default)
         noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # rope_append_qkv as its own kernel
         stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
-        nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;
-        ringcap[01]) env+=(PERRY_GEMV_DECODE_RING_CAP=${sw#ringcap}) ;;
-        hostpick) env+=(PERRY_BENCH_HOST_PICK=1) ;;  # bench: logits to the host and argmax there (before forward_greedy)  # rings capped at a warp's steps (1, the default) or not  # per-channel w8a8: register loads without the double buffer
+        nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;  # per-channel w8a8: register loads without the double buffer
+        hostpick) env+=(PERRY_BENCH_HOST_PICK=1) ;;  # bench: logits to the host and argmax there (before forward_greedy)
+        l2next[0-9]*) env+=(PERRY_DECODE_L2_NEXT_MB=${sw#l2next}) ;;  # o_proj prefetches N MB of gate|up into L2 (0: off)
         normstages[0-9]*) env+=(PERRY_GEMV_DECODE_NORM_STAGES=${sw#normstages}) ;;  # the RMSNorm-input linears' stages alone
         labskip) env+=(PERRY_LAB_DECODE_INPUT=skip) ;;  # lab (wrong outputs): the GEMVs without building their input row
         labread) env+=(PERRY_LAB_DECODE_INPUT=read) ;;  # lab (wrong outputs): ... reading x but not building the row

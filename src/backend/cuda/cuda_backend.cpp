@@ -23,7 +23,9 @@
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/device_query.h"
 #include "kernels/cuda/gemv_decode.h"
+#include "kernels/cuda/gemv_quant.h"
 #include "kernels/cuda/lab_timeline.h"
 
 namespace perry::cuda {
@@ -85,7 +87,7 @@ class CudaBackend final : public model::ForwardBackend {
   void enqueue_decode_one(const Step& st);
   void enqueue_output(const Step& st, const float* logits);  // logits, or the greedy tokens, to the host
   void decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm, DecodeOut out,
-                     float* y, const DecodeRopeKv* rope_kv = nullptr);
+                     float* y, const DecodeRopeKv* rope_kv = nullptr, const CudaLinear* next = nullptr);
   void run_graph(const Step& st);
   void clear_graphs();
   DeviceKv& device_kv(model::KvCache& cache);
@@ -124,9 +126,9 @@ class CudaBackend final : public model::ForwardBackend {
   // Register double buffering of the per-channel w8a8 decode linears: -1 = the kernel's choice;
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
-  // Decode rings capped at a warp's steps: -1 = the kernel's choice (yes); PERRY_GEMV_DECODE_RING_CAP=0
-  // turns it off for A/B runs (gemv_decode.h, cap_ring).
-  int decode_cap_ring_ = -1;
+  // Bytes of gate|up's weights that o_proj's blocks bring into L2 (decode_linear's `next`):
+  // PERRY_DECODE_L2_NEXT_MB (default 24, 0 = off).
+  size_t decode_l2_next_bytes_ = 0;
   // PERRY_LAB_DECODE_INPUT=skip|read: lab only, wrong outputs (gemv_decode.h, lab_input).
   DecodeLabInput decode_lab_input_ = DecodeLabInput::Build;
   // PERRY_LAB_DECODE_BOUNDARIES=n: lab only — an empty n-block kernel after each of a layer's five
@@ -265,7 +267,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
-  decode_cap_ring_ = env_int("PERRY_GEMV_DECODE_RING_CAP", -1, 0, 1);
+  decode_l2_next_bytes_ = size_t(env_int("PERRY_DECODE_L2_NEXT_MB", 24, 0, 48)) << 20;
   decode_norm_stages_ = env_int("PERRY_GEMV_DECODE_NORM_STAGES", -1, 0, 16);
   if (decode_norm_stages_ == 1) throw Error("PERRY_GEMV_DECODE_NORM_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   decode_lab_input_ = env_choice("PERRY_LAB_DECODE_INPUT", DecodeLabInput::Build,
@@ -529,8 +531,21 @@ void CudaBackend::clear_graphs() {
   graphs_.clear();
 }
 
+// A decode weight row's bytes (bf16, int8 or packed int4).
+static size_t decode_row_bytes(const DecodeWeights& w) {
+  const int bits = w.mode == quant::QuantMode::BF16 ? 16 : quant_mode_bits(w.mode).bits;
+  return size_t(w.K) * size_t(bits) / 8;
+}
+
+// next: the linear after this one, whose first rows this one's blocks bring into L2 before their
+// wait (DecodeLinearArgs::l2_next) — given for o_proj, whose blocks start during attention
+// (attention_decode's combine triggers them early) when HBM is otherwise idle. Only where all of
+// this linear's weights fit the rings its blocks fill before the wait (3 stages of 4 KiB a warp,
+// 16 warps, one block an SM): then the prefetch follows the block's own copies and delays none of
+// its loop. Up to decode_l2_next_bytes_, split between the gate and up halves (gate|up's blocks
+// walk both halves row by row from the top).
 void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm,
-                                DecodeOut out, float* y, const DecodeRopeKv* rope_kv) {
+                                DecodeOut out, float* y, const DecodeRopeKv* rope_kv, const CudaLinear* next) {
   DecodeLinearArgs a;
   a.x = x;
   a.in = in;
@@ -540,7 +555,6 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = in == DecodeIn::RmsNorm && decode_norm_stages_ >= 0 ? decode_norm_stages_ : decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
-  a.cap_ring = decode_cap_ring_;
   a.lab_weights = decode_lab_weights_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
@@ -550,7 +564,17 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
                  : out == DecodeOut::SwiGLU     ? gate_up_bf16_
                                                 : qkv_bf16_;
   if (rope_kv) a.rope_kv = *rope_kv;
-  gemv_decode(l.decode_weights(), a, stream_);
+  const DecodeWeights w = l.decode_weights();
+  if (next && decode_l2_next_bytes_ > 0 && decode_bulk_stages_ < 0 &&
+      size_t(w.N) * decode_row_bytes(w) <= size_t(sm_count()) * 3 * 16 * 4096) {
+    const DecodeWeights nw = next->decode_weights();
+    const size_t half = size_t(nw.N / 2) * decode_row_bytes(nw);
+    const size_t each = std::min(half, decode_l2_next_bytes_ / 2) / 16 * 16;
+    const auto* base = static_cast<const uint8_t*>(nw.w);
+    a.l2_next[0] = {base, each};
+    a.l2_next[1] = {base + half, each};
+  }
+  gemv_decode(w, a, stream_);
 }
 
 // One token of one sequence: 6 kernels a layer (7 with q/k norm), each linear carrying the
@@ -594,7 +618,7 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
                        attn_ws_.bytes(), stream_);
       boundary();
     }
-    decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x);
+    decode_linear(L.o, DecodeIn::Plain, attn, nullptr, DecodeOut::Accumulate, x, nullptr, &L.gate_up);
     boundary();
     decode_linear(L.gate_up, DecodeIn::RmsNorm, x, &L.post_norm, DecodeOut::SwiGLU, act);
     boundary();

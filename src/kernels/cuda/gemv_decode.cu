@@ -67,7 +67,8 @@ struct Params {
   DecodeLabWeights lab_weights;  // DecodeLinearArgs::lab_weights (lab only, wrong outputs unless Read)
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
-  bool cap_ring;    // bulk: stages capped at the fullest warp's steps (DecodeLinearArgs::cap_ring)
+  const uint8_t* l2_p[2];  // DecodeLinearArgs::l2_next (bulk kernels)
+  unsigned long long l2_bytes[2];
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
   TimelineLog* timeline;     // lab only: the installed decode timeline (lab_timeline.h), or nullptr (bulk kernels)
 };
@@ -597,6 +598,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       if (lane == 0 && s < nsteps) issue_step_at(iss_g, iss_ii, s);
       next_issue();
     }
+    // Then this block's share of the next kernel's L2 ranges, one piece a warp (after the block's
+    // own copies, which its loop needs first).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const unsigned long long total = p.l2_bytes[r];
+      if (total == 0 || lane != 0) continue;
+      const unsigned long long n = gridDim.x * kWarps, piece = ((total + n - 1) / n + 15) & ~15ULL;
+      const unsigned long long off = (unsigned long long)(blockIdx.x * kWarps + warp) * piece;
+      if (off < total) bulk::prefetch_l2(p.l2_p[r] + off, uint32_t(min(piece, total - off)));
+    }
     __syncwarp();
   }
 #endif
@@ -883,14 +894,6 @@ void launch(Params p, const char* name, cudaStream_t stream) {
       return max_smem_per_block_optin() - int(fa.sharedSizeBytes);
     }();
     int st = p.stages;
-    if (p.cap_ring) {
-      // No more stages than the fullest warp has steps (grid of one block an SM): the rest would be
-      // shared memory that no copy ever fills, and it keeps the next kernel's blocks off the SM.
-      const long long row_bytes = kW == kWBf16 ? 2LL * p.K : (kW == kWI8 ? (long long)p.K : p.K / 2);
-      const int iters = int((row_bytes / 16 + 32 * kU - 1) / (32 * kU));
-      const int groups = n_groups<kOut, kR>(p.N), blocks = std::max(1, std::min(groups, sm_count()));
-      st = std::min(st, std::max(2, (groups + blocks - 1) / blocks * iters));
-    }
     while (st > 2 && ring_layout(prologue, st).total > limit) --st;
     if (st >= 2 && ring_layout(prologue, st).total <= limit) {
       p.stages = st;
@@ -950,8 +953,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
-  if (a.cap_ring < -1 || a.cap_ring > 1)
-    throw Error(where + ": cap_ring must be -1, 0 or 1, got " + std::to_string(a.cap_ring));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
     throw Error(where + ": bulk_stages must be -1 (the kernel's choice), 0 (registers) or 2..16, got " +
                 std::to_string(a.bulk_stages));
@@ -978,7 +979,13 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   // RMSNorm inputs (launch() takes fewer where shared memory is short) — measured faster so.
   p.stages = a.bulk_stages >= 0 ? a.bulk_stages : (a.in == DecodeIn::RmsNorm ? 2 : 3);
   p.no_pipe = a.register_pipe == 0;
-  p.cap_ring = a.cap_ring != 0;
+  for (int r = 0; r < 2; ++r) {
+    const DecodeLinearArgs::L2Range& l2 = a.l2_next[r];
+    if (l2.bytes > 0 && (!l2.p || !quant_args::aligned(l2.p, 16) || l2.bytes % 16 != 0 || l2.bytes >= (1ULL << 40)))
+      throw Error(where + ": an l2_next range must be non-null, 16-byte aligned and a multiple of 16 bytes");
+    p.l2_p[r] = static_cast<const uint8_t*>(l2.p);
+    p.l2_bytes[r] = l2.bytes;
+  }
   p.lab_weights = a.lab_weights;
   p.timeline = lab_timeline::installed_log();
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);

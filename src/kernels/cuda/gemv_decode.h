@@ -100,14 +100,17 @@ struct DecodeLinearArgs {
   // (gate|up 39.8 vs 35.4 µs, down 27.9 vs 25.5; o and q|k|v unchanged). Kept for A/B runs:
   // PERRY_GEMV_DECODE_PIPE=0 sets it in the CUDA backend. Same bits either way (tested).
   int register_pipe = -1;
-  // Bulk copies: cap the ring at the steps of the block's fullest warp (a grid of one block an SM)
-  // — -1 / 1 = yes (the kernel's choice), 0 = no. Only o_proj's shapes have fewer steps a warp than
-  // its 3 stages (w8a8: 2, w4a8: 1 — at least 2 are kept). Measured without a gain while o's blocks
-  // started only after attention (s15-run3); what it is for now: o's blocks start during
-  // attention (attention_decode's combine triggers them early) and fit beside a partial block on
-  // its SM only with the smaller ring. PERRY_GEMV_DECODE_RING_CAP=0 sets it for A/B runs. Same
-  // arithmetic either way.
-  int cap_ring = -1;
+  // Up to two byte ranges of the NEXT kernel's weights that this one's blocks bring into L2 before
+  // their wait, split evenly over the blocks (16-byte aligned, multiples of 16 bytes; empty = none).
+  // For a linear whose own weights all fit the rings its blocks fill before the wait and that runs
+  // where HBM is otherwise idle — o_proj, whose blocks start during attention: the CUDA backend
+  // hands it the first rows of gate|up's gate and up halves (PERRY_DECODE_L2_NEXT_MB). Changes no
+  // result.
+  struct L2Range {
+    const void* p = nullptr;
+    size_t bytes = 0;
+  };
+  L2Range l2_next[2];
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
   // Round the layer's outputs to bf16 (RNE) before the epilogue uses them — the CUDA backend's
   // bf16-intermediate rule, the same bits as the separate kernels' rounding forms:
