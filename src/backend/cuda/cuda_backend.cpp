@@ -127,7 +127,7 @@ class CudaBackend final : public model::ForwardBackend {
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
   // Bytes of gate|up's weights that o_proj's blocks bring into L2 (decode_linear's `next`):
-  // PERRY_DECODE_L2_NEXT_MB (default 24, 0 = off).
+  // PERRY_DECODE_L2_NEXT_MB=n (lab: off by default until an A/B on the H200 says it pays).
   size_t decode_l2_next_bytes_ = 0;
   // PERRY_LAB_DECODE_INPUT=skip|read: lab only, wrong outputs (gemv_decode.h, lab_input).
   DecodeLabInput decode_lab_input_ = DecodeLabInput::Build;
@@ -267,7 +267,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
-  decode_l2_next_bytes_ = size_t(env_int("PERRY_DECODE_L2_NEXT_MB", 24, 0, 48)) << 20;
+  decode_l2_next_bytes_ = size_t(env_int("PERRY_DECODE_L2_NEXT_MB", 0, 0, 48)) << 20;
   decode_norm_stages_ = env_int("PERRY_GEMV_DECODE_NORM_STAGES", -1, 0, 16);
   if (decode_norm_stages_ == 1) throw Error("PERRY_GEMV_DECODE_NORM_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   decode_lab_input_ = env_choice("PERRY_LAB_DECODE_INPUT", DecodeLabInput::Build,
