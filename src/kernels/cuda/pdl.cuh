@@ -9,9 +9,12 @@
 //     before any early return (so the grid cannot complete before its predecessor has: the
 //     ordering stays transitive along the stream);
 //   * pdl::launch_dependents() after the wait (the next kernel may then be scheduled; placing it
-//     after the wait keeps at most two grids of a chain resident at once). One deliberate
-//     exception, lab only: lab_boundary (backend_kernels.h) triggers first, so three grids may be
-//     resident; triggering early in the real kernels was measured and lost (s15-run3).
+//     after the wait keeps at most two grids of a chain resident at once). Triggering early in
+//     the decode GEMVs was measured and lost (s15-run3: the next kernel's weight copies compete
+//     with the running one's on HBM). Two deliberate exceptions trigger first, so three grids
+//     may be resident: attention_decode's combine kernel (its successor, the o projection,
+//     streams its weights during attention, when HBM is idle: w8a8 decode +4.6%, s19-run1), and,
+//     lab only, lab_boundary (backend_kernels.h).
 // On older GPUs, with PERRY_NO_PDL=1 in the environment, or in device code for sm < 90, launches
 // are ordinary stream-ordered launches and wait / launch_dependents compile to nothing.
 // CUDA graph capture keeps the programmatic edges (CUDA >= 12.3).
