@@ -169,11 +169,11 @@ Command register_bench(CLI::App& root) {
             for (int64_t b = 0; b < B; ++b) batch.push_back({b, &next[size_t(b)], 1, false});
             if (host_pick) {
               model.forward(batch, cache, logits);
-              for (int64_t b = 0; b < B; ++b) next[size_t(b)] = model::greedy_token(logits.data() + b * vocab, vocab);
+              model::greedy_tokens(logits, size_t(B), picked);
             } else {
               model.forward_greedy(batch, cache, picked);
-              next = picked;
             }
+            next = picked;
           }
           dec.push_back((now_s() - t1) / double(a->decode));
         }

@@ -41,14 +41,8 @@ int run_synthetic(RunArgs& a) {
   runtime::Sampler sampler(sp);
   std::vector<float> logits;
   std::vector<int32_t> history = prompt;
-  std::vector<int32_t> picked;
-  auto step = [&](const int32_t* tokens, int64_t n) {  // as runtime::generate: greedy picks on the device
-    if (sampler.picks_greedy()) {
-      lm.model->forward_greedy({{0, tokens, n, false}}, cache, picked);
-      return picked[0];
-    }
-    lm.model->forward({{0, tokens, n, false}}, cache, logits);
-    return sampler.sample(logits.data(), cfg.vocab_size, history);
+  auto step = [&](const int32_t* tokens, int64_t n) {
+    return runtime::forward_and_pick(*lm.model, {0, tokens, n, false}, cache, sampler, history, logits);
   };
   auto t0 = std::chrono::steady_clock::now();
   const int64_t chunk = lm.model->preferred_prefill_chunk();

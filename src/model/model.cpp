@@ -200,13 +200,17 @@ int32_t greedy_token(const float* logits, int64_t vocab) {
   return int32_t(best < 0 ? 0 : best);
 }
 
+void greedy_tokens(const std::vector<float>& logits, size_t rows, std::vector<int32_t>& next) {
+  next.resize(rows);
+  if (rows == 0) return;
+  const int64_t vocab = int64_t(logits.size() / rows);
+  for (size_t i = 0; i < rows; ++i) next[i] = greedy_token(logits.data() + int64_t(i) * vocab, vocab);
+}
+
 void ForwardBackend::forward_greedy(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<int32_t>& next) {
   std::vector<float> logits;
   forward(batch, cache, logits);
-  next.resize(batch.size());
-  if (batch.empty()) return;
-  const int64_t vocab = int64_t(logits.size() / batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) next[i] = greedy_token(logits.data() + int64_t(i) * vocab, vocab);
+  greedy_tokens(logits, batch.size(), next);
 }
 
 void Model::check_batch(const std::vector<SeqInput>& batch, const KvCache& cache) const {
@@ -229,9 +233,7 @@ void Model::forward_greedy(const std::vector<SeqInput>& batch, KvCache& cache, s
     return;
   }
   forward(batch, cache, greedy_logits_);
-  const int64_t vocab = cfg_.vocab_size;
-  next.resize(batch.size());
-  for (size_t i = 0; i < batch.size(); ++i) next[i] = greedy_token(greedy_logits_.data() + int64_t(i) * vocab, vocab);
+  greedy_tokens(greedy_logits_, batch.size(), next);
 }
 
 void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits) {

@@ -44,6 +44,8 @@ struct SeqInput {
 // also takes the first maximum); a row of only NaN gives 0. The one rule of every greedy path:
 // runtime::Sampler at temperature 0, Model::forward_greedy, cuda::argmax_rows.
 int32_t greedy_token(const float* logits, int64_t vocab);
+// greedy_token of each of the rows of logits (row-major, logits.size() / rows wide) into next.
+void greedy_tokens(const std::vector<float>& logits, size_t rows, std::vector<int32_t>& next);
 
 // A device that runs forward() instead of the CPU kernels (the CUDA backend). Set on a loaded
 // Model; the model keeps its weights, config and checks, the backend does the arithmetic.

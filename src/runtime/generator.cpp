@@ -72,16 +72,8 @@ GenerateStats generate(model::Model& model, const tokenizer::Tokenizer& tok, mod
   tokenizer::StreamDecoder dec(tok, true);
   StopStringFilter stops(opts.stop_strings);
 
-  // One forward pass and the pick of the next token: greedy picks go through forward_greedy, so a
-  // device backend picks where the logits are and returns a token id.
-  std::vector<int32_t> picked;
   auto step = [&](const int32_t* tokens, int64_t n) {
-    if (sampler.picks_greedy()) {
-      model.forward_greedy({{slot, tokens, n, false}}, cache, picked);
-      return picked[0];
-    }
-    model.forward({{slot, tokens, n, false}}, cache, logits);
-    return sampler.sample(logits.data(), vocab, history);
+    return forward_and_pick(model, {slot, tokens, n, false}, cache, sampler, history, logits);
   };
   const double t0 = now_s();
   int32_t next = 0;
@@ -125,6 +117,17 @@ GenerateStats generate(model::Model& model, const tokenizer::Tokenizer& tok, mod
   }
   st.decode_s = now_s() - t1;
   return st;
+}
+
+int32_t forward_and_pick(model::Model& model, const model::SeqInput& in, model::KvCache& cache, Sampler& sampler,
+                         const std::vector<int32_t>& history, std::vector<float>& logits) {
+  if (sampler.picks_greedy()) {
+    std::vector<int32_t> picked;
+    model.forward_greedy({in}, cache, picked);
+    return picked[0];
+  }
+  model.forward({in}, cache, logits);
+  return sampler.sample(logits.data(), model.config().vocab_size, history);
 }
 
 PerplexityResult perplexity(model::Model& model, const std::vector<int32_t>& ids, int64_t ctx, int64_t stride,

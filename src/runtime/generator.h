@@ -35,6 +35,13 @@ struct GenerateStats {
 // Streams text: on_text(piece) is called with complete UTF-8; return false to cancel.
 using TextCallback = std::function<bool(const std::string&)>;
 
+// One forward pass of `in` and the pick of its next token: greedy picks (Sampler::picks_greedy) go
+// through Model::forward_greedy, so a device backend picks where the logits are and returns a token
+// id; other samplers take the logits row to the host (`logits` is scratch). `history` feeds the
+// repetition penalty.
+int32_t forward_and_pick(model::Model& model, const model::SeqInput& in, model::KvCache& cache, Sampler& sampler,
+                         const std::vector<int32_t>& history, std::vector<float>& logits);
+
 // Runs one sequence in `slot` of `cache` (reset first). Throws perry::Error if the prompt does not
 // fit the context.
 GenerateStats generate(model::Model& model, const tokenizer::Tokenizer& tok, model::KvCache& cache, int64_t slot,
