@@ -158,22 +158,27 @@ Command register_bench(CLI::App& root) {
             cache.reset(b);
             model.forward({{b, toks.data(), a->decode_context, false}}, cache, logits);
           }
-          // Greedy decoding as perry run does it (Model::forward_greedy: on the GPU the argmax runs
-          // there and each step returns B token ids).
-          // PERRY_BENCH_HOST_PICK=1 (A/B runs): forward() and the pick on the host, as before.
-          static const bool host_pick = env_flag("PERRY_BENCH_HOST_PICK");
+          // Greedy decoding as perry run does it: Model::decode_greedy, the tokens picked where the
+          // logits are and fed to the next step there (on the GPU the steps run back to back).
+          // A/B runs: PERRY_BENCH_HOST_PICK=1 = forward() and the pick on the host, step by step;
+          // PERRY_BENCH_STEPWISE=1 = forward_greedy step by step (the host between steps).
+          static const bool host_pick = env_flag("PERRY_BENCH_HOST_PICK"), stepwise = env_flag("PERRY_BENCH_STEPWISE");
           std::vector<int32_t> next(size_t(B), 1), picked;
+          std::vector<model::SeqInput> batch;
+          for (int64_t b = 0; b < B; ++b) batch.push_back({b, &next[size_t(b)], 1, false});
           double t1 = now_s();
-          for (int64_t i = 0; i < a->decode; ++i) {
-            std::vector<model::SeqInput> batch;
-            for (int64_t b = 0; b < B; ++b) batch.push_back({b, &next[size_t(b)], 1, false});
-            if (host_pick) {
-              model.forward(batch, cache, logits);
-              model::greedy_tokens(logits, size_t(B), picked);
-            } else {
-              model.forward_greedy(batch, cache, picked);
+          if (host_pick || stepwise) {
+            for (int64_t i = 0; i < a->decode; ++i) {
+              if (host_pick) {
+                model.forward(batch, cache, logits);
+                model::greedy_tokens(logits, size_t(B), picked);
+              } else {
+                model.forward_greedy(batch, cache, picked);
+              }
+              std::copy(picked.begin(), picked.end(), next.begin());
             }
-            next = picked;
+          } else {
+            model.decode_greedy(batch, cache, a->decode, [](const std::vector<int32_t>&) { return true; });
           }
           dec.push_back((now_s() - t1) / double(a->decode));
         }

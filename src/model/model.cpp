@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -213,6 +214,34 @@ void ForwardBackend::forward_greedy(const std::vector<SeqInput>& batch, KvCache&
   greedy_tokens(logits, batch.size(), next);
 }
 
+namespace {
+// decode_greedy one step at a time through `pick` (a forward_greedy): the host between steps.
+int64_t decode_greedy_stepwise(const std::vector<SeqInput>& batch, KvCache& cache, int64_t max_steps,
+                               const GreedyStepFn& on_step,
+                               const std::function<void(const std::vector<SeqInput>&, KvCache&, std::vector<int32_t>&)>& pick) {
+  std::vector<int32_t> fed(batch.size()), next;
+  std::vector<SeqInput> step = batch;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    fed[i] = batch[i].tokens[0];
+    step[i].tokens = &fed[i];
+  }
+  int64_t n = 0;
+  while (n < max_steps) {
+    pick(step, cache, next);
+    ++n;
+    std::copy(next.begin(), next.end(), fed.begin());
+    if (!on_step(next)) break;
+  }
+  return n;
+}
+}  // namespace
+
+int64_t ForwardBackend::decode_greedy(const std::vector<SeqInput>& batch, KvCache& cache, int64_t max_steps,
+                                      const GreedyStepFn& on_step) {
+  return decode_greedy_stepwise(batch, cache, max_steps, on_step,
+                                [this](const auto& b, KvCache& c, std::vector<int32_t>& n) { forward_greedy(b, c, n); });
+}
+
 void Model::check_batch(const std::vector<SeqInput>& batch, const KvCache& cache) const {
   for (const SeqInput& s : batch) {
     PERRY_CHECK(s.n_tokens > 0 && s.tokens, "forward: a sequence has no tokens");
@@ -234,6 +263,27 @@ void Model::forward_greedy(const std::vector<SeqInput>& batch, KvCache& cache, s
   }
   forward(batch, cache, greedy_logits_);
   greedy_tokens(greedy_logits_, batch.size(), next);
+}
+
+int64_t Model::decode_greedy(const std::vector<SeqInput>& batch, KvCache& cache, int64_t max_steps,
+                             const GreedyStepFn& on_step) {
+  PERRY_CHECK(max_steps >= 0, "decode_greedy: max_steps must be >= 0, got {}", max_steps);
+  for (const SeqInput& s : batch) {
+    PERRY_CHECK(s.slot >= 0 && s.slot < cache.n_slots(), "KV cache slot {} out of range", s.slot);
+    PERRY_CHECK(s.n_tokens == 1 && s.tokens && !s.all_logits, "decode_greedy feeds one token a sequence");
+    PERRY_CHECK(s.tokens[0] >= 0 && s.tokens[0] < cfg_.vocab_size, "token id {} is outside the vocabulary (0..{})",
+                s.tokens[0], cfg_.vocab_size - 1);
+    if (cache.length(s.slot) + max_steps > cache.capacity())
+      fail("{} decode steps need {} positions but the context holds {}: raise --ctx (max {})", max_steps,
+           cache.length(s.slot) + max_steps, cache.capacity(), cfg_.max_position_embeddings);
+  }
+  if (batch.empty() || max_steps == 0) return 0;
+  if (backend_) {
+    check_batch(batch, cache);
+    return backend_->decode_greedy(batch, cache, max_steps, on_step);
+  }
+  return decode_greedy_stepwise(batch, cache, max_steps, on_step,
+                                [this](const auto& b, KvCache& c, std::vector<int32_t>& n) { forward_greedy(b, c, n); });
 }
 
 void Model::forward(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<float>& logits) {

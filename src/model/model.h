@@ -47,6 +47,9 @@ int32_t greedy_token(const float* logits, int64_t vocab);
 // greedy_token of each of the rows of logits (row-major, logits.size() / rows wide) into next.
 void greedy_tokens(const std::vector<float>& logits, size_t rows, std::vector<int32_t>& next);
 
+// Sees each greedy decode step's tokens (one a sequence, in batch order); returns false to stop.
+using GreedyStepFn = std::function<bool(const std::vector<int32_t>& tokens)>;
+
 // A device that runs forward() instead of the CPU kernels (the CUDA backend). Set on a loaded
 // Model; the model keeps its weights, config and checks, the backend does the arithmetic.
 class ForwardBackend {
@@ -58,6 +61,12 @@ class ForwardBackend {
   // are overrides it (CUDA: an argmax kernel, so 4 bytes a sequence cross PCIe instead of vocab·4
   // and the host scans nothing).
   virtual void forward_greedy(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<int32_t>& next);
+  // Model::decode_greedy's work, its arguments checked. This default runs forward_greedy step by
+  // step; a backend that can feed the picked tokens back where they are picked overrides it (CUDA:
+  // each step is enqueued before the previous one's tokens reach the host, so the GPU does not
+  // wait for the host between steps).
+  virtual int64_t decode_greedy(const std::vector<SeqInput>& batch, KvCache& cache, int64_t max_steps,
+                                const GreedyStepFn& on_step);
   virtual std::string name() const = 0;                 // e.g. "cuda:0 (NVIDIA H200)"
   virtual std::string kernel_summary() const = 0;       // kernels per layer kind, for perry info
   virtual int64_t preferred_prefill_chunk() const = 0;  // tokens per forward when feeding a long prompt
@@ -87,6 +96,13 @@ class Model {
   // without a repetition penalty), since a device backend then returns token ids instead of
   // vocabulary-wide rows. Every all_logits must be false.
   void forward_greedy(const std::vector<SeqInput>& batch, KvCache& cache, std::vector<int32_t>& next);
+  // Greedy decoding of a run of steps: step 1 feeds batch's tokens (one a sequence), every later
+  // step the tokens the step before picked, up to max_steps steps (each sequence's slot must have
+  // room for them). on_step sees each step's tokens in order, with the cache holding exactly the
+  // steps so far, and returns false to stop. Returns the steps taken. The same tokens as
+  // forward_greedy step by step — but a device backend need not wait for the host between steps.
+  int64_t decode_greedy(const std::vector<SeqInput>& batch, KvCache& cache, int64_t max_steps,
+                        const GreedyStepFn& on_step);
 
   // Runs forward() on a device from now on (nullptr: back to the CPU kernels).
   void set_backend(std::unique_ptr<ForwardBackend> b) { backend_ = std::move(b); }

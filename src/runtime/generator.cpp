@@ -84,30 +84,43 @@ GenerateStats generate(model::Model& model, const tokenizer::Tokenizer& tok, mod
 
   auto is_eos = [&](int32_t id) { return std::find(opts.eos_ids.begin(), opts.eos_ids.end(), id) != opts.eos_ids.end(); };
   st.finish = FinishReason::Length;
-  while (st.generated_tokens < opts.max_new_tokens) {
-    if (is_eos(next)) {
+  // One picked token: streamed, and whether to go on (else st.finish says why not).
+  auto take = [&](int32_t id) {
+    if (is_eos(id)) {
       st.finish = FinishReason::Eos;
-      break;
+      return false;
     }
-    st.tokens.push_back(next);
-    history.push_back(next);
+    st.tokens.push_back(id);
+    history.push_back(id);
     ++st.generated_tokens;
     bool stopped = false;
-    std::string text = stops.push(dec.push(next), &stopped);
+    std::string text = stops.push(dec.push(id), &stopped);
     if (!text.empty() && on_text && !on_text(text)) {
       st.finish = FinishReason::Cancelled;
-      break;
+      return false;
     }
     if (stopped) {
       st.finish = FinishReason::StopString;
-      break;
+      return false;
     }
-    if (st.generated_tokens >= opts.max_new_tokens) break;
+    if (st.generated_tokens >= opts.max_new_tokens) return false;
     if (cache.length(slot) + 1 > cache.capacity()) {
       st.finish = FinishReason::ContextFull;
-      break;
+      return false;
     }
-    next = step(&next, 1);
+    return true;
+  };
+  if (opts.max_new_tokens > 0 && take(next)) {
+    if (sampler.picks_greedy()) {
+      // Greedy: the steps run as one decode_greedy (on a GPU, back to back without the host
+      // between them); each step feeds one token, so the context and max_new_tokens bound them.
+      const int64_t steps = std::min(opts.max_new_tokens - st.generated_tokens, cache.capacity() - cache.length(slot));
+      model.decode_greedy({{slot, &next, 1, false}}, cache, steps,
+                          [&](const std::vector<int32_t>& picked) { return take(picked[0]); });
+    } else {
+      do next = step(&next, 1);
+      while (take(next));
+    }
   }
   if (st.finish != FinishReason::StopString && st.finish != FinishReason::Cancelled) {
     bool stopped = false;

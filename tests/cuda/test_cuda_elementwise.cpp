@@ -24,6 +24,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "quant/quant.h"
@@ -544,6 +545,26 @@ TEST(CudaElementwise, ArgmaxRowsExact) {
     pc::argmax_rows(dl.p, rows, vocab, out.p, nullptr);
     device_sync();
     EXPECT_EQ(out.get(), want) << "vocab=" << vocab;
+    // With a feed: the same tokens, also written as the next step's input — row r's token, its
+    // position and its sequence's pos0 one further; the other fields untouched.
+    std::vector<int32_t> tok(rows, -1), pos(rows);
+    std::vector<pc::AttnSeq> seq(rows);
+    for (int r = 0; r < rows; ++r) pos[r] = 10 * r + 3, seq[r] = pc::AttnSeq{r, 1, 10 * r + 3, 6 - r};
+    Dev<int32_t> dtok(tok), dpos(pos), out2(std::vector<int32_t>(rows, -7));
+    Dev<pc::AttnSeq> dseq(seq);
+    pc::argmax_rows(dl.p, rows, vocab, out2.p, nullptr, pc::GreedyFeed{dtok.p, dpos.p, dseq.p});
+    device_sync();
+    EXPECT_EQ(out2.get(), want);
+    EXPECT_EQ(dtok.get(), want);
+    const std::vector<int32_t> pos_after = dpos.get();
+    const std::vector<pc::AttnSeq> seq_after = dseq.get();
+    for (int r = 0; r < rows; ++r) {
+      EXPECT_EQ(pos_after[size_t(r)], 10 * r + 4);
+      EXPECT_EQ(seq_after[size_t(r)].pos0, 10 * r + 4);
+      EXPECT_EQ(seq_after[size_t(r)].q_row, r);
+      EXPECT_EQ(seq_after[size_t(r)].n_new, 1);
+      EXPECT_EQ(seq_after[size_t(r)].slot, 6 - r);
+    }
   }
 }
 
@@ -578,6 +599,7 @@ TEST(CudaElementwise, BadArgumentsThrow) {
   EXPECT_THROW(pc::residual_add(a.p, b.p, -1, nullptr), perry::Error);
   EXPECT_THROW(pc::f32_to_bf16(a.p, nullptr, 4, nullptr), perry::Error);
   EXPECT_THROW(pc::argmax_rows(a.p, 1, 0, t.p, nullptr), perry::Error);
+  EXPECT_THROW(pc::argmax_rows(a.p, 1, 64, t.p, nullptr, pc::GreedyFeed{t.p, nullptr, nullptr}), perry::Error);
   // Empty batches are no-ops, not errors.
   EXPECT_NO_THROW(pc::rms_norm(a.p, w, 1e-6f, 0, 16, ActOut::f32(b.p), nullptr));
   EXPECT_NO_THROW(pc::swiglu(a.p, 0, 8, ActOut::i8(q.p, s.p), nullptr));

@@ -70,6 +70,51 @@ TEST(Sampler, ForwardGreedyPicksFromTheLogits) {
   EXPECT_THROW(m->forward_greedy({{0, p0.data(), 2, true}}, ca, next), Error);
 }
 
+// Model::decode_greedy == forward_greedy step by step (each step fed the tokens the step before
+// picked), for two sequences of different lengths; on_step sees the cache holding exactly the
+// steps so far; a stop ends the run there; bad runs are errors.
+TEST(Sampler, DecodeGreedyFeedsEachStepThePicks) {
+  auto cfg = test_util::tiny_config(io::Architecture::Llama);
+  model::LoadOptions o;
+  o.dir = test_util::write_tiny_checkpoint("decode-greedy", cfg);
+  auto m = model::Model::load(o);
+  auto ca = m->make_cache(64, 2), cb = m->make_cache(64, 2);
+  std::vector<int32_t> p0 = {5, 9, 2, 7}, p1 = {11, 3}, first;
+  m->forward_greedy({{0, p0.data(), 4, false}, {1, p1.data(), 2, false}}, ca, first);
+  m->forward_greedy({{0, p0.data(), 4, false}, {1, p1.data(), 2, false}}, cb, first);
+  // Step by step on ca.
+  std::vector<std::vector<int32_t>> want;
+  std::vector<int32_t> t = first, next;
+  for (int step = 0; step < 7; ++step) {
+    m->forward_greedy({{0, &t[0], 1, false}, {1, &t[1], 1, false}}, ca, next);
+    want.push_back(next);
+    t = next;
+  }
+  // decode_greedy on cb: stopped after 3 steps, then resumed from the last pick for 4 more.
+  std::vector<std::vector<int32_t>> got;
+  auto record = [&](int64_t stop_after) {
+    return [&got, &cb, stop_after, n0 = got.size()](const std::vector<int32_t>& tok) {
+      got.push_back(tok);
+      const int64_t steps = int64_t(got.size() - n0);
+      EXPECT_EQ(cb.length(0), 4 + int64_t(got.size()));  // the cache holds exactly the steps so far
+      EXPECT_EQ(cb.length(1), 2 + int64_t(got.size()));
+      return steps < stop_after;
+    };
+  };
+  t = first;
+  EXPECT_EQ(m->decode_greedy({{0, &t[0], 1, false}, {1, &t[1], 1, false}}, cb, 50, record(3)), 3);
+  t = got.back();
+  EXPECT_EQ(m->decode_greedy({{0, &t[0], 1, false}, {1, &t[1], 1, false}}, cb, 4, record(99)), 4);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(cb.length(0), 4 + 7);
+  // Bad runs: more steps than the context holds, two tokens a sequence, a negative count.
+  auto go_on = [](const std::vector<int32_t>&) { return true; };
+  EXPECT_THROW(m->decode_greedy({{0, &t[0], 1, false}}, cb, 64, go_on), Error);
+  EXPECT_THROW(m->decode_greedy({{0, p0.data(), 2, false}}, cb, 2, go_on), Error);
+  EXPECT_THROW(m->decode_greedy({{0, &t[0], 1, false}}, cb, -1, go_on), Error);
+  EXPECT_EQ(cb.length(0), 4 + 7);
+}
+
 TEST(Sampler, FrequenciesFollowSoftmax) {
   // Temperature 1, no truncation: empirical frequencies over 200k draws match softmax within
   // 5 standard errors (deterministic: fixed seed).

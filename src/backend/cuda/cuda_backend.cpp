@@ -62,6 +62,11 @@ class CudaBackend final : public model::ForwardBackend {
   // step returns 4 bytes a sequence instead of its vocabulary-wide logits row.
   void forward_greedy(const std::vector<model::SeqInput>& batch, model::KvCache& cache,
                       std::vector<int32_t>& next) override;
+  // Each step's argmax also writes the next step's input on the device (GreedyFeed), so step i + 1
+  // is enqueued before step i's tokens reach the host: the GPU runs the steps back to back
+  // instead of idling while the host waits, reads the tokens and uploads the next step.
+  int64_t decode_greedy(const std::vector<model::SeqInput>& batch, model::KvCache& cache, int64_t max_steps,
+                        const model::GreedyStepFn& on_step) override;
   std::string name() const override { return name_; }
   std::string kernel_summary() const override;
   int64_t preferred_prefill_chunk() const override { return 8192; }
@@ -83,6 +88,12 @@ class CudaBackend final : public model::ForwardBackend {
     std::vector<std::pair<int, int>> gather;  // (first row, rows) runs of wanted rows; empty = all of x
   };
   Step run_step(const std::vector<model::SeqInput>& batch, model::KvCache& cache, bool greedy);
+  // The step's shape, each slot's length taken `ahead` positions further (steps enqueued but not
+  // yet in the cache: decode_greedy); then the batch description for meta_, and the launch (the
+  // greedy tokens copied to host_tokens).
+  Step plan_step(const std::vector<model::SeqInput>& batch, model::KvCache& cache, bool greedy, int ahead = 0);
+  void upload_meta(const std::vector<model::SeqInput>& batch, const model::KvCache& cache, const Step& st);
+  void launch_step(const Step& st, int32_t* host_tokens);
   void enqueue(const Step& st);
   void enqueue_decode_one(const Step& st);
   void enqueue_output(const Step& st, const float* logits);  // logits, or the greedy tokens, to the host
@@ -199,7 +210,10 @@ class CudaBackend final : public model::ForwardBackend {
   std::vector<uint8_t> host_meta_;
   float* host_logits_ = nullptr;  // pinned
   DeviceBuffer next_;               // greedy tokens [out_rows]
-  int32_t* host_next_ = nullptr;    // pinned
+  int32_t* host_next_ = nullptr;    // pinned, 2 × out_rows: decode_greedy's two steps in flight
+  cudaEvent_t tokens_ready_[2] = {nullptr, nullptr};  // decode_greedy: step i's tokens in host_next_
+  // PERRY_DECODE_OVERLAP=0: decode_greedy waits for each step like forward_greedy (A/B runs).
+  bool overlap_decode_ = true;
 };
 
 CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
@@ -282,6 +296,8 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
     lab_timeline_ = std::make_unique<LabTimeline>(tl, size_t(env_int("PERRY_LAB_DECODE_TIMELINE_RECORDS", 1 << 20, 1, 1 << 26)));
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
+  overlap_decode_ = env_flag("PERRY_DECODE_OVERLAP", true);
+  for (cudaEvent_t& e : tokens_ready_) PERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");
   delta_bf16_ = !env_flag("PERRY_DELTA_F32");
   qkv_bf16_ = !env_flag("PERRY_QKV_F32");
@@ -306,6 +322,8 @@ CudaBackend::~CudaBackend() {
   if (lctx_.cublas) cublasDestroy(lctx_.cublas);
   if (host_logits_) cudaFreeHost(host_logits_);
   if (host_next_) cudaFreeHost(host_next_);
+  for (cudaEvent_t e : tokens_ready_)
+    if (e) cudaEventDestroy(e);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -370,7 +388,7 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     next_.ensure(pool_, size_t(out_rows) * 4, "greedy tokens");
     if (host_next_) cudaFreeHost(host_next_);
     host_next_ = nullptr;
-    PERRY_CUDA_CHECK(cudaMallocHost(&host_next_, size_t(out_rows) * 4));
+    PERRY_CUDA_CHECK(cudaMallocHost(&host_next_, 2 * size_t(out_rows) * 4));
     scratch_rows_ = out_rows;
     ++scratch_gen_;
     // (The final norm writes the lm_head input into the activation buffers: out_rows <= M fits.)
@@ -424,11 +442,21 @@ void CudaBackend::forward_greedy(const std::vector<model::SeqInput>& batch, mode
 // replayed), the stream waited for; its output is in host_logits_ or, greedy, host_next_.
 CudaBackend::Step CudaBackend::run_step(const std::vector<model::SeqInput>& batch, model::KvCache& cache,
                                         bool greedy) {
-  const int V = int(cfg_.vocab_size);
-  const int n_seqs = int(batch.size());
+  Step st = plan_step(batch, cache, greedy);
+  ensure_scratch(st.M, st.out_rows, st.n_seqs, st.max_ctx);
+  upload_meta(batch, cache, st);
+  launch_step(st, host_next_);
+  for (const model::SeqInput& s : batch) cache.advance(s.slot, s.n_tokens);
+  cudaError_t e = cudaStreamSynchronize(stream_);
+  if (e != cudaSuccess) throw_cuda("CUDA forward pass (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to name it)", e);
+  return st;
+}
+
+CudaBackend::Step CudaBackend::plan_step(const std::vector<model::SeqInput>& batch, model::KvCache& cache,
+                                         bool greedy, int ahead) {
   Step st;
   st.greedy = greedy;
-  st.n_seqs = n_seqs;
+  st.n_seqs = int(batch.size());
   st.cap = int(cache.capacity());
   bool rows_in_order = true;
   for (const model::SeqInput& s : batch) {
@@ -439,7 +467,7 @@ CudaBackend::Step CudaBackend::run_step(const std::vector<model::SeqInput>& batc
     st.gather.push_back({first, n});
     st.M += int(s.n_tokens);
     st.out_rows += n;
-    st.max_ctx = std::max(st.max_ctx, int(cache.length(s.slot) + s.n_tokens));
+    st.max_ctx = std::max(st.max_ctx, int(cache.length(s.slot) + ahead + s.n_tokens));
     st.max_new = std::max(st.max_new, int(s.n_tokens));
     st.decode &= s.n_tokens == 1;
   }
@@ -448,45 +476,88 @@ CudaBackend::Step CudaBackend::run_step(const std::vector<model::SeqInput>& batc
   // Decode steps replay a CUDA graph: the launch configuration may depend only on (batch size,
   // context bucket), so attention gets the context rounded up to a power of two (its blocks past
   // a sequence's real length exit at once).
-  const bool graph = opts_.cuda_graphs && st.decode;
-  if (graph) {
+  if (opts_.cuda_graphs && st.decode) {
     int b = 256;
     while (b < st.max_ctx) b *= 2;
     st.max_ctx = std::min(b, st.cap);
   }
   st.kv = &device_kv(cache);
-  ensure_scratch(st.M, st.out_rows, n_seqs, st.max_ctx);
+  return st;
+}
 
-  // One upload of the batch description: token ids, positions, per-sequence attention records.
-  const int M = st.M;
-  host_meta_.resize(size_t(M) * 8 + size_t(n_seqs) * sizeof(AttnSeq));
+// One upload of the batch description: token ids, positions, per-sequence attention records.
+void CudaBackend::upload_meta(const std::vector<model::SeqInput>& batch, const model::KvCache& cache, const Step& st) {
+  const int V = int(cfg_.vocab_size), M = st.M;
+  host_meta_.resize(size_t(M) * 8 + size_t(st.n_seqs) * sizeof(AttnSeq));
   auto* tok = reinterpret_cast<int32_t*>(host_meta_.data());
   auto* pos = tok + M;
   auto* seq = reinterpret_cast<AttnSeq*>(pos + M);
-  {
-    int row = 0;
-    for (int i = 0; i < n_seqs; ++i) {
-      const model::SeqInput& s = batch[size_t(i)];
-      const int pos0 = int(cache.length(s.slot));
-      for (int t = 0; t < int(s.n_tokens); ++t) {
-        const int32_t id = s.tokens[t];
-        if (id < 0 || id >= V) fail("token id {} is outside the vocabulary (0..{})", id, V - 1);
-        tok[row + t] = id;
-        pos[row + t] = pos0 + t;
-      }
-      seq[i] = AttnSeq{row, int32_t(s.n_tokens), pos0, int32_t(s.slot)};
-      row += int(s.n_tokens);
+  int row = 0;
+  for (int i = 0; i < st.n_seqs; ++i) {
+    const model::SeqInput& s = batch[size_t(i)];
+    const int pos0 = int(cache.length(s.slot));
+    for (int t = 0; t < int(s.n_tokens); ++t) {
+      const int32_t id = s.tokens[t];
+      if (id < 0 || id >= V) fail("token id {} is outside the vocabulary (0..{})", id, V - 1);
+      tok[row + t] = id;
+      pos[row + t] = pos0 + t;
     }
+    seq[i] = AttnSeq{row, int32_t(s.n_tokens), pos0, int32_t(s.slot)};
+    row += int(s.n_tokens);
   }
   PERRY_CUDA_CHECK(
       cudaMemcpyAsync(meta_.get(), host_meta_.data(), host_meta_.size(), cudaMemcpyHostToDevice, stream_));
+}
 
-  if (graph) run_graph(st);
+void CudaBackend::launch_step(const Step& st, int32_t* host_tokens) {
+  if (opts_.cuda_graphs && st.decode) run_graph(st);
   else enqueue(st);
-  for (const model::SeqInput& s : batch) cache.advance(s.slot, s.n_tokens);
+  if (st.greedy)
+    PERRY_CUDA_CHECK(cudaMemcpyAsync(host_tokens, next_.get<int32_t>(), size_t(st.out_rows) * 4,
+                                     cudaMemcpyDeviceToHost, stream_));
+}
+
+int64_t CudaBackend::decode_greedy(const std::vector<model::SeqInput>& batch, model::KvCache& cache,
+                                   int64_t max_steps, const model::GreedyStepFn& on_step) {
+  if (!overlap_decode_ || max_steps < 2) return ForwardBackend::decode_greedy(batch, cache, max_steps, on_step);
+  const int n = int(batch.size());
+  // Every buffer the run's longest step needs, now: one reallocated while a step is in flight
+  // would lose the fed tokens (meta_) or move under that step.
+  {
+    const Step last = plan_step(batch, cache, true, int(max_steps - 1));
+    ensure_scratch(last.M, last.out_rows, last.n_seqs, last.max_ctx);
+  }
+  const uint64_t gen = scratch_gen_;
+  int64_t done = 0;  // steps whose tokens the host has (and the cache holds)
+  auto launch = [&](int64_t i) {  // step i, (i - done) steps ahead of the cache
+    const Step st = plan_step(batch, cache, true, int(i - done));
+    if (i == 0) upload_meta(batch, cache, st);  // later steps read what the step before fed
+    launch_step(st, host_next_ + (i % 2) * n);
+    PERRY_CUDA_CHECK(cudaEventRecord(tokens_ready_[i % 2], stream_));
+    PERRY_CHECK(scratch_gen_ == gen, "decode_greedy: a scratch buffer moved during the run");
+  };
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  try {
+    launch(0);
+    for (;;) {
+      const bool more = done + 1 < max_steps;
+      if (more) launch(done + 1);
+      cudaError_t e = cudaEventSynchronize(tokens_ready_[done % 2]);
+      if (e != cudaSuccess) throw_cuda("CUDA decode step (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to name it)", e);
+      std::copy_n(host_next_ + (done % 2) * n, n, tokens.begin());
+      for (const model::SeqInput& s : batch) cache.advance(s.slot, 1);
+      ++done;
+      // A stop leaves the step enqueued ahead to finish: its cache entries lie past the lengths,
+      // where the next step fed writes its own.
+      if (!on_step(tokens) || !more) break;
+    }
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    throw;
+  }
   cudaError_t e = cudaStreamSynchronize(stream_);
-  if (e != cudaSuccess) throw_cuda("CUDA forward pass (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to name it)", e);
-  return st;
+  if (e != cudaSuccess) throw_cuda("CUDA decode step", e);
+  return done;
 }
 
 void CudaBackend::run_graph(const Step& st) {
@@ -632,9 +703,15 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
 void CudaBackend::enqueue_output(const Step& st, const float* logits) {
   const int64_t V = cfg_.vocab_size;
   if (st.greedy) {
-    argmax_rows(logits, st.out_rows, V, next_.get<int32_t>(), stream_);
-    PERRY_CUDA_CHECK(cudaMemcpyAsync(host_next_, next_.get<int32_t>(), size_t(st.out_rows) * 4,
-                                     cudaMemcpyDeviceToHost, stream_));
+    // A decode step also leaves its tokens as the next step's input (what decode_greedy relies
+    // on; other callers upload the next step's description over it).
+    GreedyFeed feed;
+    if (st.decode) {
+      feed.tok = meta_.get<int32_t>();
+      feed.pos = feed.tok + st.M;
+      feed.seq = reinterpret_cast<AttnSeq*>(feed.pos + st.M);
+    }
+    argmax_rows(logits, st.out_rows, V, next_.get<int32_t>(), stream_, feed);  // (launch_step copies them out)
   } else {
     PERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_, logits, size_t(st.out_rows) * size_t(V) * 4,
                                      cudaMemcpyDeviceToHost, stream_));

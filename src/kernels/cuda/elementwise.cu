@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/elementwise_device.cuh"
 #include "kernels/cuda/quant_rule.cuh"
@@ -301,7 +302,7 @@ __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) { return
 
 constexpr int kArgmaxThreads = 1024;
 __global__ void __launch_bounds__(kArgmaxThreads)
-    argmax_kernel(const float* __restrict__ logits, int vocab, int32_t* __restrict__ out) {
+    argmax_kernel(const float* __restrict__ logits, int vocab, int32_t* __restrict__ out, GreedyFeed feed) {
   const float* r = logits + int64_t(blockIdx.x) * vocab;
   float bv = -INFINITY;
   int bi = INT_MAX;
@@ -325,7 +326,13 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   if (threadIdx.x == 0) {
     for (int w = 1; w < int(blockDim.x >> 5); ++w)
       if (beats(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
-    out[blockIdx.x] = bi == INT_MAX ? 0 : bi;
+    const int32_t best = bi == INT_MAX ? 0 : bi;
+    out[blockIdx.x] = best;
+    if (feed.tok) {  // the next decode step's input: this token, one position further
+      feed.tok[blockIdx.x] = best;
+      feed.pos[blockIdx.x] += 1;
+      feed.seq[blockIdx.x].pos0 += 1;
+    }
   }
 }
 
@@ -557,13 +564,15 @@ void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   check_launch("f32_to_bf16");
 }
 
-void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream) {
+void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream,
+                 const GreedyFeed& feed) {
   const char* fn = "argmax_rows";
   if (!logits || !out) bad(fn, "null device pointer");
+  if (feed.tok && (!feed.pos || !feed.seq)) bad(fn, "a feed needs its positions and sequence records");
   if (rows < 0 || vocab <= 0 || vocab > INT_MAX)
     bad(fn, "bad shape rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab));
   if (rows == 0) return;
-  argmax_kernel<<<rows, kArgmaxThreads, 0, stream>>>(logits, int(vocab), out);
+  argmax_kernel<<<rows, kArgmaxThreads, 0, stream>>>(logits, int(vocab), out, feed);
   check_launch(fn);
 }
 

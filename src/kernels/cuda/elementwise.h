@@ -124,8 +124,21 @@ void residual_add(float* x, const uint16_t* d_bf16, int64_t n, cudaStream_t stre
 // y[i] = bf16 bits of x[i] (round-to-nearest-even, same bits as perry::f32_to_bf16), n >= 0.
 void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 
+// Where a greedy decode step leaves its tokens as the next step's input (the step's own batch
+// description, device): row r's token into tok[r], and pos[r] and seq[r].pos0 one further — rows
+// are sequences, one token each. Null tok = no feed.
+struct AttnSeq;  // attention.h
+struct GreedyFeed {
+  int32_t* tok = nullptr;
+  int32_t* pos = nullptr;
+  AttnSeq* seq = nullptr;
+};
+
 // out[r] = index of the max of logits[r, :] ([rows, vocab], 1 <= vocab < 2^31), ties -> the
 // lowest index (like std::max_element). NaNs are never selected; a row of only NaN gives 0.
-void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream);
+// With a feed, the token also becomes the next step's input (GreedyFeed), so that a run of greedy
+// decode steps can be enqueued without the host in between.
+void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream,
+                 const GreedyFeed& feed = {});
 
 }  // namespace perry::cuda

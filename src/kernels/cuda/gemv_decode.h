@@ -110,7 +110,7 @@ struct DecodeLinearArgs {
     const void* p = nullptr;
     size_t bytes = 0;
   };
-  L2Range l2_next[2];
+  L2Range l2_next[2] = {};
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
   // Round the layer's outputs to bf16 (RNE) before the epilogue uses them — the CUDA backend's
   // bf16-intermediate rule, the same bits as the separate kernels' rounding forms:
