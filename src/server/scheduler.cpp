@@ -176,6 +176,26 @@ void Scheduler::on_token(Seq& s, int32_t tok) {
   s.next = tok;
 }
 
+// Greedy decode steps of an unchanged batch (every sequence decoding) as one Model::decode_greedy
+// run — on a GPU the steps go back to back, the host not between them. The run ends when a
+// sequence finishes or is cancelled, when a waiting request could take a free slot, or at shutdown;
+// the steps are bounded by each sequence's max_new_tokens and context. Returns the steps taken.
+int64_t Scheduler::decode_run(const std::vector<model::SeqInput>& batch, const std::vector<Seq*>& seqs) {
+  int64_t steps = INT64_MAX;
+  for (const Seq* s : seqs)
+    steps = std::min({steps, s->req.max_new_tokens - int64_t(s->res.tokens.size()),
+                      cache_.capacity() - cache_.length(s->slot)});
+  return model_.decode_greedy(batch, cache_, steps, [&](const std::vector<int32_t>& tok) {
+    bool go = true;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      on_token(*seqs[i], tok[i]);
+      go &= !seqs[i]->done && !seqs[i]->ch->cancelled();
+    }
+    std::lock_guard lk(mu_);
+    return go && !stop_ && (queue_.empty() || free_slots_.empty());
+  });
+}
+
 bool Scheduler::step() {
   admit();
   // Cancelled sequences and those asking for no tokens leave before the forward.
@@ -205,21 +225,27 @@ bool Scheduler::step() {
   }
   if (!batch.empty()) {
     const int64_t vocab = model_.config().vocab_size;
+    int64_t steps = 1;
     try {
       // Every sequence greedy: the tokens are picked where the logits are (Model::forward_greedy).
       const bool greedy = std::all_of(seqs.begin(), seqs.end(), [](const Seq* s) { return s->sampler.picks_greedy(); });
-      if (greedy) model_.forward_greedy(batch, cache_, picked_);
-      else model_.forward(batch, cache_, logits_);
-      for (size_t i = 0; i < seqs.size(); ++i) {
-        Seq& s = *seqs[i];
-        if (chunk[i] > 0) {
-          s.prompt_pos += size_t(chunk[i]);
-          if (s.prompt_pos < s.req.prompt.size()) continue;  // more prompt to go: logits unused
+      const bool decode = std::all_of(chunk.begin(), chunk.end(), [](int64_t n) { return n == 0; });
+      if (greedy && decode) {
+        steps = decode_run(batch, seqs);
+      } else {
+        if (greedy) model_.forward_greedy(batch, cache_, picked_);
+        else model_.forward(batch, cache_, logits_);
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          Seq& s = *seqs[i];
+          if (chunk[i] > 0) {
+            s.prompt_pos += size_t(chunk[i]);
+            if (s.prompt_pos < s.req.prompt.size()) continue;  // more prompt to go: logits unused
+          }
+          const int32_t tok =
+              greedy ? picked_[i] : s.sampler.sample(logits_.data() + int64_t(i) * vocab, vocab, s.history);
+          if (s.res.tokens.empty() && s.res.ttft_s == 0) s.res.ttft_s = now_s() - s.t_submit;
+          on_token(s, tok);
         }
-        const int32_t tok =
-            greedy ? picked_[i] : s.sampler.sample(logits_.data() + int64_t(i) * vocab, vocab, s.history);
-        if (s.res.tokens.empty() && s.res.ttft_s == 0) s.res.ttft_s = now_s() - s.t_submit;
-        on_token(s, tok);
       }
     } catch (const std::exception& e) {
       // A failure inside the model is not the client's fault: every sequence of the batch fails.
@@ -229,7 +255,7 @@ bool Scheduler::step() {
       }
     }
     std::lock_guard lk(mu_);
-    ++stats_.steps;
+    stats_.steps += steps;
     stats_.max_batch_seqs = std::max<int64_t>(stats_.max_batch_seqs, int64_t(batch.size()));
     stats_.max_batch_tokens = std::max(stats_.max_batch_tokens, opts_.max_batch_tokens - budget);
   }

@@ -109,10 +109,11 @@ class Scheduler {
  private:
   struct Seq;
   void loop();
-  bool step();  // one forward over all active sequences; false when there was nothing to do
+  bool step();  // one forward over all active sequences (or a decode run); false when there was nothing to do
   void admit();
   void finish(Seq& s, runtime::FinishReason why, bool flush);
   void on_token(Seq& s, int32_t tok);
+  int64_t decode_run(const std::vector<model::SeqInput>& batch, const std::vector<Seq*>& seqs);
 
   model::Model& model_;
   const tokenizer::Tokenizer& tok_;

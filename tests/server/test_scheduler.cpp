@@ -103,6 +103,33 @@ TEST(Scheduler, MoreRequestsThanSlotsQueueAndMatch) {
   EXPECT_LE(sched.stats().max_batch_seqs, 2);
 }
 
+// Greedy decoding of an unchanged batch runs as one Model::decode_greedy run; a request that
+// arrives meanwhile must end the run and join the batch at once, not wait for the run's end.
+TEST(Scheduler, ADecodeRunYieldsToAWaitingRequest) {
+  auto& t = tiny();
+  SchedulerOptions so;
+  so.n_slots = 2;
+  so.ctx = 512;
+  Scheduler sched(*t.model, *t.tok, so);
+  GenRequest a, b;
+  a.prompt = t.tok->encode(kPrompts[0], true);
+  a.max_new_tokens = 400;
+  b.prompt = t.tok->encode(kPrompts[1], true);
+  b.max_new_tokens = 10;
+  auto ca = sched.submit(a);
+  std::string first;
+  for (int i = 0; i < 6000 && first.empty(); ++i) ca->next(&first, 10ms);  // a is decoding
+  ASSERT_FALSE(first.empty());
+  auto cb = sched.submit(b);
+  std::string text_b, text_a = first;
+  const RequestResult rb = wait(*cb, &text_b);
+  const RequestResult ra = wait(*ca, &text_a);
+  EXPECT_EQ(sched.stats().max_batch_seqs, 2) << "b waited for a's run to end";
+  sched.stop();
+  EXPECT_EQ(rb.tokens, test_util::oracle(t, b.prompt, 10, {}, {}, 512).st.tokens);
+  EXPECT_EQ(ra.tokens, test_util::oracle(t, a.prompt, 400, {}, {}, 512).st.tokens);
+}
+
 TEST(Scheduler, RejectsPromptsThatDoNotFitAndEmptyPrompts) {
   auto& t = tiny();
   SchedulerOptions so;

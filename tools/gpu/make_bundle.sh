@@ -45,6 +45,14 @@ ninja -C "$B" -j"${JOBS:-2}" perry_cli lab_cuda_gemm_w8a8 $TESTS
 cp "$B/perry" "$STAGE/bin/"
 cp "$B/src/kernels/cuda/lab_cuda_gemm_w8a8" "$STAGE/bin/" 2>/dev/null || find "$B" -name lab_cuda_gemm_w8a8 -type f -exec cp {} "$STAGE/bin/" \;
 for t in $TESTS; do find "$B" -name "$t" -type f -perm -u+x -exec cp {} "$STAGE/bin/" \;; done
+# ONLY="perry test_cuda_model ...": pack just these programs (perry-alt is kept with perry) — a
+# smaller bundle, so the tree with the models stays under the device tool's 64 MiB.
+if [ -n "${ONLY:-}" ]; then
+  for f in "$STAGE"/bin/*; do
+    b=$(basename "$f"); [ "$b" = perry-alt ] && b=perry
+    case " $ONLY " in *" $b "*) ;; *) rm -f "$f" ;; esac
+  done
+fi
 # Every shared library the programs load, except the C runtime, the C++ runtime (newer on the GPU
 # machine) and CUDA's own (the GPU machine's toolkit matches its driver).
 for f in "$STAGE"/bin/*; do ldd "$f"; done | awk '/=> \//{print $3}' | sort -u |
