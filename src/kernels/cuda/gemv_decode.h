@@ -104,8 +104,9 @@ struct DecodeLinearArgs {
   // their wait, split evenly over the blocks (16-byte aligned, multiples of 16 bytes; empty = none).
   // For a linear whose own weights all fit the rings its blocks fill before the wait and that runs
   // where HBM is otherwise idle — o_proj, whose blocks start during attention: the CUDA backend
-  // hands it the first rows of gate|up's gate and up halves when PERRY_DECODE_L2_NEXT_MB=n is set
-  // (off by default: not yet measured on the H200). Changes no result.
+  // hands it the first rows of gate|up's gate and up halves when PERRY_DECODE_L2_NEXT_MB=n is set.
+  // Off by default: measured a loss on the H200 (s20-run1, 24 MB: w8a8 −0.5%, w4a8-g128 −1.1%);
+  // kept as a lab switch. Changes no result.
   struct L2Range {
     const void* p = nullptr;
     size_t bytes = 0;
