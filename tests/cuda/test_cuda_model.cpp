@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <nlohmann/json.hpp>
 
@@ -206,6 +207,27 @@ TEST(CudaBatch, BatchedEqualsSingleSequence) {
   }
 }
 
+// A greedy token `got` from the GPU against greedy_token of the logits row fed the same context:
+// equal, or a near tie (top-2 within 1e-5 of the row's scale: two runs' split-K sums may round apart).
+static void expect_greedy_pick(const float* row, int64_t V, int32_t got, const std::string& where) {
+  ASSERT_TRUE(got >= 0 && got < V) << where;
+  const int32_t want = model::greedy_token(row, V);
+  if (got == want) return;
+  double scale = 0;
+  for (int64_t i = 0; i < V; ++i) scale = std::max(scale, double(std::abs(row[i])));
+  EXPECT_LE(double(row[want]) - double(row[got]), 1e-5 * scale) << where;
+}
+
+// The cases of the greedy tests: bf16 and w4a8-g128 (the embedded model), one sequence and two.
+static void for_greedy_cases(const std::function<void(model::Model&, int)>& body) {
+  for (const char* mode : {"bf16", "w4a8-g128"})
+    for (int n : {1, 2}) {
+      SCOPED_TRACE(std::string(mode) + " sequences=" + std::to_string(n));
+      auto m = load(source_dir() + "/models/perry-qwen3-20m", quant::parse_quant_mode(mode), true);
+      body(*m, n);
+    }
+}
+
 // forward_greedy on the GPU (argmax_rows in the step, its own decode graph) picks
 // model::greedy_token of the logits forward() returns for the same step: one sequence (the fused
 // decode path) and two (the batched path), prefill then 8 decode steps with graphs recorded for
@@ -213,40 +235,30 @@ TEST(CudaBatch, BatchedEqualsSingleSequence) {
 // runs' split-K sums may round apart) may pick either of the tied tokens.
 TEST(CudaBatch, ForwardGreedyMatchesTheLogits) {
   REQUIRE_DEVICE();
-  for (const char* mode : {"bf16", "w4a8-g128"})
-    for (int n : {1, 2}) {
-      SCOPED_TRACE(std::string(mode) + " sequences=" + std::to_string(n));
-      auto m = load(source_dir() + "/models/perry-qwen3-20m", quant::parse_quant_mode(mode), true);
-      const int64_t V = m->config().vocab_size;
-      auto ca = m->make_cache(128, n), cb = m->make_cache(128, n);
-      std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65}, {27, 18}};
-      std::vector<model::SeqInput> in;
-      for (int s = 0; s < n; ++s) in.push_back({s, prompts[size_t(s)].data(), int64_t(prompts[size_t(s)].size()), false});
-      std::vector<float> logits;
-      std::vector<int32_t> picked, feed(static_cast<size_t>(n));
-      m->forward(in, ca, logits);
-      m->forward_greedy(in, cb, picked);
-      for (int step = 0; step <= 8; ++step) {
-        ASSERT_EQ(picked.size(), size_t(n));
-        for (int s = 0; s < n; ++s) {
-          const float* row = logits.data() + s * V;
-          const int32_t want = model::greedy_token(row, V);
-          const int32_t got = picked[size_t(s)];
-          ASSERT_TRUE(got >= 0 && got < V) << "step " << step;
-          if (got != want) {
-            double scale = 0;
-            for (int64_t i = 0; i < V; ++i) scale = std::max(scale, double(std::abs(row[i])));
-            EXPECT_LE(double(row[want]) - double(row[got]), 1e-5 * scale) << "step " << step << " sequence " << s;
-          }
-          feed[size_t(s)] = got;
-        }
-        if (step == 8) break;
-        std::vector<model::SeqInput> dec;
-        for (int s = 0; s < n; ++s) dec.push_back({s, &feed[size_t(s)], 1, false});
-        m->forward(dec, ca, logits);
-        m->forward_greedy(dec, cb, picked);
+  for_greedy_cases([](model::Model& m, int n) {
+    const int64_t V = m.config().vocab_size;
+    auto ca = m.make_cache(128, n), cb = m.make_cache(128, n);
+    std::vector<std::vector<int32_t>> prompts = {{3, 14, 15, 92, 65}, {27, 18}};
+    std::vector<model::SeqInput> in;
+    for (int s = 0; s < n; ++s) in.push_back({s, prompts[size_t(s)].data(), int64_t(prompts[size_t(s)].size()), false});
+    std::vector<float> logits;
+    std::vector<int32_t> picked, feed(static_cast<size_t>(n));
+    m.forward(in, ca, logits);
+    m.forward_greedy(in, cb, picked);
+    for (int step = 0; step <= 8; ++step) {
+      ASSERT_EQ(picked.size(), size_t(n));
+      for (int s = 0; s < n; ++s) {
+        expect_greedy_pick(logits.data() + s * V, V, picked[size_t(s)],
+                           "step " + std::to_string(step) + " sequence " + std::to_string(s));
+        feed[size_t(s)] = picked[size_t(s)];
       }
+      if (step == 8) break;
+      std::vector<model::SeqInput> dec;
+      for (int s = 0; s < n; ++s) dec.push_back({s, &feed[size_t(s)], 1, false});
+      m.forward(dec, ca, logits);
+      m.forward_greedy(dec, cb, picked);
     }
+  });
 }
 
 // decode_greedy on the GPU (each step's argmax feeds the next step on the device, the next step
@@ -257,54 +269,44 @@ TEST(CudaBatch, ForwardGreedyMatchesTheLogits) {
 // the run is stopped after 5 steps (the step enqueued ahead is dropped) and resumed.
 TEST(CudaBatch, DecodeGreedyFeedsTheStepsOnTheDevice) {
   REQUIRE_DEVICE();
-  for (const char* mode : {"bf16", "w4a8-g128"})
-    for (int n : {1, 2}) {
-      SCOPED_TRACE(std::string(mode) + " sequences=" + std::to_string(n));
-      auto m = load(source_dir() + "/models/perry-qwen3-20m", quant::parse_quant_mode(mode), true);
-      const int64_t V = m->config().vocab_size;
-      auto ca = m->make_cache(512, n), cb = m->make_cache(512, n);
-      std::vector<std::vector<int32_t>> prompts(2);
-      for (int i = 0; i < 250; ++i) prompts[0].push_back(int32_t((i * 7919 + 13) % V));
-      prompts[1] = {27, 18, 5};
-      std::vector<model::SeqInput> in;
-      for (int s = 0; s < n; ++s) in.push_back({s, prompts[size_t(s)].data(), int64_t(prompts[size_t(s)].size()), false});
-      std::vector<int32_t> first;
-      m->forward_greedy(in, cb, first);
-      std::vector<std::vector<int32_t>> got;
-      auto run = [&](const std::vector<int32_t>& from, int64_t steps, size_t stop_at) {
-        std::vector<int32_t> t = from;
-        std::vector<model::SeqInput> dec;
-        for (int s = 0; s < n; ++s) dec.push_back({s, &t[size_t(s)], 1, false});
-        return m->decode_greedy(dec, cb, steps, [&](const std::vector<int32_t>& tok) {
-          got.push_back(tok);
-          EXPECT_EQ(cb.length(0), int64_t(prompts[0].size() + got.size()));
-          return got.size() < stop_at;
-        });
-      };
-      EXPECT_EQ(run(first, 12, 5), 5);
-      EXPECT_EQ(run(got.back(), 7, 99), 7);
-      ASSERT_EQ(got.size(), size_t(12));
-      // The oracle: forward() fed the same tokens, step by step.
-      std::vector<float> logits;
-      m->forward(in, ca, logits);
-      std::vector<int32_t> fed = first;
-      for (size_t step = 0; step < got.size(); ++step) {
-        std::vector<model::SeqInput> dec;
-        for (int s = 0; s < n; ++s) dec.push_back({s, &fed[size_t(s)], 1, false});
-        m->forward(dec, ca, logits);
-        for (int s = 0; s < n; ++s) {
-          const float* row = logits.data() + s * V;
-          const int32_t want = model::greedy_token(row, V), g = got[step][size_t(s)];
-          ASSERT_TRUE(g >= 0 && g < V) << "step " << step;
-          if (g != want) {
-            double scale = 0;
-            for (int64_t i = 0; i < V; ++i) scale = std::max(scale, double(std::abs(row[i])));
-            EXPECT_LE(double(row[want]) - double(row[g]), 1e-5 * scale) << "step " << step << " sequence " << s;
-          }
-        }
-        fed = got[step];
-      }
+  for_greedy_cases([](model::Model& m, int n) {
+    const int64_t V = m.config().vocab_size;
+    auto ca = m.make_cache(512, n), cb = m.make_cache(512, n);
+    std::vector<std::vector<int32_t>> prompts(2);
+    for (int i = 0; i < 250; ++i) prompts[0].push_back(int32_t((i * 7919 + 13) % V));
+    prompts[1] = {27, 18, 5};
+    std::vector<model::SeqInput> in;
+    for (int s = 0; s < n; ++s) in.push_back({s, prompts[size_t(s)].data(), int64_t(prompts[size_t(s)].size()), false});
+    std::vector<int32_t> first;
+    m.forward_greedy(in, cb, first);
+    std::vector<std::vector<int32_t>> got;
+    auto run = [&](const std::vector<int32_t>& from, int64_t steps, size_t stop_at) {
+      std::vector<int32_t> t = from;
+      std::vector<model::SeqInput> dec;
+      for (int s = 0; s < n; ++s) dec.push_back({s, &t[size_t(s)], 1, false});
+      return m.decode_greedy(dec, cb, steps, [&](const std::vector<int32_t>& tok) {
+        got.push_back(tok);
+        EXPECT_EQ(cb.length(0), int64_t(prompts[0].size() + got.size()));
+        return got.size() < stop_at;
+      });
+    };
+    EXPECT_EQ(run(first, 12, 5), 5);
+    EXPECT_EQ(run(got.back(), 7, 99), 7);
+    ASSERT_EQ(got.size(), size_t(12));
+    // The oracle: forward() fed the same tokens, step by step.
+    std::vector<float> logits;
+    m.forward(in, ca, logits);
+    std::vector<int32_t> fed = first;
+    for (size_t step = 0; step < got.size(); ++step) {
+      std::vector<model::SeqInput> dec;
+      for (int s = 0; s < n; ++s) dec.push_back({s, &fed[size_t(s)], 1, false});
+      m.forward(dec, ca, logits);
+      for (int s = 0; s < n; ++s)
+        expect_greedy_pick(logits.data() + s * V, V, got[step][size_t(s)],
+                           "step " + std::to_string(step) + " sequence " + std::to_string(s));
+      fed = got[step];
     }
+  });
 }
 
 TEST(CudaErrors, ContextOverflowAndOutOfMemoryAreErrors) {

@@ -46,13 +46,18 @@ TEST(Sampler, GreedyTokenRule) {
   EXPECT_FALSE(Sampler(sp).picks_greedy());
 }
 
+// The tiny Llama checkpoint written under `name`, loaded.
+static std::unique_ptr<model::Model> load_tiny_llama(const std::string& name) {
+  model::LoadOptions o;
+  o.dir = test_util::write_tiny_checkpoint(name, test_util::tiny_config(io::Architecture::Llama));
+  return model::Model::load(o);
+}
+
 // Model::forward_greedy == forward() + greedy_token of each sequence's row, for a batch of two
 // sequences over several steps (prefill, then decode), and it rejects all_logits rows.
 TEST(Sampler, ForwardGreedyPicksFromTheLogits) {
-  auto cfg = test_util::tiny_config(io::Architecture::Llama);
-  model::LoadOptions o;
-  o.dir = test_util::write_tiny_checkpoint("greedy", cfg);
-  auto m = model::Model::load(o);
+  auto m = load_tiny_llama("greedy");
+  const auto& cfg = m->config();
   auto ca = m->make_cache(64, 2), cb = m->make_cache(64, 2);
   std::vector<int32_t> p0 = {5, 9, 2, 7}, p1 = {11, 3};
   std::vector<int32_t> next, want(2);
@@ -74,10 +79,7 @@ TEST(Sampler, ForwardGreedyPicksFromTheLogits) {
 // picked), for two sequences of different lengths; on_step sees the cache holding exactly the
 // steps so far; a stop ends the run there; bad runs are errors.
 TEST(Sampler, DecodeGreedyFeedsEachStepThePicks) {
-  auto cfg = test_util::tiny_config(io::Architecture::Llama);
-  model::LoadOptions o;
-  o.dir = test_util::write_tiny_checkpoint("decode-greedy", cfg);
-  auto m = model::Model::load(o);
+  auto m = load_tiny_llama("decode-greedy");
   auto ca = m->make_cache(64, 2), cb = m->make_cache(64, 2);
   std::vector<int32_t> p0 = {5, 9, 2, 7}, p1 = {11, 3}, first;
   m->forward_greedy({{0, p0.data(), 4, false}, {1, p1.data(), 2, false}}, ca, first);

@@ -24,6 +24,14 @@ RequestResult wait(RequestChannel& ch, std::string* text) {
   return ch.result();
 }
 
+// A scheduler's options: n_slots sequences of ctx positions each.
+SchedulerOptions options(int64_t n_slots, int64_t ctx) {
+  SchedulerOptions so;
+  so.n_slots = n_slots;
+  so.ctx = ctx;
+  return so;
+}
+
 const char* kPrompts[] = {"The ship sailed out of the harbor", "Once upon a time, there was a",
                           "In the morning the old man", "She opened the door and"};
 
@@ -47,9 +55,7 @@ TEST_P(SchedulerModes, ConcurrentSequencesMatchSingleSequenceGenerator) {
     expect.push_back(test_util::oracle(t, prompts.back(), max_tokens[i], {}));  // no eos: full length
     ASSERT_EQ(expect.back().st.generated_tokens, max_tokens[i]);
   }
-  SchedulerOptions so;
-  so.n_slots = 4;
-  so.ctx = 512;
+  SchedulerOptions so = options(4, 512);
   so.prefill_chunk = 3;  // prompts take several steps, overlapping other sequences' decode
   Scheduler sched(*t.model, *t.tok, so);
   std::vector<std::shared_ptr<RequestChannel>> chs;
@@ -78,10 +84,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, SchedulerModes, ::testing::Values("bf16", "w8a8"
 TEST(Scheduler, MoreRequestsThanSlotsQueueAndMatch) {
   auto& t = tiny();
   const auto eos = test_util::completion_eos(*t.model);
-  SchedulerOptions so;
-  so.n_slots = 2;
-  so.ctx = 256;
-  Scheduler sched(*t.model, *t.tok, so);
+  Scheduler sched(*t.model, *t.tok, options(2, 256));
   std::vector<std::shared_ptr<RequestChannel>> chs;
   for (int i = 0; i < 4; ++i) {
     GenRequest r;
@@ -107,10 +110,7 @@ TEST(Scheduler, MoreRequestsThanSlotsQueueAndMatch) {
 // arrives meanwhile must end the run and join the batch at once, not wait for the run's end.
 TEST(Scheduler, ADecodeRunYieldsToAWaitingRequest) {
   auto& t = tiny();
-  SchedulerOptions so;
-  so.n_slots = 2;
-  so.ctx = 512;
-  Scheduler sched(*t.model, *t.tok, so);
+  Scheduler sched(*t.model, *t.tok, options(2, 512));
   GenRequest a, b;
   a.prompt = t.tok->encode(kPrompts[0], true);
   a.max_new_tokens = 400;
@@ -132,10 +132,7 @@ TEST(Scheduler, ADecodeRunYieldsToAWaitingRequest) {
 
 TEST(Scheduler, RejectsPromptsThatDoNotFitAndEmptyPrompts) {
   auto& t = tiny();
-  SchedulerOptions so;
-  so.n_slots = 1;
-  so.ctx = 16;
-  Scheduler sched(*t.model, *t.tok, so);
+  Scheduler sched(*t.model, *t.tok, options(1, 16));
   GenRequest r;
   r.prompt.assign(16, 5);
   try {
@@ -152,10 +149,7 @@ TEST(Scheduler, RejectsPromptsThatDoNotFitAndEmptyPrompts) {
 
 TEST(Scheduler, ContextFullEndsWithLengthAtTheCapacity) {
   auto& t = tiny();
-  SchedulerOptions so;
-  so.n_slots = 1;
-  so.ctx = 24;
-  Scheduler sched(*t.model, *t.tok, so);
+  Scheduler sched(*t.model, *t.tok, options(1, 24));
   GenRequest r;
   r.prompt = t.tok->encode(kPrompts[0], true);
   r.max_new_tokens = 1000;
@@ -168,10 +162,7 @@ TEST(Scheduler, ContextFullEndsWithLengthAtTheCapacity) {
 
 TEST(Scheduler, CancelledSequenceFreesItsSlot) {
   auto& t = tiny();
-  SchedulerOptions so;
-  so.n_slots = 1;
-  so.ctx = 512;
-  Scheduler sched(*t.model, *t.tok, so);
+  Scheduler sched(*t.model, *t.tok, options(1, 512));
   GenRequest r;
   r.prompt = t.tok->encode(kPrompts[1], true);
   r.max_new_tokens = 400;
