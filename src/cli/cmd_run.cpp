@@ -56,15 +56,12 @@ int run_synthetic(RunArgs& a) {
     std::fflush(stdout);
     history.push_back(id);
   };
-  if (a.n > 0) take(next);
-  if (a.n > 1 && sampler.picks_greedy()) {
-    // Greedy: one decode_greedy run (on a GPU, the steps back to back without the host between).
-    lm.model->decode_greedy({{0, &next, 1, false}}, cache, a.n - 1, [&](const std::vector<int32_t>& picked) {
-      take(picked[0]);
+  if (a.n > 0) {
+    take(next);
+    runtime::decode_steps(*lm.model, cache, 0, next, a.n - 1, sampler, history, logits, [&](int32_t id) {
+      take(id);
       return true;
     });
-  } else {
-    for (int64_t i = 1; i < a.n; ++i) take(next = step(&next, 1));
   }
   auto t2 = std::chrono::steady_clock::now();
   const double pre = std::chrono::duration<double>(t1 - t0).count(), dec = std::chrono::duration<double>(t2 - t1).count();

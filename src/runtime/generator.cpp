@@ -110,18 +110,11 @@ GenerateStats generate(model::Model& model, const tokenizer::Tokenizer& tok, mod
     }
     return true;
   };
-  if (opts.max_new_tokens > 0 && take(next)) {
-    if (sampler.picks_greedy()) {
-      // Greedy: the steps run as one decode_greedy (on a GPU, back to back without the host
-      // between them); each step feeds one token, so the context and max_new_tokens bound them.
-      const int64_t steps = std::min(opts.max_new_tokens - st.generated_tokens, cache.capacity() - cache.length(slot));
-      model.decode_greedy({{slot, &next, 1, false}}, cache, steps,
-                          [&](const std::vector<int32_t>& picked) { return take(picked[0]); });
-    } else {
-      do next = step(&next, 1);
-      while (take(next));
-    }
-  }
+  // Each step feeds one token, so max_new_tokens and the context bound the steps.
+  if (opts.max_new_tokens > 0 && take(next))
+    decode_steps(model, cache, slot, next,
+                 std::min(opts.max_new_tokens - st.generated_tokens, cache.capacity() - cache.length(slot)), sampler,
+                 history, logits, take);
   if (st.finish != FinishReason::StopString && st.finish != FinishReason::Cancelled) {
     bool stopped = false;
     std::string tail = stops.push(dec.flush(), &stopped);
@@ -141,6 +134,22 @@ int32_t forward_and_pick(model::Model& model, const model::SeqInput& in, model::
   }
   model.forward({in}, cache, logits);
   return sampler.sample(logits.data(), model.config().vocab_size, history);
+}
+
+int64_t decode_steps(model::Model& model, model::KvCache& cache, int64_t slot, int32_t first, int64_t max_steps,
+                     Sampler& sampler, const std::vector<int32_t>& history, std::vector<float>& logits,
+                     const std::function<bool(int32_t)>& take) {
+  if (max_steps <= 0) return 0;
+  if (sampler.picks_greedy())
+    return model.decode_greedy({{slot, &first, 1, false}}, cache, max_steps,
+                               [&](const std::vector<int32_t>& picked) { return take(picked[0]); });
+  int64_t n = 0;
+  for (int32_t next = first; n < max_steps;) {
+    next = forward_and_pick(model, {slot, &next, 1, false}, cache, sampler, history, logits);
+    ++n;
+    if (!take(next)) break;
+  }
+  return n;
 }
 
 PerplexityResult perplexity(model::Model& model, const std::vector<int32_t>& ids, int64_t ctx, int64_t stride,

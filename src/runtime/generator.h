@@ -42,6 +42,14 @@ using TextCallback = std::function<bool(const std::string&)>;
 int32_t forward_and_pick(model::Model& model, const model::SeqInput& in, model::KvCache& cache, Sampler& sampler,
                          const std::vector<int32_t>& history, std::vector<float>& logits);
 
+// The decode steps after `first` (a token already taken) of the sequence in `slot`: up to
+// max_steps steps, each one's token handed to take(), which returns false to stop. Greedy samplers
+// run them as one Model::decode_greedy run (on a GPU the steps go back to back, the host not
+// between them); others step by step through forward_and_pick. Returns the steps taken.
+int64_t decode_steps(model::Model& model, model::KvCache& cache, int64_t slot, int32_t first, int64_t max_steps,
+                     Sampler& sampler, const std::vector<int32_t>& history, std::vector<float>& logits,
+                     const std::function<bool(int32_t)>& take);
+
 // Runs one sequence in `slot` of `cache` (reset first). Throws perry::Error if the prompt does not
 // fit the context.
 GenerateStats generate(model::Model& model, const tokenizer::Tokenizer& tok, model::KvCache& cache, int64_t slot,
