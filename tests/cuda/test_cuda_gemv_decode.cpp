@@ -225,6 +225,41 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
       }
 }
 
+// The weight-only kinds take their bf16 input row to the tensor cores as fp16 at a per-token power
+// of two: rows far outside fp16's range (values near 2^-60 and 2^60, one outlier 30 times the rest)
+// still give the float64 reference of the bf16 rule — without the scaling they would flush to zero
+// or overflow to inf — through registers and the staged row (K 20480), both partial windows.
+TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
+  REQUIRE_GPU();
+  std::mt19937 gen(31);
+  for (QuantMode mode : {QuantMode::W8A16, QuantMode::W4A16})
+    for (int K : {1056, 20480})
+      for (int e : {-60, 0, 60}) {
+        const int N = 70;
+        const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " K=" + std::to_string(K) +
+                                 " scale 2^" + std::to_string(e);
+        std::vector<float> x = rand_f(size_t(K), gen, -2.f, 2.f);
+        x[size_t(K / 5)] *= 30.f;
+        for (auto& v : x) v = std::ldexp(v, e);
+        Act a;
+        a.xb.resize(size_t(K));
+        for (int k = 0; k < K; ++k) a.xb[size_t(k)] = perry::f32_to_bf16(x[size_t(k)]);
+        const perry::quant::QuantizedWeight qw = make_weight(mode, N, K, gen);
+        std::vector<double> ref, mag;
+        reference(qw, unpack(qw), a, 1, nullptr, ref, mag);
+        Dev<float> dx(x), dy(std::vector<float>(size_t(N), 0.f));
+        const DeviceWeights dw(mode, {}, qw, N, K, nullptr);
+        pc::DecodeLinearArgs args;
+        args.x = dx.p;
+        args.in = pc::DecodeIn::Plain;
+        args.y = dy.p;
+        args.out = pc::DecodeOut::Accumulate;  // into zeros (Plain + Store is no built form)
+        ASSERT_NO_THROW(pc::gemv_decode(dw.w, args, nullptr)) << what;
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        expect_close(dy.get(), ref, mag, what, 2e-5);
+      }
+}
+
 // SwiGLU with round_bf16 (the CUDA backend's gate|up rule: bf16 values before SwiGLU) gives
 // the bits of the stored gate|up (DecodeOut::Store, the same per-row arithmetic) put through
 // swiglu(..., round_to_bf16 = true) — the separate kernels of a prefill or a batch — and differs

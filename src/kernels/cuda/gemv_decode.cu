@@ -13,6 +13,7 @@
 // into registers or, bulk kernels, from the warp's ring of shared-memory stages that lane 0
 // refills with cp.async.bulk (one stage = one step).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <mutex>
@@ -38,8 +39,6 @@ using mma_sync::cp_async16;
 using mma_sync::cp_async_commit;
 using mma_sync::cp_async_wait;
 using mma_sync::ld_stream16;
-using mma_sync::int4x8_to_f32;
-using mma_sync::int8x4_to_f32;
 using mma_sync::word;
 
 // 16 warps a block, one block an SM where shared memory or registers allow no more: every block
@@ -84,6 +83,25 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
   asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
+// C += A·B, m16n8k16, f16 inputs, f32 accumulators (the weight-only kinds' products; not
+// volatile: no side effects, so the compiler may interleave independent chains).
+__device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Packed f16x2 arithmetic on raw words: a − b and a·b + c, round to nearest.
+__device__ __forceinline__ uint32_t hsub2_bits(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 // 8 packed bf16 (k order) as floats.
 __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
@@ -106,8 +124,11 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 // amax, quantized or stored as bf16).
 constexpr int kRegOctets = 4, kMaxRegK = kRegOctets * 8 * kThreads;
 constexpr int kNormRegOctets = 2, kMaxRegNormK = kNormRegOctets * 8 * kThreads;
-__host__ __device__ inline bool x_in_registers(int K, bool xi8, int in_kind) {
-  return in_kind == kInNorm ? K <= kMaxRegNormK : xi8 && K <= kMaxRegK;
+// Whether the input row is scaled per token (its amax taken first): int8 activations, and the
+// weight-only kinds' fp16 row at a power of two (fp16_pow2_params). bf16 weights take x as bf16.
+__host__ __device__ constexpr bool x_scaled(int w_kind, bool xi8) { return xi8 || w_kind != kWBf16; }
+__host__ __device__ inline bool x_in_registers(int K, int w_kind, bool xi8, int in_kind) {
+  return in_kind == kInNorm ? K <= kMaxRegNormK : x_scaled(w_kind, xi8) && K <= kMaxRegK;
 }
 struct SmemLayout {
   int xsum, xf, total;
@@ -117,7 +138,7 @@ __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, i
   l.xsum = xi8 ? K : 2 * K;
   l.xf = l.xsum + (w_kind == kWI4 && xi8 ? K / 32 * 4 : 0);
   l.xf = (l.xf + 15) / 16 * 16;
-  const bool stage = (xi8 || in_kind == kInNorm) && !x_in_registers(K, xi8, in_kind);
+  const bool stage = (x_scaled(w_kind, xi8) || in_kind == kInNorm) && !x_in_registers(K, w_kind, xi8, in_kind);
   l.total = l.xf + (stage ? 4 * K : 0);
   return l;
 }
@@ -207,10 +228,54 @@ __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float
   }
 }
 
+// The weight-only kinds' input row (w8a16, w4a16): the bf16 values of the mode's rule
+// (docs/quantization.md: y = Σ_g s[n,g]·Σ_k bf16(x)·q), carried in fp16 at a per-token power of two
+// so that the tensor cores take them (mma.sync f16, fp32 accumulation). amax = m·2^E (m in
+// [0.5, 1)), mul = 2^(15 − E) puts the largest |value| in [2^14, 2^15]; a bf16 value (8
+// significant bits) times a power of two is exact in fp16 from 2^-17 up, so every value above
+// amax·2^-32 arrives exactly — the products are those of the bf16 path (the CPU's), only their
+// summation order differs. scale = 1 / mul undoes it in the epilogue. amax 0 or not finite: mul
+// = scale = 1. The exponent stays within ±100, so both are normal floats.
+__device__ __forceinline__ void fp16_pow2_params(float amax, float& scale, float& mul) {
+  int e = 0;
+  if (amax > 0.0f && isfinite(amax)) e = min(max(15 - (int((__float_as_uint(amax) >> 23) & 0xFF) - 126), -100), 100);
+  mul = __int_as_float((127 + e) << 23);
+  scale = __int_as_float((127 - e) << 23);
+}
+// Octet o of the weight-only input (bf16(v)·mul as fp16, exact) into xs, in the order the tensor-core loop
+// reads it: each half2 holds the two k values that one A-fragment register pairs (int8 weights:
+// (k0, k2) (k1, k3) per 4 values — a LOP3 takes bytes 0 and 2 of a weight word; int4: (k0, k4)
+// (k1, k5) (k2, k6) (k3, k7) per 8 — the nibbles a 0x000F000F mask takes), and the 16-byte
+// octets of a lane's chunk swizzled (slot j ^ f(chunk)) so that the 8 lanes of a 128-byte phase
+// read 8 different bank quads (lane l reads chunk 32i + l: 32 or 64 bytes a lane).
+template <int kW>
+__device__ __forceinline__ void store_fp16_octet(int o, const float (&v)[8], float mul, uint8_t* xs) {
+  float t[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) t[j] = bf16_round(v[j]) * mul;
+  uint4 out;
+  auto pack = [](float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  };
+  int slot;
+  if constexpr (kW == kWI4) {
+    out = make_uint4(pack(t[0], t[4]), pack(t[1], t[5]), pack(t[2], t[6]), pack(t[3], t[7]));
+    const int c = o >> 2;
+    slot = 4 * c + ((o & 3) ^ ((c >> 1) & 3));
+  } else {
+    out = make_uint4(pack(t[0], t[2]), pack(t[1], t[3]), pack(t[4], t[6]), pack(t[5], t[7]));
+    const int c = o >> 1;
+    slot = 2 * c + ((o & 1) ^ ((c >> 2) & 1));
+  }
+  reinterpret_cast<uint4*>(xs)[slot] = out;
+}
+
 // Inputs held in registers (x_in_registers): thread t holds octets t + b·kThreads, so a warp's
 // lanes hold consecutive octets as quantize_octet needs. The row's amax (of the values as they
-// are now in v), then quantized into xs; returns the per-token scale.
-template <int kW, int kB>
+// are now in v), then quantized into xs (int8) or scaled into it as fp16 (weight-only kinds);
+// returns the per-token scale.
+template <int kW, bool kXI8, int kB>
 __device__ float quantize_registers(int octets, const float (&v)[kB][8], uint8_t* xs, int* xsum) {
   float amax = 0.0f;
 #pragma unroll
@@ -221,13 +286,15 @@ __device__ float quantize_registers(int octets, const float (&v)[kB][8], uint8_t
   __shared__ float amax_part[kWarps];
   amax = block_all_reduce_once<kWarps>(amax, MaxOp{}, amax_part);
   float scale, qinv;
-  per_token_params(amax, scale, qinv);
+  if constexpr (kXI8) per_token_params(amax, scale, qinv);
+  else fp16_pow2_params(amax, scale, qinv);
   const int o0 = threadIdx.x & ~31;
 #pragma unroll
   for (int b = 0; b < kB; ++b)
     if (o0 + b * kThreads < octets) {  // warp-uniform: quantize_octet shuffles
       const int o = threadIdx.x + b * kThreads;
-      quantize_octet<kW>(o, o < octets, v[b], qinv, xs, xsum);
+      if constexpr (kXI8) quantize_octet<kW>(o, o < octets, v[b], qinv, xs, xsum);
+      else if (o < octets) store_fp16_octet<kW>(o, v[b], qinv, xs);
     }
   __syncthreads();
   return scale;
@@ -255,8 +322,8 @@ __device__ float normalize_from_registers(const Params& p, const float (&nw)[kNo
   for (int b = 0; b < kNormRegOctets; ++b)
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[b][j] = norm_one(v[b][j], inv, nw[b][j]);
-  if constexpr (kXI8) {
-    return quantize_registers<kW>(octets, v, xs, xsum);
+  if constexpr (x_scaled(kW, kXI8)) {
+    return quantize_registers<kW, kXI8>(octets, v, xs, xsum);
   } else {
 #pragma unroll
     for (int b = 0; b < kNormRegOctets; ++b)
@@ -303,7 +370,8 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
   int* xsum = reinterpret_cast<int*>(smem + lay.xsum);
   float* xf = reinterpret_cast<float*>(smem + lay.xf);
   const float* nw = p.norm_w;  // (staged path: K > kMaxRegNormK, read from global memory)
-  if constexpr (!kXI8 && kIn == kInPlain) {  // bf16 of x as it is: one pass, no staging
+  constexpr bool kScaled = x_scaled(kW, kXI8);
+  if constexpr (!kScaled && kIn == kInPlain) {  // bf16 of x as it is: one pass, no staging
     // kBatch octets a thread in flight at once (a plain loop waited a round trip for each).
     constexpr int kBatch = 4;
     for (int o0 = threadIdx.x; o0 < octets; o0 += kBatch * kThreads) {
@@ -316,11 +384,11 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
     __syncthreads();
     return 0.0f;
   } else {
-    if (x_in_registers(K, kXI8, kIn)) {
+    if (x_in_registers(K, kW, kXI8, kIn)) {
       if constexpr (kIn == kInNorm) return normalize_from_registers<kW, kXI8>(p, nw_regs, xs, xsum);
       float v[kRegOctets][8];
       load_octets(p.x, int(threadIdx.x), octets, v);
-      return quantize_registers<kW>(octets, v, xs, xsum);
+      return quantize_registers<kW, kXI8>(octets, v, xs, xsum);
     }
     // Pass 1 (global → staging by async copies, all of a thread's in flight at once: x was just
     // written by the previous kernel, so each round trip is an L2 latency on the block's critical
@@ -356,26 +424,28 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           v[j] = norm_one(v[j], inv, w[j]);
-          if constexpr (kXI8) amax = fmaxf(amax, fabsf(v[j]));
+          if constexpr (kScaled) amax = fmaxf(amax, fabsf(v[j]));
         }
-        if constexpr (kXI8) store_octet(xf + 8 * o, v);  // each thread reads back only its own octets below
+        if constexpr (kScaled) store_octet(xf + 8 * o, v);  // each thread reads back only its own octets below
         else store_bf16_octet(xs + 16 * o, v);
       }
     }
-    if constexpr (!kXI8) {
+    if constexpr (!kScaled) {
       __syncthreads();
       return 0.0f;
     } else {
       __shared__ float amax_part[kWarps];
       amax = block_all_reduce_once<kWarps>(amax, MaxOp{}, amax_part);
       float scale, qinv;
-      per_token_params(amax, scale, qinv);
-      // Pass 3 (staging → xs): quantize, a warp's lanes over consecutive octets.
+      if constexpr (kXI8) per_token_params(amax, scale, qinv);
+      else fp16_pow2_params(amax, scale, qinv);
+      // Pass 3 (staging → xs): quantize (or scale to fp16), a warp's lanes over consecutive octets.
       for (int o0 = threadIdx.x & ~31; o0 < octets; o0 += kThreads) {
         const int o = o0 + (threadIdx.x & 31);
         float v[8] = {};
         if (o < octets) load_octet(xf + 8 * o, v);
-        quantize_octet<kW>(o, o < octets, v, qinv, xs, xsum);
+        if constexpr (kXI8) quantize_octet<kW>(o, o < octets, v, qinv, xs, xsum);
+        else if (o < octets) store_fp16_octet<kW>(o, v, qinv, xs);
       }
       __syncthreads();
       return scale;
@@ -448,6 +518,71 @@ __device__ void rope_kv_store(const Params& p, int j, const int (&rows)[2], cons
   }
 }
 
+// The weight-only kinds' products for one 16-byte chunk of each of a warp's two rows (w[0], w[1]:
+// lane l's chunk c of the step), on the tensor cores: the weights become exact fp16 integers in
+// two instructions a pair (a LOP3 puts a byte, or a nibble, under the exponent of 1024 — 0x64XX
+// is 1024 + XX — and one f16x2 subtract, or fma for a nibble 16 times too high, removes the
+// offset), and an m16n8k16 mma multiplies them by the fp16 input with fp32 accumulation. A is
+// the weights (A row g = row 0's, row g + 8 = row 1's, of the quad g = lane / 4), B the input
+// (column g = the quad's x). Each lane (g, t) holds A[g][s] and B[s][g] for the same four k slots
+// s, so any assignment of a lane's own four k values to its slots is a valid dot product:
+// D[g][g] = the quad's four lanes' products of row 0, D[g + 8][g] of row 1 — 16 of the mma's 128
+// outputs are used, ~1/8 of its work, while the weights' conversion costs 1.25 (int8) / 1.1 (int4)
+// instructions a weight and a row instead of the fp32 path's 3 (PRMT, FADD, FFMA). The quad's
+// chunks are one 64 (int8) / 128 (int4) k run, inside one group. Returns (D[g][g], D[g + 8][g]),
+// meaningful in lane 4g + g / 2 (c0 / c1, c2 / c3 by g's parity); the others hold other outputs.
+// kPartial: a chunk window that ends past the row (live = this lane's chunk is in it; the others
+// multiply zeros, at chunk c clamped into the row).
+template <int kW, bool kPartial>
+__device__ __forceinline__ float2 weight_only_chunk(const uint4 (&w)[2], const uint8_t* xs, int c, bool live) {
+  const int lane = threadIdx.x & 31;
+  const uint4* xq = reinterpret_cast<const uint4*>(xs);
+  uint4 w0 = w[0], w1 = w[1];
+  if (kPartial && !live) w0 = w1 = make_uint4(0, 0, 0, 0);
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (kW == kWI8) {
+    const int sw = (lane >> 2) & 1;  // store_fp16_octet's swizzle
+    uint4 xa = xq[2 * c + sw], xb = xq[2 * c + (sw ^ 1)];
+    if (kPartial && !live) xa = xb = make_uint4(0, 0, 0, 0);
+    const uint32_t xh[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    constexpr uint32_t kMagic = 0x64806480u;  // 1024 + 128 in each half: (q ^ 0x80) + 1024 − 1152 = q
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // word i: k 4i .. 4i + 3 → pairs (k0, k2), (k1, k3)
+      const uint32_t wa = word(w0, i), wb = word(w1, i);
+      const uint32_t a[4] = {hsub2_bits((wa & 0x00FF00FFu) ^ kMagic, kMagic), hsub2_bits((wb & 0x00FF00FFu) ^ kMagic, kMagic),
+                             hsub2_bits(((wa >> 8) & 0x00FF00FFu) ^ kMagic, kMagic),
+                             hsub2_bits(((wb >> 8) & 0x00FF00FFu) ^ kMagic, kMagic)};
+      const uint32_t b[2] = {xh[2 * i], xh[2 * i + 1]};
+      mma_f16(d, a, b);
+    }
+  } else {
+    const int sw = (lane >> 1) & 3;
+    uint4 xo[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) xo[j] = xq[4 * c + (j ^ sw)];
+    if (kPartial && !live)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) xo[j] = make_uint4(0, 0, 0, 0);
+    // Nibble n = v + 8 (n ^ 8 of the stored two's complement): low nibble 1024 + n − 1032; the
+    // high nibble of a byte, 16·n under the exponent: (1024 + 16n) / 16 − 72.
+    constexpr uint32_t kLo = 0x64086408u, kHi = 0x64806480u, kSixteenth = 0x2C002C00u, kMinus72 = 0xD480D480u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // word i: k 8i .. 8i + 7 (nibble j = k j) → (k0, k4) (k1, k5), (k2, k6) (k3, k7)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t wa = word(w0, i) >> (8 * h), wb = word(w1, i) >> (8 * h);
+        const uint32_t a[4] = {hsub2_bits((wa & 0x000F000Fu) ^ kLo, kLo), hsub2_bits((wb & 0x000F000Fu) ^ kLo, kLo),
+                               hfma2_bits((wa & 0x00F000F0u) ^ kHi, kSixteenth, kMinus72),
+                               hfma2_bits((wb & 0x00F000F0u) ^ kHi, kSixteenth, kMinus72)};
+        const uint32_t b[2] = {h == 0 ? xo[i].x : xo[i].z, h == 0 ? xo[i].y : xo[i].w};
+        mma_f16(d, a, b);
+      }
+    }
+  }
+  const bool odd = (lane >> 2) & 1;
+  return make_float2(odd ? d[1] : d[0], odd ? d[3] : d[2]);
+}
+
 // kR rows per warp, kU 16-byte chunks per row per lane in flight (module comment). SwiGLU needs
 // kR = 2 (the gate and the up row of one output). kBulk: the weights arrive by bulk copies into
 // the warp's ring of p.stages shared-memory stages (lane 0 keeps the ring full, the warp reads a
@@ -498,8 +633,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // lane-rotated order so that the bulk kernels' reads of the ring stay conflict-free (the 8 lanes
   // of a 128-byte phase read 8 different 16-byte columns). Other kinds: lane l takes chunks l,
   // l + 32, ...
-  constexpr bool kRun = kGrouped;
+  constexpr bool kRun = kGrouped && kXI8;
   static_assert(!kRun || (kW != kWBf16 && kU == 4), "runs: quantized weights, 4 chunks a lane");
+  // Weight-only kinds (w8a16, w4a16): the products on the tensor cores (see the loop), the group
+  // scales folded once per chunk — a chunk's 4-lane quad covers 64 int8 / 128 int4 k values, inside
+  // one group (gemv_decode_supports) — so each lane loads a scale per chunk and row.
+  constexpr bool kXF16 = !kXI8 && kW != kWBf16;
   auto chunk_of = [&](int ii, int u) {
     if constexpr (kRun) return ii * 32 * kU + lane * kU + ((u + lane * kU / 8) & (kU - 1));
     else return ii * 32 * kU + u * 32 + lane;
@@ -519,6 +658,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
                                 : ld_stream16(wr + 16LL * c);
       }
     }
+  };
+  // kXF16: the group scale of row n for the lane's chunk u of step ii (clamped, like run_scale).
+  auto chunk_scale = [&](int n, int ii, int u) {
+    const int grp = min((chunk_of(ii, u) * kPer) >> p.gs_shift, p.G - 1);
+    return __ldg(p.sw + (long long)max(n, 0) * p.G + grp);
   };
   // A run's group scale of row n (clamped: a lane past the row's end folds a zero sum).
   auto run_scale = [&](int n, int ii) {
@@ -627,10 +771,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   float s_cur[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) s_cur[r] = kRun && active ? run_scale(row_of<kOut, kR>(g, warp, r, p), 0) : 0.0f;
+  float cs_cur[kXF16 ? kU : 1][kR];  // kXF16: the chunks' scales, likewise a step ahead
+#pragma unroll
+  for (int u = 0; u < (kXF16 ? kU : 1); ++u)
+#pragma unroll
+    for (int r = 0; r < kR; ++r)
+      cs_cur[u][r] = kXF16 && active ? chunk_scale(row_of<kOut, kR>(g, warp, r, p), 0, u) : 0.0f;
   // The RMSNorm weights (never written by the decode step's kernels) into registers before the
   // wait, so the prologue after it reads global memory once, for x.
   float nw_regs[kNormRegOctets][8];
-  if (kIn == kInNorm && x_in_registers(p.K, kXI8, kIn)) load_octets(p.norm_w, int(threadIdx.x), p.K / 8, nw_regs);
+  if (kIn == kInNorm && x_in_registers(p.K, kW, kXI8, kIn)) load_octets(p.norm_w, int(threadIdx.x), p.K / 8, nw_regs);
   pdl::wait();
   pdl::launch_dependents();
   marks.waited();
@@ -645,21 +795,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // Accumulators. facc: fp32 sums (bf16, grouped, weight-only). ia / ib: integer sums since the
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
   // kept in place, i.e. 16·(v + 8) — one LOP3 a word instead of a shift and a LOP3 — and two
-  // independent dp4a chains), csum: Σ x over the same int4 chunks for the 8·Σx correction; fa:
-  // weight-only products since the last fold. Per-channel int8 x folds once, at the row's end.
-  float facc[kR], fa[kR];
+  // independent dp4a chains), csum: Σ x over the same int4 chunks for the 8·Σx correction.
+  // Per-channel int8 x folds once, at the row's end; the weight-only kinds fold each chunk's
+  // tensor-core sums straight into facc.
+  float facc[kR];
   int ia[kR], ib[kR], csum = 0;
 #pragma unroll
-  for (int r = 0; r < kR; ++r) facc[r] = 0.0f, fa[r] = 0.0f, ia[r] = 0, ib[r] = 0;
+  for (int r = 0; r < kR; ++r) facc[r] = 0.0f, ia[r] = 0, ib[r] = 0;
   // The exact integer dot product since the last fold (ib is a multiple of 16: exact shift).
   auto int_sum = [&](int r) { return kW == kWI4 ? ia[r] + (ib[r] >> 4) - 8 * csum : ia[r]; };
-  // Folds the sums since the last fold with scale s[r] into facc and restarts them.
+  // Folds the integer sums since the last fold with scale s[r] into facc and restarts them (kRun).
   auto fold = [&](const float (&s)[kR]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      if constexpr (kXI8) facc[r] = fmaf(float(int_sum(r)), s[r], facc[r]);
-      else facc[r] = fmaf(fa[r], s[r], facc[r]);
-      ia[r] = 0, ib[r] = 0, fa[r] = 0.0f;
+      facc[r] = fmaf(float(int_sum(r)), s[r], facc[r]);
+      ia[r] = 0, ib[r] = 0;
     }
     csum = 0;
   };
@@ -682,7 +832,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       const int n = max(rows[r], 0);
       const float b = p.bias ? __ldg(p.bias + n) : 0.0f;
       if constexpr (kIntAcc) val[r] = fmaf(float(__float_as_int(kept[r])) * __ldg(p.sw + n), sa, b);
-      else val[r] = kXI8 ? fmaf(kept[r], sa, b) : kept[r] + b;
+      else val[r] = kXI8 || kXF16 ? fmaf(kept[r], sa, b) : kept[r] + b;
     }
     if constexpr (kOut == kOutSwiglu) {
       p.y[rows[0]] = p.round_bf16 ? swiglu_one(bf16_round(val[0]), bf16_round(val[1])) : swiglu_one(val[0], val[1]);
@@ -707,6 +857,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     float s_nxt[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) s_nxt[r] = kRun && has_next ? run_scale(row_of<kOut, kR>(ng, warp, r, p), nit) : 0.0f;
+    float cs_nxt[kXF16 ? kU : 1][kR];
+#pragma unroll
+    for (int u = 0; u < (kXF16 ? kU : 1); ++u)
+#pragma unroll
+      for (int r = 0; r < kR; ++r)
+        cs_nxt[u][r] = kXF16 && has_next ? chunk_scale(row_of<kOut, kR>(ng, warp, r, p), nit, u) : 0.0f;
     uint4 nxt[kU][kR];
     if constexpr (kBulk) {
 #ifdef PERRY_BULK_COPY
@@ -740,6 +896,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = chunk_of(it, u);
+      if constexpr (kXF16) {
+        static_assert(kR == 2, "the tensor-core chunk takes two rows");
+        // mma.sync is warp-wide: a chunk is skipped only when the whole warp is past the row's
+        // end; in a window that ends inside the warp, the lanes past it multiply zeros.
+        const int c0 = it * 32 * kU + u * 32;
+        if (c0 >= nchunks) continue;
+        const float2 d = c0 + 32 <= nchunks ? weight_only_chunk<kW, false>(cur[u], xs, c, true)
+                                            : weight_only_chunk<kW, true>(cur[u], xs, min(c, nchunks - 1), c < nchunks);
+        facc[0] = fmaf(d.x, cs_cur[u][0], facc[0]);
+        facc[1] = fmaf(d.y, cs_cur[u][1], facc[1]);
+        continue;
+      }
       if (c >= nchunks) continue;
       uint4 wc[kR];
 #pragma unroll
@@ -786,26 +954,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
           }
           ia[r] += plo, ib[r] += phi;
         }
-      } else {  // weight-only: bf16 x, 8 k per sub-chunk
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          float a = fa[r];
-#pragma unroll
-          for (int j = 0; j < kPer / 8; ++j) {
-            float wf[8];
-            if constexpr (kW == kWI8) {
-              int8x4_to_f32(word(wc[r], 2 * j), wf);
-              int8x4_to_f32(word(wc[r], 2 * j + 1), wf + 4);
-            } else {
-              int4x8_to_f32(word(wc[r], j), wf);
-            }
-            float xf[8];
-            bf16x8_to_f32(*reinterpret_cast<const uint4*>(xs + 2 * k0 + 16 * j), xf);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) a = fmaf(xf[e], wf[e], a);
-          }
-          fa[r] = a;
-        }
       }
     }
     if constexpr (kRun) fold(s_cur);
@@ -820,7 +968,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
           raw[r] = __int_as_float(v);
         } else {
-          float v = facc[r];
+          // (kXF16: only the lanes 4g + g / 2 hold their quad's sums, weight_only_chunk.)
+          float v = !kXF16 || (lane & 3) == (lane >> 3) ? facc[r] : 0.0f;
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
           raw[r] = v;
@@ -842,6 +991,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     g = ng, it = nit;
 #pragma unroll
     for (int r = 0; r < kR; ++r) s_cur[r] = s_nxt[r];
+#pragma unroll
+    for (int u = 0; u < (kXF16 ? kU : 1); ++u)
+#pragma unroll
+      for (int r = 0; r < kR; ++r) cs_cur[u][r] = cs_nxt[u][r];
     if constexpr (kPipe) {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
