@@ -124,8 +124,8 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 // amax, quantized or stored as bf16).
 constexpr int kRegOctets = 4, kMaxRegK = kRegOctets * 8 * kThreads;
 constexpr int kNormRegOctets = 2, kMaxRegNormK = kNormRegOctets * 8 * kThreads;
-// Whether the input row is scaled per token (its amax taken first): int8 activations, and the
-// weight-only kinds' fp16 row at a power of two (fp16_pow2_params). bf16 weights take x as bf16.
+// Whether the input row is scaled (an amax taken first): int8 activations (per token), and the
+// weight-only kinds' fp16 row (a power of two per run, fp16_pow2_params). bf16 weights take x as bf16.
 __host__ __device__ constexpr bool x_scaled(int w_kind, bool xi8) { return xi8 || w_kind != kWBf16; }
 __host__ __device__ inline bool x_in_registers(int K, int w_kind, bool xi8, int in_kind) {
   return in_kind == kInNorm ? K <= kMaxRegNormK : x_scaled(w_kind, xi8) && K <= kMaxRegK;
@@ -136,7 +136,9 @@ struct SmemLayout {
 __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, int in_kind) {
   SmemLayout l;
   l.xsum = xi8 ? K : 2 * K;
-  l.xf = l.xsum + (w_kind == kWI4 && xi8 ? K / 32 * 4 : 0);
+  // xsum: int4 with int8 x, Σ of each 32-value chunk (int [K / 32]); the weight-only kinds: each
+  // run's fp16 scale there (float [K / 64] or [K / 128], fp16_octet_in_run).
+  l.xf = l.xsum + ((w_kind == kWI4 && xi8) || (w_kind != kWBf16 && !xi8) ? K / 32 * 4 : 0);
   l.xf = (l.xf + 15) / 16 * 16;
   const bool stage = (x_scaled(w_kind, xi8) || in_kind == kInNorm) && !x_in_registers(K, w_kind, xi8, in_kind);
   l.total = l.xf + (stage ? 4 * K : 0);
@@ -229,13 +231,16 @@ __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float
 }
 
 // The weight-only kinds' input row (w8a16, w4a16): the bf16 values of the mode's rule
-// (docs/quantization.md: y = Σ_g s[n,g]·Σ_k bf16(x)·q), carried in fp16 at a per-token power of two
-// so that the tensor cores take them (mma.sync f16, fp32 accumulation). amax = m·2^E (m in
-// [0.5, 1)), mul = 2^(15 − E) puts the largest |value| in [2^14, 2^15]; a bf16 value (8
-// significant bits) times a power of two is exact in fp16 from 2^-17 up, so every value above
-// amax·2^-32 arrives exactly — the products are those of the bf16 path (the CPU's), only their
-// summation order differs. scale = 1 / mul undoes it in the epilogue. amax 0 or not finite: mul
-// = scale = 1. The exponent stays within ±100, so both are normal floats.
+// (docs/quantization.md: y = Σ_g s[n,g]·Σ_k bf16(x)·q), carried in fp16 at a power of two per run
+// (the 64 int8 / 128 int4 k values one lane quad multiplies, weight_only_chunk) so that the tensor
+// cores take them (mma.sync f16, fp32 accumulation). The run's amax = m·2^E (m in [0.5, 1)), mul =
+// 2^(15 − E) puts its largest |value| in [2^14, 2^15]; a bf16 value (8 significant bits) times a
+// power of two is exact in fp16 from 2^-17 up, so every value above amax·2^-32 arrives exactly —
+// the products are those of the bf16 path (the CPU's), only their summation order differs. scale =
+// 1 / mul is folded with the group scale. amax 0 or not finite: mul = scale = 1. The exponent
+// stays within ±100, so both are normal floats. Per run, not per token: the run's amax is three or
+// four shuffles, where a row amax was a block reduction and its barrier in every prologue (measured:
+// w8a16 decode −10% with a per-token power of two, s21 run 1).
 __device__ __forceinline__ void fp16_pow2_params(float amax, float& scale, float& mul) {
   int e = 0;
   if (amax > 0.0f && isfinite(amax)) e = min(max(15 - (int((__float_as_uint(amax) >> 23) & 0xFF) - 126), -100), 100);
@@ -271,12 +276,44 @@ __device__ __forceinline__ void store_fp16_octet(int o, const float (&v)[8], flo
   reinterpret_cast<uint4*>(xs)[slot] = out;
 }
 
+// Octet o (v) of the weight-only input into xs as fp16 at its run's power of two, the run's scale
+// into xscale[o / run octets]. Called by every lane of a warp with o = o0 + lane (o0 warp-uniform,
+// a multiple of 32; in_range = o < octets): a run's 8 (int8) / 16 (int4) octets sit in as many
+// neighbouring lanes, so its amax is 3 / 4 shuffles.
+template <int kW>
+__device__ __forceinline__ void fp16_octet_in_run(int o, bool in_range, const float (&v)[8], uint8_t* xs, float* xscale) {
+  constexpr int kRunOctets = kW == kWI4 ? 16 : 8;
+  float amax = 0.0f;
+  if (in_range)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+  for (int m = 1; m < kRunOctets; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, m));
+  float scale, mul;
+  fp16_pow2_params(amax, scale, mul);
+  if (in_range) {
+    store_fp16_octet<kW>(o, v, mul, xs);
+    if ((o & (kRunOctets - 1)) == 0) xscale[o / kRunOctets] = scale;
+  }
+}
+
 // Inputs held in registers (x_in_registers): thread t holds octets t + b·kThreads, so a warp's
 // lanes hold consecutive octets as quantize_octet needs. The row's amax (of the values as they
-// are now in v), then quantized into xs (int8) or scaled into it as fp16 (weight-only kinds);
-// returns the per-token scale.
+// are now in v), then quantized into xs (int8) — returns the per-token scale —, or (weight-only
+// kinds) each run scaled into it as fp16 (no row amax; returns 1).
 template <int kW, bool kXI8, int kB>
 __device__ float quantize_registers(int octets, const float (&v)[kB][8], uint8_t* xs, int* xsum) {
+  if constexpr (!kXI8) {
+    const int o0 = threadIdx.x & ~31;
+#pragma unroll
+    for (int b = 0; b < kB; ++b)
+      if (o0 + b * kThreads < octets) {  // warp-uniform: the run's shuffles
+        const int o = threadIdx.x + b * kThreads;
+        fp16_octet_in_run<kW>(o, o < octets, v[b], xs, reinterpret_cast<float*>(xsum));
+      }
+    __syncthreads();
+    return 1.0f;
+  }
   float amax = 0.0f;
 #pragma unroll
   for (int b = 0; b < kB; ++b)
@@ -286,15 +323,13 @@ __device__ float quantize_registers(int octets, const float (&v)[kB][8], uint8_t
   __shared__ float amax_part[kWarps];
   amax = block_all_reduce_once<kWarps>(amax, MaxOp{}, amax_part);
   float scale, qinv;
-  if constexpr (kXI8) per_token_params(amax, scale, qinv);
-  else fp16_pow2_params(amax, scale, qinv);
+  per_token_params(amax, scale, qinv);
   const int o0 = threadIdx.x & ~31;
 #pragma unroll
   for (int b = 0; b < kB; ++b)
     if (o0 + b * kThreads < octets) {  // warp-uniform: quantize_octet shuffles
       const int o = threadIdx.x + b * kThreads;
-      if constexpr (kXI8) quantize_octet<kW>(o, o < octets, v[b], qinv, xs, xsum);
-      else if (o < octets) store_fp16_octet<kW>(o, v[b], qinv, xs);
+      quantize_octet<kW>(o, o < octets, v[b], qinv, xs, xsum);
     }
   __syncthreads();
   return scale;
@@ -434,18 +469,20 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
       __syncthreads();
       return 0.0f;
     } else {
-      __shared__ float amax_part[kWarps];
-      amax = block_all_reduce_once<kWarps>(amax, MaxOp{}, amax_part);
-      float scale, qinv;
-      if constexpr (kXI8) per_token_params(amax, scale, qinv);
-      else fp16_pow2_params(amax, scale, qinv);
-      // Pass 3 (staging → xs): quantize (or scale to fp16), a warp's lanes over consecutive octets.
+      float scale = 1.0f, qinv = 0.0f;
+      if constexpr (kXI8) {
+        __shared__ float amax_part[kWarps];
+        amax = block_all_reduce_once<kWarps>(amax, MaxOp{}, amax_part);
+        per_token_params(amax, scale, qinv);
+      }
+      // Pass 3 (staging → xs): quantize (or scale each run to fp16), a warp's lanes over
+      // consecutive octets.
       for (int o0 = threadIdx.x & ~31; o0 < octets; o0 += kThreads) {
         const int o = o0 + (threadIdx.x & 31);
         float v[8] = {};
         if (o < octets) load_octet(xf + 8 * o, v);
         if constexpr (kXI8) quantize_octet<kW>(o, o < octets, v, qinv, xs, xsum);
-        else if (o < octets) store_fp16_octet<kW>(o, v, qinv, xs);
+        else fp16_octet_in_run<kW>(o, o < octets, v, xs, reinterpret_cast<float*>(xsum));
       }
       __syncthreads();
       return scale;
@@ -786,6 +823,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   marks.waited();
 
   const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
+  const float* xscale = reinterpret_cast<const float*>(xsum);  // kXF16: the input's run scales
   const float sa = build_input<kW, kXI8, kIn>(p, xs, nw_regs);
   marks.input();
   // (SkipLoop issued no copies, so no bulk copy is in flight into this block's shared memory.)
@@ -832,7 +870,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       const int n = max(rows[r], 0);
       const float b = p.bias ? __ldg(p.bias + n) : 0.0f;
       if constexpr (kIntAcc) val[r] = fmaf(float(__float_as_int(kept[r])) * __ldg(p.sw + n), sa, b);
-      else val[r] = kXI8 || kXF16 ? fmaf(kept[r], sa, b) : kept[r] + b;
+      else val[r] = kXI8 ? fmaf(kept[r], sa, b) : kept[r] + b;
     }
     if constexpr (kOut == kOutSwiglu) {
       p.y[rows[0]] = p.round_bf16 ? swiglu_one(bf16_round(val[0]), bf16_round(val[1])) : swiglu_one(val[0], val[1]);
@@ -904,8 +942,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         if (c0 >= nchunks) continue;
         const float2 d = c0 + 32 <= nchunks ? weight_only_chunk<kW, false>(cur[u], xs, c, true)
                                             : weight_only_chunk<kW, true>(cur[u], xs, min(c, nchunks - 1), c < nchunks);
-        facc[0] = fmaf(d.x, cs_cur[u][0], facc[0]);
-        facc[1] = fmaf(d.y, cs_cur[u][1], facc[1]);
+        // The quad's run scale (fp16_octet_in_run) with the group scale; a lane past the row's end
+        // reads its clamped chunk's (the same run where its quad is partly live; D is 0 otherwise).
+        const float xsc = xscale[min(c, nchunks - 1) >> 2];
+        facc[0] = fmaf(d.x, cs_cur[u][0] * xsc, facc[0]);
+        facc[1] = fmaf(d.y, cs_cur[u][1] * xsc, facc[1]);
         continue;
       }
       if (c >= nchunks) continue;
