@@ -225,10 +225,11 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
       }
 }
 
-// The weight-only kinds take their bf16 input row to the tensor cores as fp16 at a per-token power
-// of two: rows far outside fp16's range (values near 2^-60 and 2^60, one outlier 30 times the rest)
-// still give the float64 reference of the bf16 rule — without the scaling they would flush to zero
-// or overflow to inf — through registers and the staged row (K 20480), both partial windows.
+// w4a16 takes its bf16 input row to the tensor cores as fp16 at a power of two per 128-value run:
+// rows far outside fp16's range (values near 2^-60 and 2^60, one outlier 30 times the rest) still
+// give the float64 reference of the bf16 rule — without the scaling they would flush to zero or
+// overflow to inf — through registers and the staged row (K 20480), with partial chunk windows
+// (K 1056). w8a16 (bf16 x, fp32 FMAs) the same way.
 TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
   REQUIRE_GPU();
   std::mt19937 gen(31);

@@ -36,6 +36,7 @@ namespace {
 
 using namespace elementwise_detail;
 using mma_sync::cp_async16;
+using mma_sync::int8x4_to_f32;
 using mma_sync::cp_async_commit;
 using mma_sync::cp_async_wait;
 using mma_sync::ld_stream16;
@@ -124,9 +125,9 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 // amax, quantized or stored as bf16).
 constexpr int kRegOctets = 4, kMaxRegK = kRegOctets * 8 * kThreads;
 constexpr int kNormRegOctets = 2, kMaxRegNormK = kNormRegOctets * 8 * kThreads;
-// Whether the input row is scaled (an amax taken first): int8 activations (per token), and the
-// weight-only kinds' fp16 row (a power of two per run, fp16_pow2_params). bf16 weights take x as bf16.
-__host__ __device__ constexpr bool x_scaled(int w_kind, bool xi8) { return xi8 || w_kind != kWBf16; }
+// Whether the input row is scaled (an amax taken first): int8 activations (per token), and w4a16's
+// fp16 row (a power of two per run, fp16_pow2_params). bf16 and w8a16 take x as bf16.
+__host__ __device__ constexpr bool x_scaled(int w_kind, bool xi8) { return xi8 || w_kind == kWI4; }
 __host__ __device__ inline bool x_in_registers(int K, int w_kind, bool xi8, int in_kind) {
   return in_kind == kInNorm ? K <= kMaxRegNormK : x_scaled(w_kind, xi8) && K <= kMaxRegK;
 }
@@ -136,9 +137,9 @@ struct SmemLayout {
 __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, int in_kind) {
   SmemLayout l;
   l.xsum = xi8 ? K : 2 * K;
-  // xsum: int4 with int8 x, Σ of each 32-value chunk (int [K / 32]); the weight-only kinds: each
-  // run's fp16 scale there (float [K / 64] or [K / 128], fp16_octet_in_run).
-  l.xf = l.xsum + ((w_kind == kWI4 && xi8) || (w_kind != kWBf16 && !xi8) ? K / 32 * 4 : 0);
+  // xsum: int4 with int8 x, Σ of each 32-value chunk (int [K / 32]); w4a16: each 128-value run's
+  // fp16 scale there (float [K / 128], fp16_octet_in_run).
+  l.xf = l.xsum + (w_kind == kWI4 ? K / 32 * 4 : 0);
   l.xf = (l.xf + 15) / 16 * 16;
   const bool stage = (x_scaled(w_kind, xi8) || in_kind == kInNorm) && !x_in_registers(K, w_kind, xi8, in_kind);
   l.total = l.xf + (stage ? 4 * K : 0);
@@ -230,87 +231,75 @@ __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float
   }
 }
 
-// The weight-only kinds' input row (w8a16, w4a16): the bf16 values of the mode's rule
-// (docs/quantization.md: y = Σ_g s[n,g]·Σ_k bf16(x)·q), carried in fp16 at a power of two per run
-// (the 64 int8 / 128 int4 k values one lane quad multiplies, weight_only_chunk) so that the tensor
-// cores take them (mma.sync f16, fp32 accumulation). The run's amax = m·2^E (m in [0.5, 1)), mul =
-// 2^(15 − E) puts its largest |value| in [2^14, 2^15]; a bf16 value (8 significant bits) times a
-// power of two is exact in fp16 from 2^-17 up, so every value above amax·2^-32 arrives exactly —
-// the products are those of the bf16 path (the CPU's), only their summation order differs. scale =
-// 1 / mul is folded with the group scale. amax 0 or not finite: mul = scale = 1. The exponent
-// stays within ±100, so both are normal floats. Per run, not per token: the run's amax is three or
-// four shuffles, where a row amax was a block reduction and its barrier in every prologue (measured:
-// w8a16 decode −10% with a per-token power of two, s21 run 1).
+// w4a16's input row: the bf16 values of the mode's rule (docs/quantization.md: y = Σ_g s[n,g]·
+// Σ_k bf16(x)·q), carried in fp16 at a power of two per run (the 128 k values one lane quad
+// multiplies, weight_only_chunk) so that the tensor cores take them (mma.sync f16, fp32
+// accumulation). The run's amax = m·2^E (m in [0.5, 1)), mul = 2^(15 − E) puts its largest |value|
+// in [2^14, 2^15]; a bf16 value (8 significant bits) times a power of two is exact in fp16 from
+// 2^-17 up, so every value above amax·2^-32 arrives exactly — the products are those of the bf16
+// path (the CPU's), only their summation order differs. scale = 1 / mul is folded with the group
+// scale. amax 0 or not finite: mul = scale = 1. The exponent stays within ±100, so both are
+// normal floats. Per run, not per token: the run's amax is four shuffles, where a row amax is a
+// block reduction and its barrier in every prologue (the two measured alike, s21 runs 1–2).
 __device__ __forceinline__ void fp16_pow2_params(float amax, float& scale, float& mul) {
   int e = 0;
   if (amax > 0.0f && isfinite(amax)) e = min(max(15 - (int((__float_as_uint(amax) >> 23) & 0xFF) - 126), -100), 100);
   mul = __int_as_float((127 + e) << 23);
   scale = __int_as_float((127 - e) << 23);
 }
-// Octet o of the weight-only input (bf16(v)·mul as fp16, exact) into xs, in the order the tensor-core loop
-// reads it: each half2 holds the two k values that one A-fragment register pairs (int8 weights:
-// (k0, k2) (k1, k3) per 4 values — a LOP3 takes bytes 0 and 2 of a weight word; int4: (k0, k4)
-// (k1, k5) (k2, k6) (k3, k7) per 8 — the nibbles a 0x000F000F mask takes), and the 16-byte
-// octets of a lane's chunk swizzled (slot j ^ f(chunk)) so that the 8 lanes of a 128-byte phase
-// read 8 different bank quads (lane l reads chunk 32i + l: 32 or 64 bytes a lane).
-template <int kW>
+// Octet o of w4a16's input (bf16(v)·mul as fp16, exact) into xs, in the order the tensor-core loop
+// reads it: each half2 holds the two k values that one A-fragment register pairs, (k0, k4) (k1, k5)
+// (k2, k6) (k3, k7) per 8 — the nibbles a 0x000F000F mask takes from a weight word —, and the four
+// 16-byte octets of a lane's chunk swizzled (slot j ^ f(chunk)) so that the 8 lanes of a 128-byte
+// phase read 8 different bank quads (lane l reads chunk 32i + l: 64 bytes a lane).
 __device__ __forceinline__ void store_fp16_octet(int o, const float (&v)[8], float mul, uint8_t* xs) {
   float t[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) t[j] = bf16_round(v[j]) * mul;
-  uint4 out;
   auto pack = [](float a, float b) {
     const __half2 h = __floats2half2_rn(a, b);
     return *reinterpret_cast<const uint32_t*>(&h);
   };
-  int slot;
-  if constexpr (kW == kWI4) {
-    out = make_uint4(pack(t[0], t[4]), pack(t[1], t[5]), pack(t[2], t[6]), pack(t[3], t[7]));
-    const int c = o >> 2;
-    slot = 4 * c + ((o & 3) ^ ((c >> 1) & 3));
-  } else {
-    out = make_uint4(pack(t[0], t[2]), pack(t[1], t[3]), pack(t[4], t[6]), pack(t[5], t[7]));
-    const int c = o >> 1;
-    slot = 2 * c + ((o & 1) ^ ((c >> 2) & 1));
-  }
-  reinterpret_cast<uint4*>(xs)[slot] = out;
+  const int c = o >> 2;
+  reinterpret_cast<uint4*>(xs)[4 * c + ((o & 3) ^ ((c >> 1) & 3))] =
+      make_uint4(pack(t[0], t[4]), pack(t[1], t[5]), pack(t[2], t[6]), pack(t[3], t[7]));
 }
 
-// Octet o (v) of the weight-only input into xs as fp16 at its run's power of two, the run's scale
-// into xscale[o / run octets]. Called by every lane of a warp with o = o0 + lane (o0 warp-uniform,
-// a multiple of 32; in_range = o < octets): a run's 8 (int8) / 16 (int4) octets sit in as many
-// neighbouring lanes, so its amax is 3 / 4 shuffles.
-template <int kW>
+// Octet o (v) of w4a16's input into xs as fp16 at its run's power of two, the run's scale into
+// xscale[o / 16]. Called by every lane of a warp with o = o0 + lane (o0 warp-uniform, a multiple
+// of 32; in_range = o < octets): a run's 16 octets sit in 16 neighbouring lanes, so its amax is 4
+// shuffles.
 __device__ __forceinline__ void fp16_octet_in_run(int o, bool in_range, const float (&v)[8], uint8_t* xs, float* xscale) {
-  constexpr int kRunOctets = kW == kWI4 ? 16 : 8;
   float amax = 0.0f;
   if (in_range)
 #pragma unroll
     for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
 #pragma unroll
-  for (int m = 1; m < kRunOctets; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, m));
+  for (int m = 1; m < 16; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, m));
   float scale, mul;
   fp16_pow2_params(amax, scale, mul);
   if (in_range) {
-    store_fp16_octet<kW>(o, v, mul, xs);
-    if ((o & (kRunOctets - 1)) == 0) xscale[o / kRunOctets] = scale;
+    store_fp16_octet(o, v, mul, xs);
+    if ((o & 15) == 0) xscale[o / 16] = scale;
   }
 }
 
 // Inputs held in registers (x_in_registers): thread t holds octets t + b·kThreads, so a warp's
 // lanes hold consecutive octets as quantize_octet needs. The row's amax (of the values as they
-// are now in v), then quantized into xs (int8) — returns the per-token scale —, or (weight-only
-// kinds) each run scaled into it as fp16 (no row amax; returns 1).
+// are now in v), then quantized into xs (int8) — returns the per-token scale —, or (w4a16) each
+// run scaled into it as fp16 (no row amax; returns 1).
 template <int kW, bool kXI8, int kB>
 __device__ float quantize_registers(int octets, const float (&v)[kB][8], uint8_t* xs, int* xsum) {
   if constexpr (!kXI8) {
-    const int o0 = threadIdx.x & ~31;
+    if constexpr (kW == kWI4) {  // (x_scaled: no other weight-only kind comes here)
+      const int o0 = threadIdx.x & ~31;
 #pragma unroll
-    for (int b = 0; b < kB; ++b)
-      if (o0 + b * kThreads < octets) {  // warp-uniform: the run's shuffles
-        const int o = threadIdx.x + b * kThreads;
-        fp16_octet_in_run<kW>(o, o < octets, v[b], xs, reinterpret_cast<float*>(xsum));
-      }
+      for (int b = 0; b < kB; ++b)
+        if (o0 + b * kThreads < octets) {  // warp-uniform: the run's shuffles
+          const int o = threadIdx.x + b * kThreads;
+          fp16_octet_in_run(o, o < octets, v[b], xs, reinterpret_cast<float*>(xsum));
+        }
+    }
     __syncthreads();
     return 1.0f;
   }
@@ -482,7 +471,7 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
         float v[8] = {};
         if (o < octets) load_octet(xf + 8 * o, v);
         if constexpr (kXI8) quantize_octet<kW>(o, o < octets, v, qinv, xs, xsum);
-        else fp16_octet_in_run<kW>(o, o < octets, v, xs, reinterpret_cast<float*>(xsum));
+        else fp16_octet_in_run(o, o < octets, v, xs, reinterpret_cast<float*>(xsum));
       }
       __syncthreads();
       return scale;
@@ -555,65 +544,51 @@ __device__ void rope_kv_store(const Params& p, int j, const int (&rows)[2], cons
   }
 }
 
-// The weight-only kinds' products for one 16-byte chunk of each of a warp's two rows (w[0], w[1]:
-// lane l's chunk c of the step), on the tensor cores: the weights become exact fp16 integers in
-// two instructions a pair (a LOP3 puts a byte, or a nibble, under the exponent of 1024 — 0x64XX
-// is 1024 + XX — and one f16x2 subtract, or fma for a nibble 16 times too high, removes the
-// offset), and an m16n8k16 mma multiplies them by the fp16 input with fp32 accumulation. A is
-// the weights (A row g = row 0's, row g + 8 = row 1's, of the quad g = lane / 4), B the input
-// (column g = the quad's x). Each lane (g, t) holds A[g][s] and B[s][g] for the same four k slots
-// s, so any assignment of a lane's own four k values to its slots is a valid dot product:
-// D[g][g] = the quad's four lanes' products of row 0, D[g + 8][g] of row 1 — 16 of the mma's 128
-// outputs are used, ~1/8 of its work, while the weights' conversion costs 1.25 (int8) / 1.1 (int4)
-// instructions a weight and a row instead of the fp32 path's 3 (PRMT, FADD, FFMA). The quad's
-// chunks are one 64 (int8) / 128 (int4) k run, inside one group. Returns (D[g][g], D[g + 8][g]),
-// meaningful in lane 4g + g / 2 (c0 / c1, c2 / c3 by g's parity); the others hold other outputs.
-// kPartial: a chunk window that ends past the row (live = this lane's chunk is in it; the others
-// multiply zeros, at chunk c clamped into the row).
-template <int kW, bool kPartial>
-__device__ __forceinline__ float2 weight_only_chunk(const uint4 (&w)[2], const uint8_t* xs, int c, bool live) {
+// w4a16's products for one 16-byte chunk (32 int4) of each of a warp's two rows (w[0], w[1]: lane
+// l's chunk c of the step), on the tensor cores: the nibbles become exact fp16 integers in two
+// instructions a pair (a LOP3 puts a nibble under the exponent of 1024 — 0x64XX is 1024 + XX —
+// and one f16x2 subtract, or an fma for a high nibble 16 times too high, removes the offset),
+// and an m16n8k16 mma multiplies them by the fp16 input with fp32 accumulation. A is the weights
+// (A row g = row 0's, row g + 8 = row 1's, of the quad g = lane / 4), B the input (column g = the
+// quad's x). Each lane (g, t) holds A[g][s] and B[s][g] for the same four k slots s, so any
+// assignment of a lane's own four k values to its slots is a valid dot product: D[g][g] = the
+// quad's four lanes' products of row 0, D[g + 8][g] of row 1 — 16 of the mma's 128 outputs are
+// used, ~1/8 of its work, while the conversion costs ~1.1 instructions a weight and a row instead
+// of the fp32 path's ~3.4 (unpack, PRMT, FADD, FFMA). The quad's 4 chunks are one 128-k run,
+// inside one group. Returns (D[g][g], D[g + 8][g]), meaningful in lane 4g + g / 2 (c0 / c1, c2 /
+// c3 by g's parity); the others hold other outputs. kPartial: a chunk window that ends past the
+// row (live = this lane's chunk is in it; the others multiply zeros, at chunk c clamped into the
+// row). The same scheme for int8 weights (w8a16: bytes by LOP3 + f16x2 subtract, 4 mma a chunk)
+// was measured slower than its fp32 path on the H200 — decode 310 vs 347 tok/s in two runs
+// (s21 runs 1–2, with a per-token and a per-run scale alike) — and was removed: w8a16 keeps the
+// fp32 FMAs on bf16 x.
+template <bool kPartial>
+__device__ __forceinline__ float2 w4a16_chunk(const uint4 (&w)[2], const uint8_t* xs, int c, bool live) {
   const int lane = threadIdx.x & 31;
   const uint4* xq = reinterpret_cast<const uint4*>(xs);
   uint4 w0 = w[0], w1 = w[1];
   if (kPartial && !live) w0 = w1 = make_uint4(0, 0, 0, 0);
   float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if constexpr (kW == kWI8) {
-    const int sw = (lane >> 2) & 1;  // store_fp16_octet's swizzle
-    uint4 xa = xq[2 * c + sw], xb = xq[2 * c + (sw ^ 1)];
-    if (kPartial && !live) xa = xb = make_uint4(0, 0, 0, 0);
-    const uint32_t xh[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-    constexpr uint32_t kMagic = 0x64806480u;  // 1024 + 128 in each half: (q ^ 0x80) + 1024 − 1152 = q
+  const int sw = (lane >> 1) & 3;  // store_fp16_octet's swizzle
+  uint4 xo[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // word i: k 4i .. 4i + 3 → pairs (k0, k2), (k1, k3)
-      const uint32_t wa = word(w0, i), wb = word(w1, i);
-      const uint32_t a[4] = {hsub2_bits((wa & 0x00FF00FFu) ^ kMagic, kMagic), hsub2_bits((wb & 0x00FF00FFu) ^ kMagic, kMagic),
-                             hsub2_bits(((wa >> 8) & 0x00FF00FFu) ^ kMagic, kMagic),
-                             hsub2_bits(((wb >> 8) & 0x00FF00FFu) ^ kMagic, kMagic)};
-      const uint32_t b[2] = {xh[2 * i], xh[2 * i + 1]};
+  for (int j = 0; j < 4; ++j) xo[j] = xq[4 * c + (j ^ sw)];
+  if (kPartial && !live)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) xo[j] = make_uint4(0, 0, 0, 0);
+  // Nibble n = v + 8 (n ^ 8 of the stored two's complement): low nibble 1024 + n − 1032; the
+  // high nibble of a byte, 16·n under the exponent: (1024 + 16n) / 16 − 72.
+  constexpr uint32_t kLo = 0x64086408u, kHi = 0x64806480u, kSixteenth = 0x2C002C00u, kMinus72 = 0xD480D480u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // word i: k 8i .. 8i + 7 (nibble j = k j) → (k0, k4) (k1, k5), (k2, k6) (k3, k7)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t wa = word(w0, i) >> (8 * h), wb = word(w1, i) >> (8 * h);
+      const uint32_t a[4] = {hsub2_bits((wa & 0x000F000Fu) ^ kLo, kLo), hsub2_bits((wb & 0x000F000Fu) ^ kLo, kLo),
+                             hfma2_bits((wa & 0x00F000F0u) ^ kHi, kSixteenth, kMinus72),
+                             hfma2_bits((wb & 0x00F000F0u) ^ kHi, kSixteenth, kMinus72)};
+      const uint32_t b[2] = {h == 0 ? xo[i].x : xo[i].z, h == 0 ? xo[i].y : xo[i].w};
       mma_f16(d, a, b);
-    }
-  } else {
-    const int sw = (lane >> 1) & 3;
-    uint4 xo[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) xo[j] = xq[4 * c + (j ^ sw)];
-    if (kPartial && !live)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) xo[j] = make_uint4(0, 0, 0, 0);
-    // Nibble n = v + 8 (n ^ 8 of the stored two's complement): low nibble 1024 + n − 1032; the
-    // high nibble of a byte, 16·n under the exponent: (1024 + 16n) / 16 − 72.
-    constexpr uint32_t kLo = 0x64086408u, kHi = 0x64806480u, kSixteenth = 0x2C002C00u, kMinus72 = 0xD480D480u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // word i: k 8i .. 8i + 7 (nibble j = k j) → (k0, k4) (k1, k5), (k2, k6) (k3, k7)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t wa = word(w0, i) >> (8 * h), wb = word(w1, i) >> (8 * h);
-        const uint32_t a[4] = {hsub2_bits((wa & 0x000F000Fu) ^ kLo, kLo), hsub2_bits((wb & 0x000F000Fu) ^ kLo, kLo),
-                               hfma2_bits((wa & 0x00F000F0u) ^ kHi, kSixteenth, kMinus72),
-                               hfma2_bits((wb & 0x00F000F0u) ^ kHi, kSixteenth, kMinus72)};
-        const uint32_t b[2] = {h == 0 ? xo[i].x : xo[i].z, h == 0 ? xo[i].y : xo[i].w};
-        mma_f16(d, a, b);
-      }
     }
   }
   const bool odd = (lane >> 2) & 1;
@@ -670,12 +645,13 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // lane-rotated order so that the bulk kernels' reads of the ring stay conflict-free (the 8 lanes
   // of a 128-byte phase read 8 different 16-byte columns). Other kinds: lane l takes chunks l,
   // l + 32, ...
-  constexpr bool kRun = kGrouped && kXI8;
+  // w4a16 (kXF16, below) takes chunks like the per-channel kinds: a lane quad's 4 chunks are its run.
+  constexpr bool kXF16 = !kXI8 && kW == kWI4;
+  constexpr bool kRun = kGrouped && !kXF16;
   static_assert(!kRun || (kW != kWBf16 && kU == 4), "runs: quantized weights, 4 chunks a lane");
-  // Weight-only kinds (w8a16, w4a16): the products on the tensor cores (see the loop), the group
-  // scales folded once per chunk — a chunk's 4-lane quad covers 64 int8 / 128 int4 k values, inside
-  // one group (gemv_decode_supports) — so each lane loads a scale per chunk and row.
-  constexpr bool kXF16 = !kXI8 && kW != kWBf16;
+  // w4a16: the products on the tensor cores (w4a16_chunk), the group scales folded once per chunk
+  // — a chunk's 4-lane quad covers 128 k values, inside one group (gemv_decode_supports) — so each
+  // lane loads a scale per chunk and row.
   auto chunk_of = [&](int ii, int u) {
     if constexpr (kRun) return ii * 32 * kU + lane * kU + ((u + lane * kU / 8) & (kU - 1));
     else return ii * 32 * kU + u * 32 + lane;
@@ -834,20 +810,21 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
   // kept in place, i.e. 16·(v + 8) — one LOP3 a word instead of a shift and a LOP3 — and two
   // independent dp4a chains), csum: Σ x over the same int4 chunks for the 8·Σx correction.
-  // Per-channel int8 x folds once, at the row's end; the weight-only kinds fold each chunk's
-  // tensor-core sums straight into facc.
-  float facc[kR];
+  // fa: w8a16's products since the last fold. Per-channel int8 x folds once, at the row's end; w4a16
+  // folds each chunk's tensor-core sums straight into facc.
+  float facc[kR], fa[kR];
   int ia[kR], ib[kR], csum = 0;
 #pragma unroll
-  for (int r = 0; r < kR; ++r) facc[r] = 0.0f, ia[r] = 0, ib[r] = 0;
+  for (int r = 0; r < kR; ++r) facc[r] = 0.0f, fa[r] = 0.0f, ia[r] = 0, ib[r] = 0;
   // The exact integer dot product since the last fold (ib is a multiple of 16: exact shift).
   auto int_sum = [&](int r) { return kW == kWI4 ? ia[r] + (ib[r] >> 4) - 8 * csum : ia[r]; };
-  // Folds the integer sums since the last fold with scale s[r] into facc and restarts them (kRun).
+  // Folds the sums since the last fold with scale s[r] into facc and restarts them (kRun).
   auto fold = [&](const float (&s)[kR]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      facc[r] = fmaf(float(int_sum(r)), s[r], facc[r]);
-      ia[r] = 0, ib[r] = 0;
+      if constexpr (kXI8) facc[r] = fmaf(float(int_sum(r)), s[r], facc[r]);
+      else facc[r] = fmaf(fa[r], s[r], facc[r]);
+      ia[r] = 0, ib[r] = 0, fa[r] = 0.0f;
     }
     csum = 0;
   };
@@ -940,8 +917,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         // end; in a window that ends inside the warp, the lanes past it multiply zeros.
         const int c0 = it * 32 * kU + u * 32;
         if (c0 >= nchunks) continue;
-        const float2 d = c0 + 32 <= nchunks ? weight_only_chunk<kW, false>(cur[u], xs, c, true)
-                                            : weight_only_chunk<kW, true>(cur[u], xs, min(c, nchunks - 1), c < nchunks);
+        const float2 d = c0 + 32 <= nchunks ? w4a16_chunk<false>(cur[u], xs, c, true)
+                                            : w4a16_chunk<true>(cur[u], xs, min(c, nchunks - 1), c < nchunks);
         // The quad's run scale (fp16_octet_in_run) with the group scale; a lane past the row's end
         // reads its clamped chunk's (the same run where its quad is partly live; D is 0 otherwise).
         const float xsc = xscale[min(c, nchunks - 1) >> 2];
@@ -995,6 +972,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
           }
           ia[r] += plo, ib[r] += phi;
         }
+      } else if constexpr (kW == kWI8) {  // w8a16: bf16 x, fp32 FMAs, 8 k per sub-chunk (w4a16 went above)
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          float a = fa[r];
+#pragma unroll
+          for (int j = 0; j < kPer / 8; ++j) {
+            float wf[8];
+            int8x4_to_f32(word(wc[r], 2 * j), wf);
+            int8x4_to_f32(word(wc[r], 2 * j + 1), wf + 4);
+            float xf[8];
+            bf16x8_to_f32(*reinterpret_cast<const uint4*>(xs + 2 * k0 + 16 * j), xf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) a = fmaf(xf[e], wf[e], a);
+          }
+          fa[r] = a;
+        }
       }
     }
     if constexpr (kRun) fold(s_cur);
@@ -1009,7 +1002,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
           raw[r] = __int_as_float(v);
         } else {
-          // (kXF16: only the lanes 4g + g / 2 hold their quad's sums, weight_only_chunk.)
+          // (kXF16: only the lanes 4g + g / 2 hold their quad's sums, w4a16_chunk.)
           float v = !kXF16 || (lane & 3) == (lane >> 3) ? facc[r] : 0.0f;
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
