@@ -225,6 +225,23 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
       }
 }
 
+// y = x·w of a quantized weight in the plain-input form, accumulated into zeros (Plain + Store is no
+// built form), on the device.
+std::vector<float> plain_into_zeros(QuantMode mode, const perry::quant::QuantizedWeight& qw, const std::vector<float>& x,
+                                    const std::string& what) {
+  const int N = int(qw.N), K = int(qw.K);
+  Dev<float> dx(x), dy(std::vector<float>(size_t(N), 0.f));
+  const DeviceWeights dw(mode, {}, qw, N, K, nullptr);
+  pc::DecodeLinearArgs args;
+  args.x = dx.p;
+  args.in = pc::DecodeIn::Plain;
+  args.y = dy.p;
+  args.out = pc::DecodeOut::Accumulate;
+  EXPECT_NO_THROW(pc::gemv_decode(dw.w, args, nullptr)) << what;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  return dy.get();
+}
+
 // w4a16 takes its bf16 input row to the tensor cores as fp16 at a power of two per 128-value run:
 // rows far outside fp16's range (values near 2^-60 and 2^60, one outlier 30 times the rest) still
 // give the float64 reference of the bf16 rule — without the scaling they would flush to zero or
@@ -248,16 +265,7 @@ TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
         const perry::quant::QuantizedWeight qw = make_weight(mode, N, K, gen);
         std::vector<double> ref, mag;
         reference(qw, unpack(qw), a, 1, nullptr, ref, mag);
-        Dev<float> dx(x), dy(std::vector<float>(size_t(N), 0.f));
-        const DeviceWeights dw(mode, {}, qw, N, K, nullptr);
-        pc::DecodeLinearArgs args;
-        args.x = dx.p;
-        args.in = pc::DecodeIn::Plain;
-        args.y = dy.p;
-        args.out = pc::DecodeOut::Accumulate;  // into zeros (Plain + Store is no built form)
-        ASSERT_NO_THROW(pc::gemv_decode(dw.w, args, nullptr)) << what;
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-        expect_close(dy.get(), ref, mag, what, 2e-5);
+        expect_close(plain_into_zeros(mode, qw, x, what), ref, mag, what, 2e-5);
       }
 }
 
@@ -594,20 +602,12 @@ TEST(CudaGemvDecode, Int4AtTheIntegerLimitsIsExact) {
     ASSERT_EQ(a.q[0], 127);
     std::vector<double> ref, mag;
     reference(qw, wu, a, 1, nullptr, ref, mag);
-    Dev<float> dx(x), dy(std::vector<float>(size_t(N), 0.0f));
-    const DeviceWeights dw(mode, {}, qw, N, K, nullptr);
-    pc::DecodeLinearArgs args;
-    args.x = dx.p;
-    args.in = pc::DecodeIn::Plain;
-    args.y = dy.p;
-    args.out = pc::DecodeOut::Accumulate;
-    ASSERT_NO_THROW(pc::gemv_decode(dw.w, args, nullptr));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::string what(perry::quant::quant_mode_name(mode));
+    const std::vector<float> y = plain_into_zeros(mode, qw, x, what);
     // Per channel: one fp32 rounding of the exact integer sum, then two fp32 products — a few
     // ulps; g128: 256 groups folded in fp32 (as the random-weight cases). A wrong nibble or
     // correction is off by at least 127 in a sum of ~10^7 (per channel: far beyond 1e-6).
-    expect_close(dy.get(), ref, mag, std::string(perry::quant::quant_mode_name(mode)),
-                 mode == QuantMode::W4A8 ? 1e-6 : 2e-5);
+    expect_close(y, ref, mag, what, mode == QuantMode::W4A8 ? 1e-6 : 2e-5);
   }
 }
 
