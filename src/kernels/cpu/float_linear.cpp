@@ -59,6 +59,9 @@ GemmPlan plan_for(DType t) {
     case FloatGemm::OneDnn: p.gemm = t == DType::BF16 ? GemmBackend::OneDnn : p.gemm; break;
     default: break;
   }
+  // oneDNN 2.6 has no bf16 matmul below AVX-512 (an AVX2-only CPU: the primitive cannot be
+  // created); bf16 then goes the way of f16, widened to f32 for OpenBLAS's sgemm.
+  if (p.gemm == GemmBackend::OneDnn && !supports_onednn_bf16_matmul()) p.gemm = GemmBackend::OpenBlas;
   return p;
 }
 
@@ -137,6 +140,24 @@ void for_n_slices(int64_t N, F&& fn) {
 }
 
 }  // namespace
+
+bool supports_onednn_bf16_matmul() {
+  // Probed once by creating the smallest primitive of the kind forward() uses (the library knows
+  // what its JIT supports on this CPU; a CPUID rule here would go stale with oneDNN versions).
+  static const bool ok = [] {
+    try {
+      using dt = dnnl::memory::data_type;
+      dnnl::memory::desc src({16, 16}, dt::bf16, dnnl::memory::dims{16, 1});
+      dnnl::memory::desc wei({16, 16}, dt::bf16, dnnl::memory::dims{1, 16});
+      dnnl::memory::desc dst({16, 16}, dt::f32, dnnl::memory::dims{16, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), dnnl_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
 
 void set_float_linear_force_reference(bool on) { g_force_reference = on; }
 

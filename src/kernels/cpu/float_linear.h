@@ -54,6 +54,9 @@ void set_float_linear_force_reference(bool);
 enum class FloatGemm { Auto, OpenBlas, OneDnn };
 void set_float_linear_gemm(FloatGemm);          // prefill library (OneDnn applies to bf16 weights)
 void set_float_linear_gemv_max_m(int64_t m);    // largest M that uses the GEMV
+// Whether oneDNN can run the bf16 matmul on this CPU (not below AVX-512 in oneDNN 2.6): where it
+// cannot, bf16 prefill GEMMs take OpenBLAS's sgemm on widened rows, as f16 does.
+bool supports_onednn_bf16_matmul();
 
 // Kernel building blocks (one per ISA). gemv_*: y[m, n] for m < M, n in [n0, n1) (+ bias), weights
 // [N, K] of dtype wt with row stride K; used for small M, one weight pass for up to 4 rows of x.
