@@ -217,9 +217,9 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
   for (QuantMode m : modes_and_bf16())
     for (const DecodeForm& f : kDecodeForms)
       // K = 14336 and 20480: plain int8 inputs held in registers (K <= 16384) and staged in shared
-      // memory (K > 16384).
+      // memory (K > 16384); K = 28672: w8a16's largest (byte planes + an RMSNorm row's staging).
       for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}, Case{20000, 1056},
-                     Case{40, 14336}, Case{24, 20480}, Case{many_groups, 256}}) {
+                     Case{40, 14336}, Case{24, 20480}, Case{10, 28672}, Case{many_groups, 256}}) {
         if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
         run_case(m, c, f.in, f.out, gen);
       }
@@ -246,7 +246,7 @@ std::vector<float> plain_into_zeros(QuantMode mode, const perry::quant::Quantize
 // rows far outside fp16's range (values near 2^-60 and 2^60, one outlier 30 times the rest) still
 // give the float64 reference of the bf16 rule — without the scaling they would flush to zero or
 // overflow to inf — through registers and the staged row (K 20480), with partial chunk windows
-// (K 1056). w8a16 (bf16 x, fp32 FMAs) the same way.
+// (K 1056). w8a16's input runs (32-bit fixed point at a power of two per 64 values) the same way.
 TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
   REQUIRE_GPU();
   std::mt19937 gen(31);
@@ -267,6 +267,38 @@ TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
         reference(qw, unpack(qw), a, 1, nullptr, ref, mag);
         expect_close(plain_into_zeros(mode, qw, x, what), ref, mag, what, 2e-5);
       }
+}
+
+// w8a16 carries its bf16 input as four byte planes of a 32-bit fixed-point number per 64-value run
+// (gemv_decode_w8a16.cuh). Runs whose values span ~60 binades — each led by a value that bf16
+// rounds up to the next power of two (65535.99 → 65536: the run's power of two must come from the
+// rounded values, or the int32 overflows) — still give the float64 reference of the bf16 rule,
+// through registers and the staged row; and one NaN in the row makes every output NaN, as the
+// fp32 rule would, not a finite sum (the fixed-point conversion alone would turn NaN into 0).
+TEST(CudaGemvDecode, W8A16InputRunsWideRangeAndNaN) {
+  REQUIRE_GPU();
+  std::mt19937 gen(41);
+  for (int K : {1056, 20480}) {
+    const int N = 70;
+    const std::string what = "w8a16 K=" + std::to_string(K);
+    std::vector<float> x = rand_f(size_t(K), gen, -2.f, 2.f);
+    for (int k = 0; k < K; ++k) x[size_t(k)] = std::ldexp(x[size_t(k)], -(k % 61));
+    for (int k = 0; k < K; k += 64) x[size_t(k)] = k % 128 == 0 ? 65535.99f : -65535.99f;
+    Act a;
+    a.xb.resize(size_t(K));
+    for (int k = 0; k < K; ++k) a.xb[size_t(k)] = perry::f32_to_bf16(x[size_t(k)]);
+    ASSERT_EQ(perry::bf16_to_f32(a.xb[0]), 65536.f);
+    const perry::quant::QuantizedWeight qw = make_weight(QuantMode::W8A16, N, K, gen);
+    std::vector<double> ref, mag;
+    reference(qw, unpack(qw), a, 1, nullptr, ref, mag);
+    expect_close(plain_into_zeros(QuantMode::W8A16, qw, x, what), ref, mag, what, 2e-5);
+
+    x[size_t(K / 2 + 5)] = std::nanf("");
+    const std::vector<float> y = plain_into_zeros(QuantMode::W8A16, qw, x, what + " NaN");
+    int finite = 0;
+    for (float v : y) finite += !std::isnan(v);
+    EXPECT_EQ(finite, 0) << what << ": rows not NaN with a NaN input";
+  }
 }
 
 // SwiGLU with round_bf16 (the CUDA backend's gate|up rule: bf16 values before SwiGLU) gives
@@ -662,6 +694,10 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 65536));
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::F32, 4096));
   EXPECT_TRUE(pc::gemv_decode_supports(QuantMode::W4A8_G128, 4096));
+  // w8a16's byte planes and an RMSNorm row's fp32 staging fit a block up to K 28672.
+  EXPECT_TRUE(pc::gemv_decode_supports(QuantMode::W8A16, 28672));
+  EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A16, 28704));
+  EXPECT_TRUE(pc::gemv_decode_supports(QuantMode::W4A16, 32768));
   std::mt19937 gen(5);
   SmallLinear L(64, 64, gen);
   pc::DecodeWeights& dw = L.dw;

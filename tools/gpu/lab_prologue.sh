@@ -13,13 +13,7 @@
 # `LINEINFO=1 tools/gpu/make_bundle.sh`, LAB_SOURCE=cuda,sass (if this ncu accepts both) or cuda
 # attributes the samples to CUDA source lines.
 set -u
-OUT=${OUT:?set OUT}
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-T=/tmp/perry-gpu
-[ -x $T/bin/perry ] || { mkdir -p $T && tar xJf "$ROOT/gpu-bundle/perry-gpu.txz" -C $T; } || exit 2
-export LD_LIBRARY_PATH=$T/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[ -n "$NCU" ] || { echo "no ncu"; exit 2; }
+. "$(dirname "${BASH_SOURCE[0]}")/lab_ncu_env.sh"
 for k in ${LAB_KERNELS:-ILi2ELb1ELb1ELi1ELi1E}; do
   for lab in ${LAB_INPUTS:-build read}; do
     env $([ "$lab" != build ] && echo PERRY_LAB_DECODE_INPUT=$lab) timeout 150 "$NCU" --clock-control none \

@@ -36,7 +36,6 @@ namespace {
 
 using namespace elementwise_detail;
 using mma_sync::cp_async16;
-using mma_sync::int8x4_to_f32;
 using mma_sync::cp_async_commit;
 using mma_sync::cp_async_wait;
 using mma_sync::ld_stream16;
@@ -46,7 +45,7 @@ using mma_sync::word;
 // builds the whole input row (RMSNorm, quantization — 2–4.5 µs of a kernel, docs/cuda.md), so
 // fewer, larger blocks do that work fewer times an SM for the same warps.
 constexpr int kWarps = 16, kThreads = 32 * kWarps;
-constexpr int kMaxK = 32768;
+constexpr int kMaxK = 32768, kMaxW8A16K = 28672;
 
 enum WKind : int { kWBf16 = 0, kWI8 = 1, kWI4 = 2 };
 enum InKind : int { kInNorm = 0, kInPlain = 1 };
@@ -106,9 +105,10 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 // amax, quantized or stored as bf16).
 constexpr int kRegOctets = 4, kMaxRegK = kRegOctets * 8 * kThreads;
 constexpr int kNormRegOctets = 2, kMaxRegNormK = kNormRegOctets * 8 * kThreads;
-// Whether the input row is scaled (an amax taken first): int8 activations (per token), and w4a16's
-// fp16 row (a power of two per run, fp16_pow2_params). bf16 and w8a16 take x as bf16.
-__host__ __device__ constexpr bool x_scaled(int w_kind, bool xi8) { return xi8 || w_kind == kWI4; }
+// Whether the input row is scaled (an amax taken first): int8 activations (per token), and the
+// weight-only kinds' rows (a power of two per run: w4a16's fp16, fp16_pow2_params; w8a16's byte
+// planes, limb_pow2_params). Only bf16 takes x as bf16.
+__host__ __device__ constexpr bool x_scaled(int w_kind, bool xi8) { return xi8 || w_kind != kWBf16; }
 __host__ __device__ inline bool x_in_registers(int K, int w_kind, bool xi8, int in_kind) {
   return in_kind == kInNorm ? K <= kMaxRegNormK : x_scaled(w_kind, xi8) && K <= kMaxRegK;
 }
@@ -117,10 +117,12 @@ struct SmemLayout {
 };
 __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, int in_kind) {
   SmemLayout l;
-  l.xsum = xi8 ? K : 2 * K;
+  // xs: int8 [K], bf16 or fp16 [K], or (w8a16) four byte planes [4][K].
+  l.xsum = xi8 ? K : (w_kind == kWI8 ? 4 * K : 2 * K);
   // xsum: int4 with int8 x, Σ of each 32-value chunk (int [K / 32]); w4a16: each 128-value run's
-  // fp16 scale there (float [K / 128], fp16_octet_in_run).
-  l.xf = l.xsum + (w_kind == kWI4 ? K / 32 * 4 : 0);
+  // fp16 scale there (float [K / 128], fp16_octet_in_run); w8a16: each 64-value run's scale (float
+  // [ceil(K / 64)], limb_octet_in_run).
+  l.xf = l.xsum + (w_kind == kWI4 ? K / 32 * 4 : (!xi8 && w_kind == kWI8 ? (K + 63) / 64 * 4 : 0));
   l.xf = (l.xf + 15) / 16 * 16;
   const bool stage = (x_scaled(w_kind, xi8) || in_kind == kInNorm) && !x_in_registers(K, w_kind, xi8, in_kind);
   l.total = l.xf + (stage ? 4 * K : 0);
@@ -213,23 +215,31 @@ __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float
 }
 
 #include "kernels/cuda/gemv_decode_w4a16.cuh"  // (w4a16: fp16 input runs, w4a16_chunk)
+#include "kernels/cuda/gemv_decode_w8a16.cuh"  // (w8a16: byte-plane input runs, limbs_chunk)
+
+// Octet o of a weight-only kind's input into its runs (fp16_octet_in_run, limb_octet_in_run; the
+// run scales into xscale). Every lane of a warp calls it, o = o0 + lane (o0 warp-uniform).
+template <int kW>
+__device__ __forceinline__ void weight_only_octet(int o, bool in_range, const float (&v)[8], uint8_t* xs, int K,
+                                                  float* xscale) {
+  if constexpr (kW == kWI4) fp16_octet_in_run(o, in_range, v, xs, xscale);
+  else limb_octet_in_run(o, in_range, v, xs, K, xscale);
+}
 
 // Inputs held in registers (x_in_registers): thread t holds octets t + b·kThreads, so a warp's
 // lanes hold consecutive octets as quantize_octet needs. The row's amax (of the values as they
-// are now in v), then quantized into xs (int8) — returns the per-token scale —, or (w4a16) each
-// run scaled into it as fp16 (no row amax; returns 1).
+// are now in v), then quantized into xs (int8) — returns the per-token scale —, or (weight-only
+// kinds) each run scaled into it (no row amax; returns 1).
 template <int kW, bool kXI8, int kB>
 __device__ float quantize_registers(int octets, const float (&v)[kB][8], uint8_t* xs, int* xsum) {
   if constexpr (!kXI8) {
-    if constexpr (kW == kWI4) {  // (x_scaled: no other weight-only kind comes here)
-      const int o0 = threadIdx.x & ~31;
+    const int o0 = threadIdx.x & ~31;
 #pragma unroll
-      for (int b = 0; b < kB; ++b)
-        if (o0 + b * kThreads < octets) {  // warp-uniform: the run's shuffles
-          const int o = threadIdx.x + b * kThreads;
-          fp16_octet_in_run(o, o < octets, v[b], xs, reinterpret_cast<float*>(xsum));
-        }
-    }
+    for (int b = 0; b < kB; ++b)
+      if (o0 + b * kThreads < octets) {  // warp-uniform: the run's shuffles
+        const int o = threadIdx.x + b * kThreads;
+        weight_only_octet<kW>(o, o < octets, v[b], xs, 8 * octets, reinterpret_cast<float*>(xsum));
+      }
     __syncthreads();
     return 1.0f;
   }
@@ -293,7 +303,8 @@ __device__ float normalize_from_registers(const Params& p, const float (&nw)[kNo
 // block reduction is one barrier). int8 activations: xs int8 [K]
 // (for int4 weights permuted per 8 values to (k0 k2 k4 k6 | k1 k3 k5 k7), the nibble order of a
 // weight word) and, for int4, xsum[c] = Σ of
-// the 32 int8 values of chunk c; bf16: xs uint16 [K]. The values are those of the separate
+// the 32 int8 values of chunk c; bf16: xs uint16 [K]; the weight-only kinds: their runs
+// (weight_only_octet). The values are those of the separate
 // kernels up to the order of the float64 sum of squares (which decides inv's fp32 value only when
 // the sum lands on a rounding boundary): the same fp32 normalization, amax and rounding. Returns the per-token activation scale (int8) — the same
 // value in every thread.
@@ -401,7 +412,7 @@ __device__ float build_input(const Params& p, uint8_t* smem, const float (&nw_re
         float v[8] = {};
         if (o < octets) load_octet(xf + 8 * o, v);
         if constexpr (kXI8) quantize_octet<kW>(o, o < octets, v, qinv, xs, xsum);
-        else fp16_octet_in_run(o, o < octets, v, xs, reinterpret_cast<float*>(xsum));
+        else weight_only_octet<kW>(o, o < octets, v, xs, K, reinterpret_cast<float*>(xsum));
       }
       __syncthreads();
       return scale;
@@ -678,7 +689,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   marks.waited();
 
   const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
-  const float* xscale = reinterpret_cast<const float*>(xsum);  // kXF16: the input's run scales
+  const float* xscale = reinterpret_cast<const float*>(xsum);  // weight-only kinds: the input's run scales
   const float sa = build_input<kW, kXI8, kIn>(p, xs, nw_regs);
   marks.input();
   // (SkipLoop issued no copies, so no bulk copy is in flight into this block's shared memory.)
@@ -689,21 +700,32 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
   // kept in place, i.e. 16·(v + 8) — one LOP3 a word instead of a shift and a LOP3 — and two
   // independent dp4a chains), csum: Σ x over the same int4 chunks for the 8·Σx correction.
-  // fa: w8a16's products since the last fold. Per-channel int8 x folds once, at the row's end; w4a16
-  // folds each chunk's tensor-core sums straight into facc.
-  float facc[kR], fa[kR];
+  // limb: w8a16's four byte-plane sums of the step's run (limbs_chunk). Per-channel int8 x folds
+  // once, at the row's end; w4a16 folds each chunk's tensor-core sums straight into facc.
+  float facc[kR];
   int ia[kR], ib[kR], csum = 0;
+  int limb[4][kR];
 #pragma unroll
-  for (int r = 0; r < kR; ++r) facc[r] = 0.0f, fa[r] = 0.0f, ia[r] = 0, ib[r] = 0;
+  for (int r = 0; r < kR; ++r) {
+    facc[r] = 0.0f, ia[r] = 0, ib[r] = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) limb[j][r] = 0;
+  }
   // The exact integer dot product since the last fold (ib is a multiple of 16: exact shift).
   auto int_sum = [&](int r) { return kW == kWI4 ? ia[r] + (ib[r] >> 4) - 8 * csum : ia[r]; };
-  // Folds the sums since the last fold with scale s[r] into facc and restarts them (kRun).
-  auto fold = [&](const float (&s)[kR]) {
+  // Folds the sums since the last fold with scale s[r] (w8a16: times the run's input scale xsc)
+  // into facc and restarts them (kRun).
+  auto fold = [&](const float (&s)[kR], float xsc) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      if constexpr (kXI8) facc[r] = fmaf(float(int_sum(r)), s[r], facc[r]);
-      else facc[r] = fmaf(fa[r], s[r], facc[r]);
-      ia[r] = 0, ib[r] = 0, fa[r] = 0.0f;
+      if constexpr (kXI8) {
+        facc[r] = fmaf(float(int_sum(r)), s[r], facc[r]);
+      } else {
+        facc[r] = fmaf(limb_value(limb[0][r], limb[1][r], limb[2][r], limb[3][r]), s[r] * xsc, facc[r]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) limb[j][r] = 0;
+      }
+      ia[r] = 0, ib[r] = 0;
     }
     csum = 0;
   };
@@ -851,25 +873,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
           }
           ia[r] += plo, ib[r] += phi;
         }
-      } else if constexpr (kW == kWI8) {  // w8a16: bf16 x, fp32 FMAs, 8 k per sub-chunk (w4a16 went above)
-#pragma unroll
-        for (int r = 0; r < kR; ++r) {
-          float a = fa[r];
-#pragma unroll
-          for (int j = 0; j < kPer / 8; ++j) {
-            float wf[8];
-            int8x4_to_f32(word(wc[r], 2 * j), wf);
-            int8x4_to_f32(word(wc[r], 2 * j + 1), wf + 4);
-            float xf[8];
-            bf16x8_to_f32(*reinterpret_cast<const uint4*>(xs + 2 * k0 + 16 * j), xf);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) a = fmaf(xf[e], wf[e], a);
-          }
-          fa[r] = a;
-        }
+      } else if constexpr (kW == kWI8) {  // w8a16: the input's byte planes by dp4a (w4a16 went above)
+        limbs_chunk<kR>(wc, xs, p.K, c, limb);
       }
     }
-    if constexpr (kRun) fold(s_cur);
+    if constexpr (kRun) {
+      // w8a16: the lane's run of this step is input run 32·it + lane (kU chunks of 16 k values);
+      // a lane past the row's end folds zero sums with the last run's scale.
+      fold(s_cur, kXI8 ? 1.0f : xscale[min(it * 32 + lane, (p.K - 1) / 64)]);
+    }
     if (it == iters - 1 && rows[0] >= 0) {
       // Warp reduction; the sums wait in lane nkept for finish_kept.
       float raw[kR];
@@ -998,6 +1010,9 @@ bool gemv_decode_supports(QuantMode mode, int K) {
   // Grouped: a lane's run of 4 chunks (128 int4 / 64 int8 values) must sit inside one group,
   // and groups are a power of two long (a shift finds a run's group).
   const int gs = mb.group_size;
+  // w8a16's input takes 4 bytes a k (its byte planes) and an RMSNorm row past kMaxRegNormK 4 more
+  // (the fp32 staging): up to K = 28672 that fits a block's 227 KiB.
+  if (!mb.a8 && mb.bits == 8 && K > kMaxW8A16K) return false;
   return gs == 0 || (gs % (mb.bits == 4 ? 128 : 64) == 0 && (gs & (gs - 1)) == 0);
 }
 

@@ -5,8 +5,9 @@
 //           Plain    x [K] as it is (the attention output, the SwiGLU output);
 //           either way converted in the kernel to the layer's input format — int8 with one
 //           per-token scale (the exact rule of quantize_per_token) or bf16 (bf16 weights and the
-//           weight-only kinds w8a16 / w4a16, whose bf16 values are carried exactly as fp16 at a
-//           per-token power of two for the tensor cores) — into shared memory;
+//           weight-only kinds: w4a16's bf16 values carried exactly as fp16 at a power of two per
+//           128-value run for the tensor cores, w8a16's as 32-bit fixed point per 64-value run in
+//           four byte planes for dp4a) — into shared memory;
 //   output: Store       y[n] = x·w[n] (+ bias[n])                              y fp32 [N]
 //           Accumulate  y[n] += x·w[n] (+ bias[n])  (the residual add)          y fp32 [N]
 //           SwiGLU      rows [0, N/2) are the gate, [N/2, N) the up projection:
@@ -19,9 +20,10 @@
 // The results are those of the separate kernels: rms_norm / swiglu / quantize_per_token, then
 // gemv_quant (W*A8 modes, same math and scale placement) or a bf16 GEMV with fp32 accumulation
 // (bf16), then residual_add — up to the summation order inside a dot product and the RMSNorm sum
-// of squares (accumulated in float64 here as there). The weight-only kinds' products run on the
-// tensor cores (mma.sync m16n8k16, fp16 in, fp32 accumulation): the weights' int8 / int4 values
-// and the input's bf16 values are exact in fp16, so the products are gemv_quant's.
+// of squares (accumulated in float64 here as there). w4a16's products run on the tensor cores
+// (mma.sync m16n8k16, fp16 in, fp32 accumulation): the int4 values and the input's bf16 values are
+// exact in fp16, so the products are gemv_quant's. w8a16's run on dp4a over the input's byte planes:
+// each 64-value run's sum is exact in int32 (gemv_decode_w8a16.cuh).
 //
 // Weights (canonical layouts, gemv_quant.h): BF16 bf16 [N, K]; int8 [N, K]; int4 packed
 // [N, K/2]; scales fp32 [N, G]. Every weight byte is streamed once (16-byte loads, L1 bypassed

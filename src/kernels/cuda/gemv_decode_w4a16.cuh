@@ -93,8 +93,8 @@ __device__ __forceinline__ void fp16_octet_in_run(int o, bool in_range, const fl
 // row (live = this lane's chunk is in it; the others multiply zeros, at chunk c clamped into the
 // row). The same scheme for int8 weights (w8a16: bytes by LOP3 + f16x2 subtract, 4 mma a chunk)
 // was measured slower than its fp32 path on the H200 — decode 310 vs 347 tok/s in two runs
-// (s21 runs 1–2, with a per-token and a per-run scale alike) — and was removed: w8a16 keeps the
-// fp32 FMAs on bf16 x.
+// (s21 runs 1–2, with a per-token and a per-run scale alike) — and was removed: w8a16 takes dp4a
+// over its input's byte planes instead (gemv_decode_w8a16.cuh).
 template <bool kPartial>
 __device__ __forceinline__ float2 w4a16_chunk(const uint4 (&w)[2], const uint8_t* xs, int c, bool live) {
   const int lane = threadIdx.x & 31;
