@@ -217,9 +217,10 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
   for (QuantMode m : modes_and_bf16())
     for (const DecodeForm& f : kDecodeForms)
       // K = 14336 and 20480: plain int8 inputs held in registers (K <= 16384) and staged in shared
-      // memory (K > 16384); K = 28672: w8a16's largest (byte planes + an RMSNorm row's staging).
+      // memory (K > 16384); K = 32768: the longest row (w8a16: its byte planes and an RMSNorm row's
+      // staging, 7·K + K / 16 bytes, all but 1 KiB of a block's 227).
       for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}, Case{20000, 1056},
-                     Case{40, 14336}, Case{24, 20480}, Case{10, 28672}, Case{many_groups, 256}}) {
+                     Case{40, 14336}, Case{24, 20480}, Case{10, 32768}, Case{many_groups, 256}}) {
         if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
         run_case(m, c, f.in, f.out, gen);
       }
@@ -246,7 +247,7 @@ std::vector<float> plain_into_zeros(QuantMode mode, const perry::quant::Quantize
 // rows far outside fp16's range (values near 2^-60 and 2^60, one outlier 30 times the rest) still
 // give the float64 reference of the bf16 rule — without the scaling they would flush to zero or
 // overflow to inf — through registers and the staged row (K 20480), with partial chunk windows
-// (K 1056). w8a16's input runs (32-bit fixed point at a power of two per 64 values) the same way.
+// (K 1056). w8a16's input runs (24-bit fixed point at a power of two per 64 values) the same way.
 TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
   REQUIRE_GPU();
   std::mt19937 gen(31);
@@ -269,10 +270,12 @@ TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
       }
 }
 
-// w8a16 carries its bf16 input as four byte planes of a 32-bit fixed-point number per 64-value run
+// w8a16 carries its bf16 input as three byte planes of a 24-bit fixed-point number per 64-value run
 // (gemv_decode_w8a16.cuh). Runs whose values span ~60 binades — each led by a value that bf16
 // rounds up to the next power of two (65535.99 → 65536: the run's power of two must come from the
-// rounded values, or the int32 overflows) — still give the float64 reference of the bf16 rule,
+// rounded values, or the 24-bit number overflows) — still give the float64 reference of the bf16
+// rule (within 2e-5 of Σ|terms|: the grid's rounding, one fp32 ulp of the run's amax a value, is at
+// most 64·2^-24 = 3.8e-6 of a run's terms; a 16-bit grid's worst case, 64·2^-16, is 1e-3),
 // through registers and the staged row; and one NaN in the row makes every output NaN, as the
 // fp32 rule would, not a finite sum (the fixed-point conversion alone would turn NaN into 0).
 TEST(CudaGemvDecode, W8A16InputRunsWideRangeAndNaN) {
@@ -298,6 +301,51 @@ TEST(CudaGemvDecode, W8A16InputRunsWideRangeAndNaN) {
     int finite = 0;
     for (float v : y) finite += !std::isnan(v);
     EXPECT_EQ(finite, 0) << what << ": rows not NaN with a NaN input";
+  }
+}
+
+// The other side of w8a16's 24-bit grid: values below amax·2^-15 of their run are rounded to its
+// grid 2^(E−23) (round half to even), and the kernel gives that sum — the float64 sum of the
+// rounded values — to within the fp32 folds' rounding. Each run is led by ±1 (E = 1, grid 2^-22)
+// and its other values are ±1.5 grid steps, all signed as row 0's weights so that every rounding
+// moves row 0's sum the same way: its rounded sum differs from the bf16 rule's by ~10^-5 of
+// Σ|terms| (8·10^-6 for these weights), so a kernel on a finer grid (s22's 32 bits, exact here) or
+// a coarser one fails the 10^-6 check.
+TEST(CudaGemvDecode, W8A16InputGridRoundsAsDocumented) {
+  REQUIRE_GPU();
+  std::mt19937 gen(43);
+  for (int K : {1056, 20480}) {
+    const int N = 8;
+    const std::string what = "w8a16 grid K=" + std::to_string(K);
+    const perry::quant::QuantizedWeight qw = make_weight(QuantMode::W8A16, N, K, gen);
+    const std::vector<int> wu = unpack(qw);
+    const double step = std::ldexp(1.0, -22);
+    std::vector<float> x(size_t(K));
+    std::vector<double> v(size_t(K));  // x on its run's grid
+    for (int k = 0; k < K; ++k) {
+      const double sign = wu[size_t(k)] < 0 ? -1.0 : 1.0;  // row 0's weight
+      x[size_t(k)] = float(sign * (k % 64 == 0 ? 1.0 : 1.5 * step));
+      v[size_t(k)] = sign * (k % 64 == 0 ? 1.0 : 2.0 * step);  // rint(±1.5) = ±2
+    }
+    Act a;
+    a.xb.resize(size_t(K));
+    for (int k = 0; k < K; ++k) a.xb[size_t(k)] = perry::f32_to_bf16(x[size_t(k)]);
+    ASSERT_EQ(perry::bf16_to_f32(a.xb[1]), x[1]);  // the inputs are bf16 values
+    std::vector<double> ref, mag;
+    reference(qw, wu, a, 1, nullptr, ref, mag);
+    const int G = qw.n_groups(), gl = perry::cuda::quant_mode_bits(QuantMode::W8A16).group_size;
+    std::vector<double> grid(size_t(N), 0.0);
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k)
+        grid[size_t(n)] += double(qw.scales[size_t(n) * G + k / gl]) * v[size_t(k)] * wu[size_t(n) * K + k];
+    const double moved = std::fabs(grid[0] - ref[0]);
+    EXPECT_GT(moved, 3e-6 * mag[0]) << what << ": the data must exercise the grid's rounding";
+    const std::vector<float> y = plain_into_zeros(QuantMode::W8A16, qw, x, what);
+    for (int n = 0; n < N; ++n)  // the fp32 folds' rounding: ~K / 64 adds of 2^-24 each, well below 10^-6
+      EXPECT_LE(std::fabs(double(y[size_t(n)]) - grid[size_t(n)]), 1e-6 * mag[size_t(n)])
+          << what << " row " << n << ": gpu " << y[size_t(n)] << " grid " << grid[size_t(n)] << " bf16 rule "
+          << ref[size_t(n)];
+    EXPECT_LT(std::fabs(double(y[0]) - grid[0]), 0.1 * moved) << what << ": row 0 not on the 24-bit grid's side";
   }
 }
 
@@ -694,9 +742,9 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 65536));
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::F32, 4096));
   EXPECT_TRUE(pc::gemv_decode_supports(QuantMode::W4A8_G128, 4096));
-  // w8a16's byte planes and an RMSNorm row's fp32 staging fit a block up to K 28672.
-  EXPECT_TRUE(pc::gemv_decode_supports(QuantMode::W8A16, 28672));
-  EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A16, 28704));
+  // Every mode up to K 32768 (w8a16: three byte planes and an RMSNorm row's fp32 staging).
+  EXPECT_TRUE(pc::gemv_decode_supports(QuantMode::W8A16, 32768));
+  EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A16, 32800));
   EXPECT_TRUE(pc::gemv_decode_supports(QuantMode::W4A16, 32768));
   std::mt19937 gen(5);
   SmallLinear L(64, 64, gen);

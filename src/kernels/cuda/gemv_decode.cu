@@ -45,7 +45,10 @@ using mma_sync::word;
 // builds the whole input row (RMSNorm, quantization — 2–4.5 µs of a kernel, docs/cuda.md), so
 // fewer, larger blocks do that work fewer times an SM for the same warps.
 constexpr int kWarps = 16, kThreads = 32 * kWarps;
-constexpr int kMaxK = 32768, kMaxW8A16K = 28672;
+constexpr int kMaxK = 32768;
+// w8a16's input row: byte planes of a 24-bit fixed-point number a k (gemv_decode_w8a16.cuh) —
+// kLimbPlanes·K bytes of shared memory, kLimbPlanes dp4a a weight word.
+constexpr int kLimbPlanes = 3;
 
 enum WKind : int { kWBf16 = 0, kWI8 = 1, kWI4 = 2 };
 enum InKind : int { kInNorm = 0, kInPlain = 1 };
@@ -91,11 +94,11 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 }
 
 // Shared memory of a block (bytes from the start): xs — the linear's input, int8 [K], bf16 / fp16
-// [K] or (w8a16) four byte planes [4][K]; xsum — int4 with int8 input: int [K / 32], the weight-only
+// [K] or (w8a16) three byte planes [3][K]; xsum — int4 with int8 input: int [K / 32], the weight-only
 // kinds' run scales; xf — fp32 [K] staging of the input row, only where the row is too long to stay
 // in registers (!x_in_registers: RMSNorm inputs with K > 8192, plain scaled inputs with K > 16384).
 // At most 6·K bytes (fp16 RMSNorm inputs past K 8192: xs 2·K + xf 4·K) — 192 KiB at K = kMaxK —
-// or, w8a16, 8·K + K / 16 up to kMaxW8A16K, inside the 227 KiB a Hopper block may opt into. The
+// or, w8a16, 7·K + K / 16 (226 KiB at kMaxK), inside the 227 KiB a Hopper block may opt into. The
 // bulk-copy ring takes up to the rest (its depth was worth 3–5% of a token at stages 2 → 3 for the
 // plain-input linears, fourteenth session).
 //
@@ -118,8 +121,8 @@ struct SmemLayout {
 };
 __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, int in_kind) {
   SmemLayout l;
-  // xs: int8 [K], bf16 or fp16 [K], or (w8a16) four byte planes [4][K].
-  l.xsum = xi8 ? K : (w_kind == kWI8 ? 4 * K : 2 * K);
+  // xs: int8 [K], bf16 or fp16 [K], or (w8a16) three byte planes [3][K].
+  l.xsum = xi8 ? K : (w_kind == kWI8 ? kLimbPlanes * K : 2 * K);
   // xsum: int4 with int8 x, Σ of each 32-value chunk (int [K / 32]); w4a16: each 128-value run's
   // fp16 scale there (float [K / 128], fp16_octet_in_run); w8a16: each 64-value run's scale (float
   // [ceil(K / 64)], limb_octet_in_run).
@@ -426,16 +429,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // last fold (int8 x: ia = Σ w·x; int4 x int8: ia over the low nibbles, ib over the high nibbles
   // kept in place, i.e. 16·(v + 8) — one LOP3 a word instead of a shift and a LOP3 — and two
   // independent dp4a chains), csum: Σ x over the same int4 chunks for the 8·Σx correction.
-  // limb: w8a16's four byte-plane sums of the step's run (limbs_chunk). Per-channel int8 x folds
+  // limb: w8a16's three byte-plane sums of the step's run (limbs_chunk). Per-channel int8 x folds
   // once, at the row's end; w4a16 folds each chunk's tensor-core sums straight into facc.
   float facc[kR];
   int ia[kR], ib[kR], csum = 0;
-  int limb[4][kR];
+  int limb[kLimbPlanes][kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     facc[r] = 0.0f, ia[r] = 0, ib[r] = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) limb[j][r] = 0;
+    for (int j = 0; j < kLimbPlanes; ++j) limb[j][r] = 0;
   }
   // The exact integer dot product since the last fold (ib is a multiple of 16: exact shift).
   auto int_sum = [&](int r) { return kW == kWI4 ? ia[r] + (ib[r] >> 4) - 8 * csum : ia[r]; };
@@ -447,9 +450,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       if constexpr (kXI8) {
         facc[r] = fmaf(float(int_sum(r)), s[r], facc[r]);
       } else {
-        facc[r] = fmaf(limb_value(limb[0][r], limb[1][r], limb[2][r], limb[3][r]), s[r] * xsc, facc[r]);
+        facc[r] = fmaf(limb_value(limb[0][r], limb[1][r], limb[2][r]), s[r] * xsc, facc[r]);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) limb[j][r] = 0;
+        for (int j = 0; j < kLimbPlanes; ++j) limb[j][r] = 0;
       }
       ia[r] = 0, ib[r] = 0;
     }
@@ -736,9 +739,6 @@ bool gemv_decode_supports(QuantMode mode, int K) {
   // Grouped: a lane's run of 4 chunks (128 int4 / 64 int8 values) must sit inside one group,
   // and groups are a power of two long (a shift finds a run's group).
   const int gs = mb.group_size;
-  // w8a16's input takes 4 bytes a k (its byte planes) and an RMSNorm row past kMaxRegNormK 4 more
-  // (the fp32 staging): up to K = 28672 that fits a block's 227 KiB.
-  if (!mb.a8 && mb.bits == 8 && K > kMaxW8A16K) return false;
   return gs == 0 || (gs % (mb.bits == 4 ? 128 : 64) == 0 && (gs & (gs - 1)) == 0);
 }
 

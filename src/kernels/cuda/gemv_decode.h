@@ -6,8 +6,8 @@
 //           either way converted in the kernel to the layer's input format — int8 with one
 //           per-token scale (the exact rule of quantize_per_token) or bf16 (bf16 weights and the
 //           weight-only kinds: w4a16's bf16 values carried exactly as fp16 at a power of two per
-//           128-value run for the tensor cores, w8a16's as 32-bit fixed point per 64-value run in
-//           four byte planes for dp4a) — into shared memory;
+//           128-value run for the tensor cores, w8a16's as 24-bit fixed point per 64-value run in
+//           three byte planes for dp4a) — into shared memory;
 //   output: Store       y[n] = x·w[n] (+ bias[n])                              y fp32 [N]
 //           Accumulate  y[n] += x·w[n] (+ bias[n])  (the residual add)          y fp32 [N]
 //           SwiGLU      rows [0, N/2) are the gate, [N/2, N) the up projection:
@@ -23,7 +23,8 @@
 // of squares (accumulated in float64 here as there). w4a16's products run on the tensor cores
 // (mma.sync m16n8k16, fp16 in, fp32 accumulation): the int4 values and the input's bf16 values are
 // exact in fp16, so the products are gemv_quant's. w8a16's run on dp4a over the input's byte planes:
-// each 64-value run's sum is exact in int32 (gemv_decode_w8a16.cuh).
+// each 64-value run's sum is exact in int32, its values below 2^-15 of the run's largest rounded to
+// the run's 24-bit grid (one fp32 ulp of that largest value at most; gemv_decode_w8a16.cuh).
 //
 // Weights (canonical layouts, gemv_quant.h): BF16 bf16 [N, K]; int8 [N, K]; int4 packed
 // [N, K/2]; scales fp32 [N, G]. Every weight byte is streamed once (16-byte loads, L1 bypassed
