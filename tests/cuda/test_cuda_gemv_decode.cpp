@@ -320,8 +320,8 @@ TEST(CudaGemvDecode, W8A16InputGridRoundsAsDocumented) {
     const perry::quant::QuantizedWeight qw = make_weight(QuantMode::W8A16, N, K, gen);
     const std::vector<int> wu = unpack(qw);
     const double step = std::ldexp(1.0, -22);
-    std::vector<float> x(size_t(K));
-    std::vector<double> v(size_t(K));  // x on its run's grid
+    std::vector<float> x(static_cast<size_t>(K));
+    std::vector<double> v(static_cast<size_t>(K));  // x on its run's grid
     for (int k = 0; k < K; ++k) {
       const double sign = wu[size_t(k)] < 0 ? -1.0 : 1.0;  // row 0's weight
       x[size_t(k)] = float(sign * (k % 64 == 0 ? 1.0 : 1.5 * step));
