@@ -494,25 +494,20 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       }
     }
   };
-  // One step: sc / csc hold this step's scales (loaded a step ahead), sn / csn take the next
-  // step's. The loop below alternates the two pairs instead of copying sn into sc at the end of a
-  // step: a register copy waits for its load, so the copy made every step wait for the scale load
-  // issued at its start — the loop's top stall (34% of gate|up's warp samples on w8a16, s23
-  // run 1, against 3% on the weights' ring) — where the fold a step later is the first real use.
-  int step = 0;
-  auto one_step = [&](const float (&sc)[kR], float (&sn)[kR], const float (&csc)[kXF16 ? kU : 1][kR],
-                      float (&csn)[kXF16 ? kU : 1][kR]) -> bool {
+  for (int step = 0;; ++step) {
     int ng = g, nit = it + 1;
     if (nit == iters) nit = 0, ng = g + gridDim.x;
     const bool has_next = ng < groups;
     if (has_next && nit == 0) prefetch_scales(ng);  // one step ahead of the next row group
+    float s_nxt[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) sn[r] = kRun && has_next ? run_scale(row_of<kOut, kR>(ng, warp, r, p), nit) : 0.0f;
+    for (int r = 0; r < kR; ++r) s_nxt[r] = kRun && has_next ? run_scale(row_of<kOut, kR>(ng, warp, r, p), nit) : 0.0f;
+    float cs_nxt[kXF16 ? kU : 1][kR];
 #pragma unroll
     for (int u = 0; u < (kXF16 ? kU : 1); ++u)
 #pragma unroll
       for (int r = 0; r < kR; ++r)
-        csn[u][r] = kXF16 && has_next ? chunk_scale(row_of<kOut, kR>(ng, warp, r, p), nit, u) : 0.0f;
+        cs_nxt[u][r] = kXF16 && has_next ? chunk_scale(row_of<kOut, kR>(ng, warp, r, p), nit, u) : 0.0f;
     uint4 nxt[kU][kR];
     if constexpr (kBulk) {
 #ifdef PERRY_BULK_COPY
@@ -557,8 +552,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         // The quad's run scale (fp16_octet_in_run) with the group scale; a lane past the row's end
         // reads its clamped chunk's (the same run where its quad is partly live; D is 0 otherwise).
         const float xsc = xscale[min(c, nchunks - 1) >> 2];
-        facc[0] = fmaf(d.x, csc[u][0] * xsc, facc[0]);
-        facc[1] = fmaf(d.y, csc[u][1] * xsc, facc[1]);
+        facc[0] = fmaf(d.x, cs_cur[u][0] * xsc, facc[0]);
+        facc[1] = fmaf(d.y, cs_cur[u][1] * xsc, facc[1]);
         continue;
       }
       if (c >= nchunks) continue;
@@ -614,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     if constexpr (kRun) {
       // w8a16: the lane's run of this step is input run 32·it + lane (kU chunks of 16 k values);
       // a lane past the row's end folds zero sums with the last run's scale.
-      fold(sc, kXI8 ? 1.0f : xscale[min(it * 32 + lane, (p.K - 1) / 64)]);
+      fold(s_cur, kXI8 ? 1.0f : xscale[min(it * 32 + lane, (p.K - 1) / 64)]);
     }
     if (it == iters - 1 && rows[0] >= 0) {
       // Warp reduction; the sums wait in lane nkept for finish_kept.
@@ -646,9 +641,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       for (int r = 0; r < kR; ++r) facc[r] = 0.0f, ia[r] = 0, ib[r] = 0;
       csum = 0;
     }
-    ++step;
-    if (!has_next) return false;
+    if (!has_next) break;
     g = ng, it = nit;
+#pragma unroll
+    for (int r = 0; r < kR; ++r) s_cur[r] = s_nxt[r];
+#pragma unroll
+    for (int u = 0; u < (kXF16 ? kU : 1); ++u)
+#pragma unroll
+      for (int r = 0; r < kR; ++r) cs_cur[u][r] = cs_nxt[u][r];
     if constexpr (kPipe) {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
@@ -657,10 +657,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     } else if constexpr (!kBulk) {
       load_step(g, it, cur);
     }
-    return true;
-  };
-  float s_nx[kR], cs_nx[kXF16 ? kU : 1][kR];
-  while (one_step(s_cur, s_nx, cs_cur, cs_nx) && one_step(s_nx, s_cur, cs_nx, cs_cur)) {
   }
   if (lane < nkept) finish_kept();
   marks.finish(TimelineKernel::GemvDecode, timeline_arg);
