@@ -356,19 +356,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       if (n[r] >= 0)
         bulk::copy_global_to_smem(ring0 + uint32_t(st * kStageBytes + r * kWin), p.w + n[r] * row_bytes + off, bytes,
                                   bar);
-    // Grouped kinds: the step's group scales into L2 with its weights, p.stages steps before the
-    // loop loads them (a step ahead of their use): from HBM that load was the loop's top stall
-    // (34% of w8a16 gate|up's warp samples, s23 run 1; 3% waited for the ring's weights).
-    if constexpr (kGrouped) {
-      const int g0 = min(int((ii * 32 * kU * kPer) >> p.gs_shift), p.G - 1);
-      const int g1 = min(int(((ii + 1) * 32 * kU * kPer - 1) >> p.gs_shift), p.G - 1);
-#pragma unroll
-      for (int r = 0; r < kR; ++r)
-        if (n[r] >= 0) {
-          prefetch_l2(p.sw + (long long)n[r] * p.G + g0);
-          prefetch_l2(p.sw + (long long)n[r] * p.G + g1);
-        }
-    }
   };
   // The next step to issue: its group and chunk window (every lane keeps them; lane 0 issues).
   int iss_g = int(blockIdx.x), iss_ii = 0;
