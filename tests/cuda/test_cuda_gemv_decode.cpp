@@ -313,9 +313,9 @@ TEST(CudaGemvDecode, W8A16InputRunsWideRangeAndNaN) {
 // a coarser one fails the 10^-6 check.
 TEST(CudaGemvDecode, W8A16InputGridRoundsAsDocumented) {
   REQUIRE_GPU();
+  const int N = 8;
   std::mt19937 gen(43);
   for (int K : {1056, 20480}) {
-    const int N = 8;
     const std::string what = "w8a16 grid K=" + std::to_string(K);
     const perry::quant::QuantizedWeight qw = make_weight(QuantMode::W8A16, N, K, gen);
     const std::vector<int> wu = unpack(qw);
