@@ -226,6 +226,14 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
       }
 }
 
+// A weight-only kind's input row for the float64 reference: x rounded to bf16, as the kernel's rule.
+Act bf16_act(const std::vector<float>& x) {
+  Act a;
+  a.xb.resize(x.size());
+  for (size_t k = 0; k < x.size(); ++k) a.xb[k] = perry::f32_to_bf16(x[k]);
+  return a;
+}
+
 // y = x·w of a quantized weight in the plain-input form, accumulated into zeros (Plain + Store is no
 // built form), on the device.
 std::vector<float> plain_into_zeros(QuantMode mode, const perry::quant::QuantizedWeight& qw, const std::vector<float>& x,
@@ -260,9 +268,7 @@ TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
         std::vector<float> x = rand_f(size_t(K), gen, -2.f, 2.f);
         x[size_t(K / 5)] *= 30.f;
         for (auto& v : x) v = std::ldexp(v, e);
-        Act a;
-        a.xb.resize(size_t(K));
-        for (int k = 0; k < K; ++k) a.xb[size_t(k)] = perry::f32_to_bf16(x[size_t(k)]);
+        const Act a = bf16_act(x);
         const perry::quant::QuantizedWeight qw = make_weight(mode, N, K, gen);
         std::vector<double> ref, mag;
         reference(qw, unpack(qw), a, 1, nullptr, ref, mag);
@@ -287,9 +293,7 @@ TEST(CudaGemvDecode, W8A16InputRunsWideRangeAndNaN) {
     std::vector<float> x = rand_f(size_t(K), gen, -2.f, 2.f);
     for (int k = 0; k < K; ++k) x[size_t(k)] = std::ldexp(x[size_t(k)], -(k % 61));
     for (int k = 0; k < K; k += 64) x[size_t(k)] = k % 128 == 0 ? 65535.99f : -65535.99f;
-    Act a;
-    a.xb.resize(size_t(K));
-    for (int k = 0; k < K; ++k) a.xb[size_t(k)] = perry::f32_to_bf16(x[size_t(k)]);
+    const Act a = bf16_act(x);
     ASSERT_EQ(perry::bf16_to_f32(a.xb[0]), 65536.f);
     const perry::quant::QuantizedWeight qw = make_weight(QuantMode::W8A16, N, K, gen);
     std::vector<double> ref, mag;
@@ -327,9 +331,7 @@ TEST(CudaGemvDecode, W8A16InputGridRoundsAsDocumented) {
       x[size_t(k)] = float(sign * (k % 64 == 0 ? 1.0 : 1.5 * step));
       v[size_t(k)] = sign * (k % 64 == 0 ? 1.0 : 2.0 * step);  // rint(±1.5) = ±2
     }
-    Act a;
-    a.xb.resize(size_t(K));
-    for (int k = 0; k < K; ++k) a.xb[size_t(k)] = perry::f32_to_bf16(x[size_t(k)]);
+    const Act a = bf16_act(x);
     ASSERT_EQ(perry::bf16_to_f32(a.xb[1]), x[1]);  // the inputs are bf16 values
     std::vector<double> ref, mag;
     reference(qw, wu, a, 1, nullptr, ref, mag);
