@@ -66,6 +66,7 @@ struct Params {
   DecodeRopeKv rk;  // kOutRopeKv only
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
+  bool ring_scales; // bulk grouped kernels: each step's group scales travel in its ring stage (ring_scale_bytes)
   DecodeLabWeights lab_weights;  // DecodeLinearArgs::lab_weights (lab only, wrong outputs unless Read)
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
@@ -134,15 +135,20 @@ __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, i
 }
 
 // Bulk-copy kernels: after the prologue's bytes, each warp's ring of `stages` stages of one step
-// (kR rows × kU·512 bytes), then its `stages` mbarriers.
+// (kR rows × kU·512 bytes), then (Params::ring_scales) each stage's group scales, kR rows of
+// kRingScaleRowBytes, then the warps' `stages` mbarriers.
 constexpr int kStageBytes = 4096;  // kR·kU·512 (2 rows, 4 chunks a lane)
+// A step's group scales of one row: 32·kU·per_chunk k values in groups of at least 64 (int8) or
+// 128 (int4) values (gemv_decode_supports) — at most 32 floats.
+constexpr int kRingScaleRowBytes = 128;
 struct RingLayout {
-  int ring, bars, total;
+  int ring, scales, bars, total;
 };
-__host__ __device__ inline RingLayout ring_layout(int prologue_bytes, int stages) {
+__host__ __device__ inline RingLayout ring_layout(int prologue_bytes, int stages, bool ring_scales) {
   RingLayout r;
   r.ring = (prologue_bytes + 127) / 128 * 128;
-  r.bars = r.ring + kWarps * stages * kStageBytes;
+  r.scales = r.ring + kWarps * stages * kStageBytes;
+  r.bars = r.scales + (ring_scales ? kWarps * stages * 2 * kRingScaleRowBytes : 0);
   r.total = r.bars + kWarps * stages * 8;
   return r;
 }
@@ -268,6 +274,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   constexpr bool kXF16 = !kXI8 && kW == kWI4;
   constexpr bool kRun = kGrouped && !kXF16;
   static_assert(!kRun || (kW != kWBf16 && kU == 4), "runs: quantized weights, 4 chunks a lane");
+  // k values of one row in one step; a grouped step starts on a group boundary (groups are powers
+  // of two no longer than a lane's run, gemv_decode_supports).
+  constexpr int kStepK = 32 * kU * per_chunk<kW>();
+  // Runs of a bulk kernel: the step's group scales arrive in its ring stage with its weights,
+  // p.stages steps ahead, and are read from shared memory — the register copy of a scale loaded
+  // one step ahead waited for that load (L2 latency under full HBM load) in 34% of gate|up's warp
+  // samples (s23 run 1). Only where each row's scales are 16-byte aligned (host: ring_scales).
+  const bool kRingScales = kRun && kBulk && p.ring_scales;
+  static_assert(!kRun || kRingScaleRowBytes >= 4 * (kStepK / (kW == kWI4 ? 128 : 64)), "a step's scales fit their slot");
   // w4a16: the products on the tensor cores (w4a16_chunk), the group scales folded once per chunk
   // — a chunk's 4-lane quad covers 128 k values, inside one group (gemv_decode_supports) — so each
   // lane loads a scale per chunk and row.
@@ -336,26 +351,34 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #ifdef PERRY_BULK_COPY
   // Bulk-copy ring: step s (the flat (group, chunk window) sequence) goes to stage s % stages.
   const int nsteps = active ? ((groups - 1 - int(blockIdx.x)) / int(gridDim.x) + 1) * iters : 0;
-  const RingLayout rl = ring_layout(smem_layout(p.K, kW, kXI8, kIn).total, p.stages);
+  const RingLayout rl = ring_layout(smem_layout(p.K, kW, kXI8, kIn).total, p.stages, kRingScales);
   const uint32_t ring0 = bulk::smem_addr(xs + rl.ring) + uint32_t(warp * p.stages * kStageBytes);
+  const uint32_t scales0 = bulk::smem_addr(xs + rl.scales) + uint32_t(warp * p.stages * kR * kRingScaleRowBytes);
   const uint32_t bar0 = bulk::smem_addr(xs + rl.bars) + uint32_t(warp * p.stages * 8);
   // Lane 0 only: step (group gg, chunk window ii) into stage st. The loop below tracks gg, ii and
   // st by increments — integer divisions by the runtime iters and stages were ~5 a step.
   auto issue_step_at = [&](int gg, int ii, int st) {
     const long long off = ii * kWin;
     const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
+    // kRingScales: the step's group scales of each row, [ii·kStepGroups, min(G, (ii + 1)·kStepGroups)).
+    const int g0 = (ii * kStepK) >> p.gs_shift;
+    const uint32_t sbytes = kRingScales ? 4u * uint32_t(min(kStepK >> p.gs_shift, p.G - g0)) : 0u;
     int n[kR];
     uint32_t total = 0;
 #pragma unroll
-    for (int r = 0; r < kR; ++r) n[r] = row_of<kOut, kR>(gg, warp, r, p), total += n[r] >= 0 ? bytes : 0;
+    for (int r = 0; r < kR; ++r) n[r] = row_of<kOut, kR>(gg, warp, r, p), total += n[r] >= 0 ? bytes + sbytes : 0;
     const uint32_t bar = bar0 + 8u * uint32_t(st);
     if (p.lab_weights != DecodeLabWeights::Read) return bulk::mbar_arrive_expect_tx(bar, 0);  // "arrives" empty
     bulk::mbar_arrive_expect_tx(bar, total);
 #pragma unroll
     for (int r = 0; r < kR; ++r)
-      if (n[r] >= 0)
+      if (n[r] >= 0) {
         bulk::copy_global_to_smem(ring0 + uint32_t(st * kStageBytes + r * kWin), p.w + n[r] * row_bytes + off, bytes,
                                   bar);
+        if (kRingScales)
+          bulk::copy_global_to_smem(scales0 + uint32_t((st * kR + r) * kRingScaleRowBytes),
+                                    p.sw + (long long)n[r] * p.G + g0, sbytes, bar);
+      }
   };
   // The next step to issue: its group and chunk window (every lane keeps them; lane 0 issues).
   int iss_g = int(blockIdx.x), iss_ii = 0;
@@ -396,13 +419,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         for (long long off = kWin + 128LL * lane; off < row_bytes; off += 32 * 128) prefetch_l2(p.w + n * row_bytes + off);
     }
   }
-  if (active) prefetch_scales(g);
+  if (active && !kRingScales) prefetch_scales(g);
   // kRun: the group scales of a step are loaded one step ahead (their load was the loop's top
   // long-scoreboard stall at K 4096, where every step starts a new row) — the first step's before
   // the wait (scales are never written by the decode step's kernels).
   float s_cur[kR];
 #pragma unroll
-  for (int r = 0; r < kR; ++r) s_cur[r] = kRun && active ? run_scale(row_of<kOut, kR>(g, warp, r, p), 0) : 0.0f;
+  for (int r = 0; r < kR; ++r)
+    s_cur[r] = kRun && active && !kRingScales ? run_scale(row_of<kOut, kR>(g, warp, r, p), 0) : 0.0f;
   float cs_cur[kXF16 ? kU : 1][kR];  // kXF16: the chunks' scales, likewise a step ahead
 #pragma unroll
   for (int u = 0; u < (kXF16 ? kU : 1); ++u)
@@ -498,10 +522,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     int ng = g, nit = it + 1;
     if (nit == iters) nit = 0, ng = g + gridDim.x;
     const bool has_next = ng < groups;
-    if (has_next && nit == 0) prefetch_scales(ng);  // one step ahead of the next row group
+    if (has_next && nit == 0 && !kRingScales) prefetch_scales(ng);  // one step ahead of the next row group
     float s_nxt[kR];
 #pragma unroll
-    for (int r = 0; r < kR; ++r) s_nxt[r] = kRun && has_next ? run_scale(row_of<kOut, kR>(ng, warp, r, p), nit) : 0.0f;
+    for (int r = 0; r < kR; ++r)
+      s_nxt[r] = kRun && has_next && !kRingScales ? run_scale(row_of<kOut, kR>(ng, warp, r, p), nit) : 0.0f;
     float cs_nxt[kXF16 ? kU : 1][kR];
 #pragma unroll
     for (int u = 0; u < (kXF16 ? kU : 1); ++u)
@@ -522,6 +547,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #pragma unroll
         for (int r = 0; r < kR; ++r)
           cur[u][r] = *reinterpret_cast<const uint4*>(stage + r * kWin + chunk_of(0, u) * 16);
+      if (kRingScales) {
+        // The lane's run's group within the step (clamped like run_scale: a lane past the row's
+        // end folds zero sums with the row's last scale, which its stage holds).
+        const int lg = min(((it * 32 + lane) * kU * kPer) >> p.gs_shift, p.G - 1) - ((it * kStepK) >> p.gs_shift);
+        const float* ss = reinterpret_cast<const float*>(xs + rl.scales) + (warp * p.stages + st) * kR * (kRingScaleRowBytes / 4);
+#pragma unroll
+        for (int r = 0; r < kR; ++r) s_cur[r] = ss[r * (kRingScaleRowBytes / 4) + lg];
+      }
       __syncwarp();
       if (lane == 0 && step + p.stages < nsteps) {
         bulk::fence_proxy_async_smem();  // the warp's reads of the stage before the copy that overwrites it
@@ -701,16 +734,16 @@ void launch(Params p, const char* name, cudaStream_t stream) {
       return max_smem_per_block_optin() - int(fa.sharedSizeBytes);
     }();
     int st = p.stages;
-    while (st > 2 && ring_layout(prologue, st).total > limit) --st;
-    if (st >= 2 && ring_layout(prologue, st).total <= limit) {
+    while (st > 2 && ring_layout(prologue, st, p.ring_scales).total > limit) --st;
+    if (st >= 2 && ring_layout(prologue, st, p.ring_scales).total <= limit) {
       p.stages = st;
-      const size_t smem = size_t(ring_layout(prologue, st).total);
+      const size_t smem = size_t(ring_layout(prologue, st, p.ring_scales).total);
       // (The timeline lab records the bulk kernels only: the sm_90 decode path.)
       if (p.timeline) return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true, false, true>(p, smem, name, stream);
       return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>(p, smem, name, stream);
     }
   }
-  p.stages = 0;
+  p.stages = 0, p.ring_scales = false;
   if constexpr (kW == kWI8 && kXI8 && !kGrouped) {  // (the only kind that double-buffers registers)
     if (p.no_pipe) return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false, true>(p, size_t(prologue), name, stream);
   }
@@ -760,6 +793,8 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
+  if (a.ring_scales < -1 || a.ring_scales > 1)
+    throw Error(where + ": ring_scales must be -1, 0 or 1, got " + std::to_string(a.ring_scales));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
     throw Error(where + ": bulk_stages must be -1 (the kernel's choice), 0 (registers) or 2..16, got " +
                 std::to_string(a.bulk_stages));
@@ -800,6 +835,13 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   if (!w.scales) throw Error(where + ": null scales");
   p.gs_shift = mb.group_size > 0 ? __builtin_ctz(unsigned(mb.group_size)) : 0;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
+  // Grouped int8-input and w8a16 bulk kernels copy each step's scales with its weights where every
+  // row's scales start 16 bytes aligned and a step's are whole 16-byte pieces (G and the step's
+  // groups multiples of 4: Llama-3-8B's K 4096 and 14336 at g64 / g128, not K 1056); launch()
+  // drops it with the bulk path. Not w4a16, whose lanes load a scale per chunk (chunk_scale).
+  const int step_groups = mb.group_size > 0 ? (32 * 4 * (mb.bits == 4 ? 32 : 16)) / mb.group_size : 0;
+  p.ring_scales = mb.group_size > 0 && w.mode != QuantMode::W4A16 && p.G % 4 == 0 && step_groups % 4 == 0 &&
+                  quant_args::aligned(w.scales, 16) && a.ring_scales != 0;
   switch (w.mode) {
     case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, "gemv_decode<w8a8>", stream);
     case QuantMode::W8A8_G128:
