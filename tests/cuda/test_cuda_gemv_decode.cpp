@@ -712,15 +712,13 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         std::vector<float> base;
         // (stages, register_pipe): register loads with and without the double buffer, then rings.
         // stages -3: 3 stages with two L2 prefetch ranges for a next kernel (l2_next), which must
-        // change nothing; stages -2: 2 stages with the group scales loaded into registers instead
-        // of copied into the ring (ring_scales = 0; K 1056's G is not a multiple of 4, so its
-        // rings always load them so).
-        for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {-2, -1}, {3, -1}, {-3, -1}, {4, -1}, {16, -1}}) {
+        // change nothing. The grouped kinds' rings carry their group scales too (ring_scales) at
+        // K 4096 and 14336; at K 1056 (G not a multiple of 4) they stream through registers.
+        for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {3, -1}, {-3, -1}, {4, -1}, {16, -1}}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a = form_args(f, dx.p, dnw.p, dy.p);
-          a.bulk_stages = stages < 0 ? -stages : stages;
+          a.bulk_stages = stages == -3 ? 3 : stages;
           a.register_pipe = pipe;
-          a.ring_scales = stages == -2 ? 0 : -1;
           if (stages == -3) {
             a.l2_next[0] = {dnw.p, size_t(K) * 4};
             a.l2_next[1] = {dw.w.w, size_t(N) * 16};
@@ -776,9 +774,6 @@ TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   a.register_pipe = 2;
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.register_pipe = -1;
-  a.ring_scales = 2;
-  EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
-  a.ring_scales = -1;
   a.l2_next[1] = {L.x.p, 24};  // not a multiple of 16 bytes
   EXPECT_THROW(pc::gemv_decode(dw, a, nullptr), perry::Error);
   a.l2_next[1] = {nullptr, 64};

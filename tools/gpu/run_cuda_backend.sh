@@ -187,7 +187,6 @@ decode_ab() {
         noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # rope_append_qkv as its own kernel
         stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
         nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;  # per-channel w8a8: register loads without the double buffer
-        regscales) env+=(PERRY_GEMV_DECODE_RING_SCALES=0) ;;  # grouped bulk kernels: group scales by register loads, not in the ring
         hostpick) env+=(PERRY_BENCH_HOST_PICK=1) ;;  # bench: logits to the host and argmax there (before forward_greedy)
         stepwise) env+=(PERRY_BENCH_STEPWISE=1) ;;  # bench: forward_greedy step by step, the host between steps (before decode_greedy)
         l2next[0-9]*) env+=(PERRY_DECODE_L2_NEXT_MB=${sw#l2next}) ;;  # o_proj prefetches N MB of gate|up into L2 (default 0: off)

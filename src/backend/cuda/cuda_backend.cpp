@@ -137,7 +137,6 @@ class CudaBackend final : public model::ForwardBackend {
   // Register double buffering of the per-channel w8a8 decode linears: -1 = the kernel's choice;
   // PERRY_GEMV_DECODE_PIPE=0 turns it off for A/B runs (gemv_decode.h, register_pipe).
   int decode_register_pipe_ = -1;
-  int decode_ring_scales_ = -1;
   // Bytes of gate|up's weights that o_proj's blocks bring into L2 (decode_linear's `next`):
   // PERRY_DECODE_L2_NEXT_MB=n (lab: off by default — measured −0.5% w8a8, −1.1% w4a8-g128, s20-run1).
   size_t decode_l2_next_bytes_ = 0;
@@ -282,7 +281,6 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   rope_in_qkv_ = fused_decode_ && !cfg_.qk_norm && env_flag("PERRY_DECODE_ROPE_IN_QKV", true);
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
-  decode_ring_scales_ = env_int("PERRY_GEMV_DECODE_RING_SCALES", -1, 0, 1);
   decode_l2_next_bytes_ = size_t(env_int("PERRY_DECODE_L2_NEXT_MB", 0, 0, 48)) << 20;
   decode_norm_stages_ = env_int("PERRY_GEMV_DECODE_NORM_STAGES", -1, 0, 16);
   if (decode_norm_stages_ == 1) throw Error("PERRY_GEMV_DECODE_NORM_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
@@ -627,7 +625,6 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.out = out;
   a.bulk_stages = in == DecodeIn::RmsNorm && decode_norm_stages_ >= 0 ? decode_norm_stages_ : decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
-  a.ring_scales = decode_ring_scales_;
   a.lab_weights = decode_lab_weights_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;

@@ -66,7 +66,7 @@ struct Params {
   DecodeRopeKv rk;  // kOutRopeKv only
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
-  bool ring_scales; // bulk grouped kernels: each step's group scales travel in its ring stage (ring_scale_bytes)
+  bool scales_whole16;  // grouped: every row's scales 16-byte aligned, a step's whole 16-byte pieces (ring_scales)
   DecodeLabWeights lab_weights;  // DecodeLinearArgs::lab_weights (lab only, wrong outputs unless Read)
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
@@ -135,12 +135,21 @@ __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, i
 }
 
 // Bulk-copy kernels: after the prologue's bytes, each warp's ring of `stages` stages of one step
-// (kR rows × kU·512 bytes), then (Params::ring_scales) each stage's group scales, kR rows of
-// kRingScaleRowBytes, then the warps' `stages` mbarriers.
+// (kR rows × kU·512 bytes), then (kinds with runs, ring_scales) each stage's group scales, kR rows
+// of kRingScaleRowBytes, then the warps' `stages` mbarriers.
 constexpr int kStageBytes = 4096;  // kR·kU·512 (2 rows, 4 chunks a lane)
 // A step's group scales of one row: 32·kU·per_chunk k values in groups of at least 64 (int8) or
 // 128 (int4) values (gemv_decode_supports) — at most 32 floats.
 constexpr int kRingScaleRowBytes = 128;
+// The kinds whose lanes fold a run of one group a step (kRun: grouped, not w4a16) bulk-copy each
+// step's group scales into its ring stage beside its weights and read them from shared memory, so
+// they arrive p.stages steps ahead. With the scale loaded one step ahead into a register instead,
+// the register copy waited for that load (L2 latency under full HBM load) in 34% of gate|up's warp
+// samples (s23 run 1). Measured in the decode step (s24): no faster than those loads, and a
+// run-time choice between the two cost 1–2.6% — so the bulk kernels have this one way only.
+__host__ __device__ constexpr bool ring_scales(int w_kind, bool xi8, bool grouped) {
+  return grouped && !(w_kind == kWI4 && !xi8);
+}
 struct RingLayout {
   int ring, scales, bars, total;
 };
@@ -278,10 +287,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // of two no longer than a lane's run, gemv_decode_supports).
   constexpr int kStepK = 32 * kU * per_chunk<kW>();
   // Runs of a bulk kernel: the step's group scales arrive in its ring stage with its weights,
-  // p.stages steps ahead, and are read from shared memory — the register copy of a scale loaded
-  // one step ahead waited for that load (L2 latency under full HBM load) in 34% of gate|up's warp
-  // samples (s23 run 1). Only where each row's scales are 16-byte aligned (host: ring_scales).
-  const bool kRingScales = kRun && kBulk && p.ring_scales;
+  // p.stages steps ahead, and are read from shared memory (ring_scales).
+  constexpr bool kRingScales = kRun && kBulk;
   static_assert(!kRun || kRingScaleRowBytes >= 4 * (kStepK / (kW == kWI4 ? 128 : 64)), "a step's scales fit their slot");
   // w4a16: the products on the tensor cores (w4a16_chunk), the group scales folded once per chunk
   // — a chunk's 4-lane quad covers 128 k values, inside one group (gemv_decode_supports) — so each
@@ -725,7 +732,10 @@ template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int k
 void launch(Params p, const char* name, cudaStream_t stream) {
   const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
   static const bool has_bulk_copy = compute_capability_major() >= 9;
-  if (p.stages > 0 && has_bulk_copy) {
+  // Kinds with runs copy their group scales into the ring (ring_scales), which takes whole 16-byte
+  // pieces; where a row's scales are not, they stream through registers (say K 1056 at g64).
+  constexpr bool kRuns = ring_scales(kW, kXI8, kGrouped);
+  if (p.stages > 0 && has_bulk_copy && (!kRuns || p.scales_whole16)) {
     // The opt-in limit covers dynamic + static shared memory (the block reductions' scratch).
     static const int limit = [] {
       cudaFuncAttributes fa{};
@@ -734,16 +744,16 @@ void launch(Params p, const char* name, cudaStream_t stream) {
       return max_smem_per_block_optin() - int(fa.sharedSizeBytes);
     }();
     int st = p.stages;
-    while (st > 2 && ring_layout(prologue, st, p.ring_scales).total > limit) --st;
-    if (st >= 2 && ring_layout(prologue, st, p.ring_scales).total <= limit) {
+    while (st > 2 && ring_layout(prologue, st, kRuns).total > limit) --st;
+    if (st >= 2 && ring_layout(prologue, st, kRuns).total <= limit) {
       p.stages = st;
-      const size_t smem = size_t(ring_layout(prologue, st, p.ring_scales).total);
+      const size_t smem = size_t(ring_layout(prologue, st, kRuns).total);
       // (The timeline lab records the bulk kernels only: the sm_90 decode path.)
       if (p.timeline) return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true, false, true>(p, smem, name, stream);
       return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>(p, smem, name, stream);
     }
   }
-  p.stages = 0, p.ring_scales = false;
+  p.stages = 0;
   if constexpr (kW == kWI8 && kXI8 && !kGrouped) {  // (the only kind that double-buffers registers)
     if (p.no_pipe) return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false, true>(p, size_t(prologue), name, stream);
   }
@@ -793,8 +803,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   if (a.register_pipe < -1 || a.register_pipe > 1)
     throw Error(where + ": register_pipe must be -1, 0 or 1, got " + std::to_string(a.register_pipe));
-  if (a.ring_scales < -1 || a.ring_scales > 1)
-    throw Error(where + ": ring_scales must be -1, 0 or 1, got " + std::to_string(a.ring_scales));
   if (a.bulk_stages < -1 || a.bulk_stages == 1 || a.bulk_stages > 16)
     throw Error(where + ": bulk_stages must be -1 (the kernel's choice), 0 (registers) or 2..16, got " +
                 std::to_string(a.bulk_stages));
@@ -835,13 +843,9 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   if (!w.scales) throw Error(where + ": null scales");
   p.gs_shift = mb.group_size > 0 ? __builtin_ctz(unsigned(mb.group_size)) : 0;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
-  // Grouped int8-input and w8a16 bulk kernels copy each step's scales with its weights where every
-  // row's scales start 16 bytes aligned and a step's are whole 16-byte pieces (G and the step's
-  // groups multiples of 4: Llama-3-8B's K 4096 and 14336 at g64 / g128, not K 1056); launch()
-  // drops it with the bulk path. Not w4a16, whose lanes load a scale per chunk (chunk_scale).
+  // G and a step's groups multiples of 4 (Llama-3-8B's K 4096 and 14336 at g64 / g128; not K 1056).
   const int step_groups = mb.group_size > 0 ? (32 * 4 * (mb.bits == 4 ? 32 : 16)) / mb.group_size : 0;
-  p.ring_scales = mb.group_size > 0 && w.mode != QuantMode::W4A16 && p.G % 4 == 0 && step_groups % 4 == 0 &&
-                  quant_args::aligned(w.scales, 16) && a.ring_scales != 0;
+  p.scales_whole16 = mb.group_size > 0 && p.G % 4 == 0 && step_groups % 4 == 0 && quant_args::aligned(w.scales, 16);
   switch (w.mode) {
     case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, "gemv_decode<w8a8>", stream);
     case QuantMode::W8A8_G128:

@@ -107,14 +107,6 @@ struct DecodeLinearArgs {
   // (gate|up 39.8 vs 35.4 µs, down 27.9 vs 25.5; o and q|k|v unchanged). Kept for A/B runs:
   // PERRY_GEMV_DECODE_PIPE=0 sets it in the CUDA backend. Same bits either way (tested).
   int register_pipe = -1;
-  // Grouped int8-input and w8a16 bulk kernels (w8a8-g*, w4a8-g128, w8a16): each step's group
-  // scales are bulk-copied into its ring stage beside its weights and read from shared memory, so
-  // they arrive as many steps ahead as the ring is deep — -1 / 1 = yes where every row's scales
-  // are 16-byte aligned (G a multiple of 4; the kernel's choice), 0 = no: the scale a lane needs
-  // is loaded one step ahead into a register, as register-load kernels always do (whose copy
-  // waited for L2 in 34% of gate|up's warp samples, s23 run 1). Same bits either way (tested).
-  // PERRY_GEMV_DECODE_RING_SCALES=0 sets it in the CUDA backend for A/B runs.
-  int ring_scales = -1;
   // Up to two byte ranges of the NEXT kernel's weights that this one's blocks bring into L2 before
   // their wait, split evenly over the blocks (16-byte aligned, multiples of 16 bytes; empty = none).
   // For a linear whose own weights all fit the rings its blocks fill before the wait and that runs
