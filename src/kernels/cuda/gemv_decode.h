@@ -136,8 +136,9 @@ struct DecodeLinearArgs {
   // Lab only, wrong outputs unless Read: what the step costs besides its weight traffic. Skip:
   // the bulk-copy ring's stages complete without their copies (the loop computes on whatever the
   // stages hold), so every kernel, prologue, loop iteration, barrier and epilogue runs but no
-  // weight row is read — the step's floor without weight traffic (the group / row scales are
-  // still loaded: ~6% of w4a8-g128's bytes; bf16 has none). SkipLoop: no copies and no loop
+  // weight row is read — the step's floor without weight traffic (per-channel row scales are
+  // still loaded; the grouped kinds' group scales travel in the ring since s24, so they are not
+  // read either, and their folds use stale stage bytes). SkipLoop: no copies and no loop
   // either (each block returns after building its input row): what the prologues, the kernel
   // boundaries and the other kernels cost. Bulk kernels only (the default on sm_90). The CUDA
   // backend sets it from PERRY_LAB_DECODE_WEIGHTS=skip|noloop.
