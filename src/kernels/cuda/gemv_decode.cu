@@ -66,7 +66,6 @@ struct Params {
   DecodeRopeKv rk;  // kOutRopeKv only
   unsigned long long rk_half_magic;  // ceil(2^32 / (rk.hd / 2)): j / (hd / 2) = j · magic >> 32
   int stages;       // bulk-copy kernels: ring stages per warp
-  bool scales_whole16;  // grouped: every row's scales 16-byte aligned, a step's whole 16-byte pieces (ring_scales)
   DecodeLabWeights lab_weights;  // DecodeLinearArgs::lab_weights (lab only, wrong outputs unless Read)
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
@@ -141,13 +140,14 @@ constexpr int kStageBytes = 4096;  // kR·kU·512 (2 rows, 4 chunks a lane)
 // A step's group scales of one row: 32·kU·per_chunk k values in groups of at least 64 (int8) or
 // 128 (int4) values (gemv_decode_supports) — at most 32 floats.
 constexpr int kRingScaleRowBytes = 128;
-// The kinds whose lanes fold a run of one group a step (kRun: grouped, not w4a16) bulk-copy each
+// Whether a kind's lanes fold a run of one group a step (the kernel's kRun: grouped, not w4a16,
+// whose lanes take a scale per chunk). Ring scales: the bulk kernels of these kinds copy each
 // step's group scales into its ring stage beside its weights and read them from shared memory, so
 // they arrive p.stages steps ahead. With the scale loaded one step ahead into a register instead,
 // the register copy waited for that load (L2 latency under full HBM load) in 34% of gate|up's warp
-// samples (s23 run 1). Measured in the decode step (s24): no faster than those loads, and a
-// run-time choice between the two cost 1–2.6% — so the bulk kernels have this one way only.
-__host__ __device__ constexpr bool ring_scales(int w_kind, bool xi8, bool grouped) {
+// samples (s23 run 1). Measured in the decode step (s24): +2.2–3.4%, where a run-time choice
+// between the two ways gained nothing — so the bulk kernels have this one way only.
+__host__ __device__ constexpr bool folds_runs(int w_kind, bool xi8, bool grouped) {
   return grouped && !(w_kind == kWI4 && !xi8);
 }
 struct RingLayout {
@@ -281,15 +281,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // l + 32, ...
   // w4a16 (kXF16, below) takes chunks like the per-channel kinds: a lane quad's 4 chunks are its run.
   constexpr bool kXF16 = !kXI8 && kW == kWI4;
-  constexpr bool kRun = kGrouped && !kXF16;
+  constexpr bool kRun = folds_runs(kW, kXI8, kGrouped);
   static_assert(!kRun || (kW != kWBf16 && kU == 4), "runs: quantized weights, 4 chunks a lane");
   // k values of one row in one step; a grouped step starts on a group boundary (groups are powers
   // of two no longer than a lane's run, gemv_decode_supports).
   constexpr int kStepK = 32 * kU * per_chunk<kW>();
   // Runs of a bulk kernel: the step's group scales arrive in its ring stage with its weights,
-  // p.stages steps ahead, and are read from shared memory (ring_scales).
+  // p.stages steps ahead, and are read from shared memory (folds_runs).
   constexpr bool kRingScales = kRun && kBulk;
-  static_assert(!kRun || kRingScaleRowBytes >= 4 * (kStepK / (kW == kWI4 ? 128 : 64)), "a step's scales fit their slot");
+  static_assert(!kRun || kRingScaleRowBytes >= 4 * (kStepK / (kW == kWI4 ? 128 : 64)),
+                "a step's scales fit their slot");
   // w4a16: the products on the tensor cores (w4a16_chunk), the group scales folded once per chunk
   // — a chunk's 4-lane quad covers 128 k values, inside one group (gemv_decode_supports) — so each
   // lane loads a scale per chunk and row.
@@ -367,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   auto issue_step_at = [&](int gg, int ii, int st) {
     const long long off = ii * kWin;
     const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
-    // kRingScales: the step's group scales of each row, [ii·kStepGroups, min(G, (ii + 1)·kStepGroups)).
+    // kRingScales: the step's group scales of each row, groups [g0, min(G, g0 + (kStepK >> gs_shift))).
     const int g0 = (ii * kStepK) >> p.gs_shift;
     const uint32_t sbytes = kRingScales ? 4u * uint32_t(min(kStepK >> p.gs_shift, p.G - g0)) : 0u;
     int n[kR];
@@ -427,9 +428,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     }
   }
   if (active && !kRingScales) prefetch_scales(g);
-  // kRun: the group scales of a step are loaded one step ahead (their load was the loop's top
-  // long-scoreboard stall at K 4096, where every step starts a new row) — the first step's before
-  // the wait (scales are never written by the decode step's kernels).
+  // kRun with register loads: the group scales of a step are loaded one step ahead (their load was
+  // the loop's top long-scoreboard stall at K 4096, where every step starts a new row) — the first
+  // step's before the wait (scales are never written by the decode step's kernels). Bulk kernels
+  // read them from the step's ring stage instead (kRingScales).
   float s_cur[kR];
 #pragma unroll
   for (int r = 0; r < kR; ++r)
@@ -557,10 +559,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       if (kRingScales) {
         // The lane's run's group within the step (clamped like run_scale: a lane past the row's
         // end folds zero sums with the row's last scale, which its stage holds).
+        constexpr int kRowFloats = kRingScaleRowBytes / 4;
         const int lg = min(((it * 32 + lane) * kU * kPer) >> p.gs_shift, p.G - 1) - ((it * kStepK) >> p.gs_shift);
-        const float* ss = reinterpret_cast<const float*>(xs + rl.scales) + (warp * p.stages + st) * kR * (kRingScaleRowBytes / 4);
+        const float* ss = reinterpret_cast<const float*>(xs + rl.scales) + (warp * p.stages + st) * kR * kRowFloats;
 #pragma unroll
-        for (int r = 0; r < kR; ++r) s_cur[r] = ss[r * (kRingScaleRowBytes / 4) + lg];
+        for (int r = 0; r < kR; ++r) s_cur[r] = ss[r * kRowFloats + lg];
       }
       __syncwarp();
       if (lane == 0 && step + p.stages < nsteps) {
@@ -732,10 +735,13 @@ template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int k
 void launch(Params p, const char* name, cudaStream_t stream) {
   const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
   static const bool has_bulk_copy = compute_capability_major() >= 9;
-  // Kinds with runs copy their group scales into the ring (ring_scales), which takes whole 16-byte
-  // pieces; where a row's scales are not, they stream through registers (say K 1056 at g64).
-  constexpr bool kRuns = ring_scales(kW, kXI8, kGrouped);
-  if (p.stages > 0 && has_bulk_copy && (!kRuns || p.scales_whole16)) {
+  // Kinds with runs copy their group scales into the ring (folds_runs), in whole 16-byte pieces:
+  // the scales aligned, G and a step's groups multiples of 4 (Llama-3-8B's K 4096 and 14336 at
+  // g64 / g128). Other shapes stream through registers (say K 1056 at g64).
+  constexpr bool kRuns = folds_runs(kW, kXI8, kGrouped);
+  const bool scales_whole16 = p.G % 4 == 0 && ((32 * kU * per_chunk<kW>()) >> p.gs_shift) % 4 == 0 &&
+                              quant_args::aligned(p.sw, 16);
+  if (p.stages > 0 && has_bulk_copy && (!kRuns || scales_whole16)) {
     // The opt-in limit covers dynamic + static shared memory (the block reductions' scratch).
     static const int limit = [] {
       cudaFuncAttributes fa{};
@@ -843,9 +849,6 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   if (!w.scales) throw Error(where + ": null scales");
   p.gs_shift = mb.group_size > 0 ? __builtin_ctz(unsigned(mb.group_size)) : 0;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
-  // G and a step's groups multiples of 4 (Llama-3-8B's K 4096 and 14336 at g64 / g128; not K 1056).
-  const int step_groups = mb.group_size > 0 ? (32 * 4 * (mb.bits == 4 ? 32 : 16)) / mb.group_size : 0;
-  p.scales_whole16 = mb.group_size > 0 && p.G % 4 == 0 && step_groups % 4 == 0 && quant_args::aligned(w.scales, 16);
   switch (w.mode) {
     case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, "gemv_decode<w8a8>", stream);
     case QuantMode::W8A8_G128:
