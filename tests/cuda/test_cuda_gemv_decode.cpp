@@ -218,9 +218,13 @@ TEST(CudaGemvDecode, EveryModeEveryFusedForm) {
     for (const DecodeForm& f : kDecodeForms)
       // K = 14336 and 20480: plain int8 inputs held in registers (K <= 16384) and staged in shared
       // memory (K > 16384); K = 32768: the longest row (w8a16: its byte planes and an RMSNorm row's
-      // staging, 7·K + K / 16 bytes, all but 1 KiB of a block's 227).
-      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{6000, 512}, Case{37, 8192}, Case{20000, 1056},
-                     Case{40, 14336}, Case{24, 20480}, Case{10, 32768}, Case{many_groups, 256}}) {
+      // staging, 7·K + K / 16 bytes, all but 1 KiB of a block's 227). K = 8960 (Qwen2.5-1.5B's
+      // down_proj): G = 70 at g128, the grouped rings' scale windows start before a row's scales
+      // (their lead); K = 1056 with N = 36: the same with one partial step a row (G = 9 at g128,
+      // 17 at g64), and with N = 34 (N·G not a multiple of 4) the register loads.
+      for (Case c : {Case{96, 4096}, Case{34, 1056}, Case{36, 1056}, Case{6000, 512}, Case{37, 8192},
+                     Case{20000, 1056}, Case{36, 8960}, Case{40, 14336}, Case{24, 20480}, Case{10, 32768},
+                     Case{many_groups, 256}}) {
         if (f.out == pc::DecodeOut::SwiGLU && c.N % 2 != 0) c.N += 1;  // SwiGLU pairs rows: N even
         run_case(m, c, f.in, f.out, gen);
       }
@@ -703,7 +707,7 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
   REQUIRE_GPU();
   std::mt19937 gen(90);
   for (QuantMode mode : modes_and_bf16())
-    for (Case c : {Case{6000, 4096}, Case{200, 14336}, Case{34, 1056}})
+    for (Case c : {Case{6000, 4096}, Case{200, 14336}, Case{34, 1056}, Case{200, 8960}, Case{36, 1056}})
       for (const DecodeForm& f : kDecodeForms) {
         const int N = c.N, K = c.K;
         Dev<float> dx(rand_f(size_t(K), gen, -2.f, 2.f)), dnw(rand_f(size_t(K), gen, 0.5f, 1.5f));
@@ -712,8 +716,10 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         std::vector<float> base;
         // (stages, register_pipe): register loads with and without the double buffer, then rings.
         // stages -3: 3 stages with two L2 prefetch ranges for a next kernel (l2_next), which must
-        // change nothing. The grouped kinds' rings carry their group scales too (ring_scales) at
-        // K 4096 and 14336; at K 1056 (G not a multiple of 4) they stream through registers.
+        // change nothing. The grouped kinds' rings carry their group scales too (ring_scales): from
+        // aligned rows at K 4096 and 14336, and as windows with a lead at K 8960 (G 70 at g128) and
+        // K 1056 with N 36 (G 9 / 17: one partial step a row); with N 34 at K 1056 (N·G not a
+        // multiple of 4) they stream through registers.
         for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {3, -1}, {-3, -1}, {4, -1}, {16, -1}}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a = form_args(f, dx.p, dnw.p, dy.p);

@@ -161,8 +161,11 @@ peer_transformers() {  # preset
 # launch, same run; then per-kernel times of one fused decode step (Nsight Compute).
 decode_ab() {
   local modes=${DECODE_MODES:-"bf16 w8a8 w4a8-g128 w8a16 w4a16 w8a8-g128"}
+  # DECODE_PRESET: the synthetic model of the pairs (default llama3-8b; e.g. qwen2.5-1.5b, whose
+  # down_proj has G 70 at g128).
+  local preset=${DECODE_PRESET:-llama3-8b}
   say ""
-  say "## decode A/B (llama3-8b, 128-token prompt, 64 new tokens, CUDA graphs)"
+  say "## decode A/B ($preset, 128-token prompt, 64 new tokens, CUDA graphs)"
   # DECODE_PAIRS="mode:variant ..." replaces the modes x variants product; DECODE_BATCHES="1" measures
   # the llama3-8b rows at batch 1 only (~27 s a row instead of ~40; the qwen3-8b rows keep 1 16). The weight-free floor split in one call (s15):
   #   DECODE_BATCHES=1 DECODE_QWEN_MODES= DECODE_PROFILE=0 TESTS_ONLY=test_cuda_gemv_decode \
@@ -201,7 +204,7 @@ decode_ab() {
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done
-    timeout 150 env "${env[@]}" "$bin" bench --device cuda --synthetic llama3-8b --modes "$m" -p 128 -b ${DECODE_BATCHES:-1 16} \
+    timeout 150 env "${env[@]}" "$bin" bench --device cuda --synthetic "$preset" --modes "$m" -p 128 -b ${DECODE_BATCHES:-1 16} \
       -n 64 -r 3 -o "$T/dec-$m-$v" > "$T/dec-$m-$v.log" 2>&1
     say "- $m $v (exit $?): $(grep 'decode b=' "$T/dec-$m-$v.md" 2>/dev/null | cut -d'|' -f3,5,6 | tr -s ' ' | tr '\n' ' ')"
   done

@@ -138,8 +138,11 @@ __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, i
 // of kRingScaleRowBytes, then the warps' `stages` mbarriers.
 constexpr int kStageBytes = 4096;  // kR·kU·512 (2 rows, 4 chunks a lane)
 // A step's group scales of one row: 32·kU·per_chunk k values in groups of at least 64 (int8) or
-// 128 (int4) values (gemv_decode_supports) — at most 32 floats.
-constexpr int kRingScaleRowBytes = 128;
+// 128 (int4) values (gemv_decode_supports) — at most 32 floats. Bulk copies move whole, aligned
+// 16-byte pieces, so a row's scales are copied as the aligned window around them: up to 3 floats
+// before them (their `lead`, where G is not a multiple of 4 — say Qwen2.5-1.5B's down_proj, G 70
+// at g128) and the rest of the last piece after them — at most 35 floats, 144 bytes.
+constexpr int kRingScaleRowBytes = 144;
 // Whether a kind's lanes fold a run of one group a step (the kernel's kRun: grouped, not w4a16,
 // whose lanes take a scale per chunk). Ring scales: the bulk kernels of these kinds copy each
 // step's group scales into its ring stage beside its weights and read them from shared memory, so
@@ -289,8 +292,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // Runs of a bulk kernel: the step's group scales arrive in its ring stage with its weights,
   // p.stages steps ahead, and are read from shared memory (folds_runs).
   constexpr bool kRingScales = kRun && kBulk;
-  static_assert(!kRun || kRingScaleRowBytes >= 4 * (kStepK / (kW == kWI4 ? 128 : 64)),
-                "a step's scales fit their slot");
+  static_assert(!kRun || kRingScaleRowBytes >= 4 * (3 + kStepK / (kW == kWI4 ? 128 : 64)),
+                "a step's scales and their lead fit their slot");
+  static_assert(kRingScaleRowBytes % 16 == 0, "every slot starts on a 16-byte boundary");
   // w4a16: the products on the tensor cores (w4a16_chunk), the group scales folded once per chunk
   // — a chunk's 4-lane quad covers 128 k values, inside one group (gemv_decode_supports) — so each
   // lane loads a scale per chunk and row.
@@ -368,13 +372,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   auto issue_step_at = [&](int gg, int ii, int st) {
     const long long off = ii * kWin;
     const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
-    // kRingScales: the step's group scales of each row, groups [g0, min(G, g0 + (kStepK >> gs_shift))).
+    // kRingScales: the step's group scales of each row, groups [g0, min(G, g0 + (kStepK >> gs_shift))),
+    // as the aligned window from their lead (kRingScaleRowBytes) to the next 16-byte boundary
+    // (launch() checks that no window passes the end of the [N, G] array).
     const int g0 = (ii * kStepK) >> p.gs_shift;
-    const uint32_t sbytes = kRingScales ? 4u * uint32_t(min(kStepK >> p.gs_shift, p.G - g0)) : 0u;
+    const int scount = kRingScales ? min(kStepK >> p.gs_shift, p.G - g0) : 0;
     int n[kR];
-    uint32_t total = 0;
+    long long s0[kR];  // the window's first float: the scales' own, rounded down to a multiple of 4
+    uint32_t sbytes[kR], total = 0;
 #pragma unroll
-    for (int r = 0; r < kR; ++r) n[r] = row_of<kOut, kR>(gg, warp, r, p), total += n[r] >= 0 ? bytes + sbytes : 0;
+    for (int r = 0; r < kR; ++r) {
+      n[r] = row_of<kOut, kR>(gg, warp, r, p);
+      const long long e = (long long)max(n[r], 0) * p.G + g0;
+      s0[r] = e & ~3LL;
+      sbytes[r] = kRingScales ? (4u * uint32_t(e - s0[r] + scount) + 15u) & ~15u : 0u;
+      total += n[r] >= 0 ? bytes + sbytes[r] : 0;
+    }
     const uint32_t bar = bar0 + 8u * uint32_t(st);
     if (p.lab_weights != DecodeLabWeights::Read) return bulk::mbar_arrive_expect_tx(bar, 0);  // "arrives" empty
     bulk::mbar_arrive_expect_tx(bar, total);
@@ -384,8 +397,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
         bulk::copy_global_to_smem(ring0 + uint32_t(st * kStageBytes + r * kWin), p.w + n[r] * row_bytes + off, bytes,
                                   bar);
         if (kRingScales)
-          bulk::copy_global_to_smem(scales0 + uint32_t((st * kR + r) * kRingScaleRowBytes),
-                                    p.sw + (long long)n[r] * p.G + g0, sbytes, bar);
+          bulk::copy_global_to_smem(scales0 + uint32_t((st * kR + r) * kRingScaleRowBytes), p.sw + s0[r], sbytes[r],
+                                    bar);
       }
   };
   // The next step to issue: its group and chunk window (every lane keeps them; lane 0 issues).
@@ -558,12 +571,17 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
           cur[u][r] = *reinterpret_cast<const uint4*>(stage + r * kWin + chunk_of(0, u) * 16);
       if (kRingScales) {
         // The lane's run's group within the step (clamped like run_scale: a lane past the row's
-        // end folds zero sums with the row's last scale, which its stage holds).
+        // end folds zero sums with the row's last scale, which its stage holds), past the row's
+        // lead in its window (issue_step_at; 0 wherever G is a multiple of 4).
         constexpr int kRowFloats = kRingScaleRowBytes / 4;
-        const int lg = min(((it * 32 + lane) * kU * kPer) >> p.gs_shift, p.G - 1) - ((it * kStepK) >> p.gs_shift);
+        const int g0 = (it * kStepK) >> p.gs_shift;
+        const int lg = min(((it * 32 + lane) * kU * kPer) >> p.gs_shift, p.G - 1) - g0;
         const float* ss = reinterpret_cast<const float*>(xs + rl.scales) + (warp * p.stages + st) * kR * kRowFloats;
 #pragma unroll
-        for (int r = 0; r < kR; ++r) s_cur[r] = ss[r * kRowFloats + lg];
+        for (int r = 0; r < kR; ++r) {
+          const int lead = int(((long long)max(row_of<kOut, kR>(g, warp, r, p), 0) * p.G + g0) & 3);
+          s_cur[r] = ss[r * kRowFloats + lead + lg];
+        }
       }
       __syncwarp();
       if (lane == 0 && step + p.stages < nsteps) {
@@ -735,13 +753,13 @@ template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int k
 void launch(Params p, const char* name, cudaStream_t stream) {
   const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
   static const bool has_bulk_copy = compute_capability_major() >= 9;
-  // Kinds with runs copy their group scales into the ring (folds_runs), in whole 16-byte pieces:
-  // the scales aligned, G and a step's groups multiples of 4 (Llama-3-8B's K 4096 and 14336 at
-  // g64 / g128). Other shapes stream through registers (say K 1056 at g64).
+  // Kinds with runs copy their group scales into the ring (folds_runs) as aligned 16-byte windows
+  // (issue_step_at): from a 16-byte aligned array whose N·G floats are a whole number of pieces,
+  // so that no window reads past its end — every shape of the checkpoints perry runs, G odd or
+  // even (Qwen2.5-1.5B's down_proj: N 1536, G 70). Other shapes stream through registers.
   constexpr bool kRuns = folds_runs(kW, kXI8, kGrouped);
-  const bool scales_whole16 = p.G % 4 == 0 && ((32 * kU * per_chunk<kW>()) >> p.gs_shift) % 4 == 0 &&
-                              quant_args::aligned(p.sw, 16);
-  if (p.stages > 0 && has_bulk_copy && (!kRuns || scales_whole16)) {
+  const bool scale_windows_inside = (long long)p.N * p.G % 4 == 0 && quant_args::aligned(p.sw, 16);
+  if (p.stages > 0 && has_bulk_copy && (!kRuns || scale_windows_inside)) {
     // The opt-in limit covers dynamic + static shared memory (the block reductions' scratch).
     static const int limit = [] {
       cudaFuncAttributes fa{};
