@@ -745,6 +745,53 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
       }
 }
 
+// Which launches take the bulk-copy ring (sm_90): every kind at the shapes of the checkpoints
+// perry runs. The grouped kinds whose lanes fold runs copy their scales into the ring as aligned
+// windows, so Qwen2.5-1.5B's and 0.5B's down_proj (K 8960, 4864: G 70, 38 at g128) and rows of
+// one partial step (K 1056, N 36: G 9 / 17) take it too. Those kinds stream through registers only
+// where a window could pass the scales' end (N·G not a multiple of 4: K 1056 with N 34) or the
+// scales are not 16-byte aligned; the other kinds take the ring there too. The results are the
+// same either way (BulkCopyIsBitIdentical); this test keeps a shape from silently losing the
+// ring's speed.
+TEST(CudaGemvDecode, GroupedRowsTakeTheRing) {
+  REQUIRE_GPU();
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor) != 9)
+    GTEST_SKIP() << "not an sm_90 device: the bulk kernels stream through registers";
+  std::mt19937 gen(25);
+  Dev<float> dx(rand_f(32768, gen, -1.f, 1.f)), dnw(rand_f(32768, gen, 0.5f, 1.5f)), dy(rand_f(20000, gen, -1.f, 1.f));
+  for (QuantMode mode : modes_and_bf16()) {
+    // The kinds whose lanes fold a run of one group a step: grouped, but not w4a16 (a scale a chunk).
+    const int group = mode == QuantMode::BF16 ? 0 : pc::quant_mode_bits(mode).group_size;
+    const bool runs = group > 0 && mode != QuantMode::W4A16;
+    for (const DecodeForm& f : kDecodeForms)
+      for (Case c : {Case{96, 4096}, Case{36, 8960}, Case{40, 4864}, Case{36, 1056}, Case{34, 1056}}) {
+        const DeviceWeights dw = random_weights(mode, c.N, c.K, gen, nullptr);
+        const pc::DecodeLinearArgs a = form_args(f, dx.p, dnw.p, dy.p);
+        const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " N=" + std::to_string(c.N) +
+                                 " K=" + std::to_string(c.K) + " out=" + std::to_string(int(f.out));
+        const long long G = group > 0 ? (c.K + group - 1) / group : 1;
+        const bool windows_inside = c.N * G % 4 == 0;
+        const int stages = pc::gemv_decode_ring_stages(dw.w, a);
+        if (!runs || windows_inside) EXPECT_GE(stages, 2) << what;
+        else EXPECT_EQ(stages, 0) << what;
+        if (runs) {  // scales that are not 16-byte aligned: no window can be copied
+          pc::DecodeWeights shifted = dw.w;
+          shifted.scales = dw.sc.p + 1;
+          EXPECT_EQ(pc::gemv_decode_ring_stages(shifted, a), 0) << what << " (scales + 1)";
+        }
+      }
+  }
+  // The asked depth (bulk_stages) where it fits; 0 asks for register loads.
+  const DeviceWeights dw = random_weights(QuantMode::W4A8_G128, 36, 8960, gen, nullptr);
+  pc::DecodeLinearArgs a = form_args(kDecodeForms[2], dx.p, dnw.p, dy.p);
+  a.bulk_stages = 3;
+  EXPECT_EQ(pc::gemv_decode_ring_stages(dw.w, a), 3);
+  a.bulk_stages = 0;
+  EXPECT_EQ(pc::gemv_decode_ring_stages(dw.w, a), 0);
+  a.bulk_stages = 1;  // the same checks as gemv_decode
+  EXPECT_THROW(pc::gemv_decode_ring_stages(dw.w, a), perry::Error);
+}
+
 TEST(CudaGemvDecode, RejectsWhatItCannotRun) {
   REQUIRE_GPU();
   EXPECT_FALSE(pc::gemv_decode_supports(QuantMode::W8A8, 1000));  // K % 32

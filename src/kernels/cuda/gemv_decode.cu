@@ -748,9 +748,10 @@ void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t 
 }
 
 // p.stages on entry: the bulk-copy stages asked for (0 = registers). Bulk copies on sm_90+ with as
-// many of them as fit in shared memory (at least 2); registers otherwise.
+// many of them as fit in shared memory (at least 2); registers otherwise. Returns the stages taken
+// (0: registers); `dry` decides without launching (gemv_decode_ring_stages).
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int kU = 4>
-void launch(Params p, const char* name, cudaStream_t stream) {
+int launch(Params p, const char* name, cudaStream_t stream, bool dry) {
   const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
   static const bool has_bulk_copy = compute_capability_major() >= 9;
   // Kinds with runs copy their group scales into the ring (folds_runs) as aligned 16-byte windows
@@ -771,25 +772,36 @@ void launch(Params p, const char* name, cudaStream_t stream) {
     while (st > 2 && ring_layout(prologue, st, kRuns).total > limit) --st;
     if (st >= 2 && ring_layout(prologue, st, kRuns).total <= limit) {
       p.stages = st;
+      if (dry) return st;
       const size_t smem = size_t(ring_layout(prologue, st, kRuns).total);
       // (The timeline lab records the bulk kernels only: the sm_90 decode path.)
-      if (p.timeline) return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true, false, true>(p, smem, name, stream);
-      return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>(p, smem, name, stream);
+      if (p.timeline) launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true, false, true>(p, smem, name, stream);
+      else launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>(p, smem, name, stream);
+      return st;
     }
   }
   p.stages = 0;
+  if (dry) return 0;
   if constexpr (kW == kWI8 && kXI8 && !kGrouped) {  // (the only kind that double-buffers registers)
-    if (p.no_pipe) return launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false, true>(p, size_t(prologue), name, stream);
+    if (p.no_pipe) {
+      launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false, true>(p, size_t(prologue), name, stream);
+      return 0;
+    }
   }
   launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, false>(p, size_t(prologue), name, stream);
+  return 0;
 }
 
 template <int kW, bool kXI8, bool kGrouped>
-void dispatch_io(const Params& p, DecodeIn in, DecodeOut out, const char* name, cudaStream_t s) {
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::Store) return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, name, s);
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU) return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, name, s);
-  if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv) return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, name, s);
-  if (in == DecodeIn::Plain && out == DecodeOut::Accumulate) return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s);
+int dispatch_io(const Params& p, DecodeIn in, DecodeOut out, const char* name, cudaStream_t s, bool dry) {
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::Store)
+    return launch<kW, kXI8, kGrouped, kInNorm, kOutStore>(p, name, s, dry);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::SwiGLU)
+    return launch<kW, kXI8, kGrouped, kInNorm, kOutSwiglu>(p, name, s, dry);
+  if (in == DecodeIn::RmsNorm && out == DecodeOut::RopeKv)
+    return launch<kW, kXI8, kGrouped, kInNorm, kOutRopeKv>(p, name, s, dry);
+  if (in == DecodeIn::Plain && out == DecodeOut::Accumulate)
+    return launch<kW, kXI8, kGrouped, kInPlain, kOutAcc>(p, name, s, dry);
   throw Error(std::string(name) +
               ": input/output combination not built (RmsNorm+Store, RmsNorm+SwiGLU, RmsNorm+RopeKv, Plain+Accumulate)");
 }
@@ -809,7 +821,9 @@ bool gemv_decode_supports(QuantMode mode, int K) {
   return gs == 0 || (gs % (mb.bits == 4 ? 128 : 64) == 0 && (gs & (gs - 1)) == 0);
 }
 
-void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream) {
+namespace {
+// gemv_decode's checks and dispatch; `dry` returns the launch's ring stages without launching.
+int run_gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream, bool dry) {
   const std::string where = "gemv_decode(N=" + std::to_string(w.N) + ", K=" + std::to_string(w.K) + ")";
   if (!gemv_decode_supports(w.mode, w.K)) throw Error(where + ": unsupported mode or K (need K % 32 == 0, K <= 32768)");
   if (w.N < 1 || (a.out == DecodeOut::SwiGLU && w.N % 2 != 0)) throw Error(where + ": bad N (SwiGLU needs an even N)");
@@ -862,21 +876,30 @@ void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t
   }
   p.lab_weights = a.lab_weights;
   p.timeline = lab_timeline::installed_log();
-  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream);
+  if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream, dry);
   const QuantModeBits mb = quant_mode_bits(w.mode);
   if (!w.scales) throw Error(where + ": null scales");
   p.gs_shift = mb.group_size > 0 ? __builtin_ctz(unsigned(mb.group_size)) : 0;
   p.G = mb.group_size > 0 ? (w.K + mb.group_size - 1) / mb.group_size : 1;
   switch (w.mode) {
-    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, "gemv_decode<w8a8>", stream);
+    case QuantMode::W8A8: return dispatch_io<kWI8, true, false>(p, a.in, a.out, "gemv_decode<w8a8>", stream, dry);
     case QuantMode::W8A8_G128:
-    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, "gemv_decode<w8a8-g>", stream);
-    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, "gemv_decode<w4a8>", stream);
-    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, "gemv_decode<w4a8-g128>", stream);
-    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, "gemv_decode<w8a16>", stream);
-    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, "gemv_decode<w4a16>", stream);
+    case QuantMode::W8A8_G64: return dispatch_io<kWI8, true, true>(p, a.in, a.out, "gemv_decode<w8a8-g>", stream, dry);
+    case QuantMode::W4A8: return dispatch_io<kWI4, true, false>(p, a.in, a.out, "gemv_decode<w4a8>", stream, dry);
+    case QuantMode::W4A8_G128: return dispatch_io<kWI4, true, true>(p, a.in, a.out, "gemv_decode<w4a8-g128>", stream, dry);
+    case QuantMode::W8A16: return dispatch_io<kWI8, false, true>(p, a.in, a.out, "gemv_decode<w8a16>", stream, dry);
+    case QuantMode::W4A16: return dispatch_io<kWI4, false, true>(p, a.in, a.out, "gemv_decode<w4a16>", stream, dry);
     default: throw Error(where + ": not a quantized or bf16 mode");
   }
+}
+}  // namespace
+
+void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream) {
+  run_gemv_decode(w, a, stream, false);
+}
+
+int gemv_decode_ring_stages(const DecodeWeights& w, const DecodeLinearArgs& a) {
+  return run_gemv_decode(w, a, nullptr, true);
 }
 
 }  // namespace perry::cuda

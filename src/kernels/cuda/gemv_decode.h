@@ -155,4 +155,11 @@ bool gemv_decode_supports(quant::QuantMode mode, int K);
 // aligned), an odd N with SwiGLU, or a launch failure.
 void gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStream_t stream);
 
+// The bulk-copy ring stages gemv_decode(w, a) launches with (0: register loads), after the same
+// checks (and the same errors), without launching: so that tests can tell which shapes take the
+// ring — the grouped kinds whose lanes fold runs need 16-byte aligned scales and N·G a multiple of
+// 4 (their scale windows, gemv_decode.cu). On a GPU that runs the compute_80 PTX rather than the
+// sm_90a code, a bulk kernel streams through registers whatever this says.
+int gemv_decode_ring_stages(const DecodeWeights& w, const DecodeLinearArgs& a);
+
 }  // namespace perry::cuda
