@@ -41,7 +41,10 @@ if [ -n "${ALT_REV:-}" ]; then
   trap - EXIT
   echo "perry-alt: $(git -C "$ROOT" rev-parse --short "$ALT_REV")" > "$STAGE/ALT_COMMIT"
 fi
-ninja -C "$B" -j"${JOBS:-2}" perry_cli lab_cuda_gemm_w8a8 $TESTS
+# ONLY (below) also limits what is built: a fresh build directory then compiles just those programs.
+TARGETS="perry_cli lab_cuda_gemm_w8a8 $TESTS"
+[ -n "${ONLY:-}" ] && TARGETS=$(for t in $ONLY; do [ "$t" = perry ] && echo perry_cli || echo "$t"; done)
+ninja -C "$B" -j"${JOBS:-2}" $TARGETS
 cp "$B/perry" "$STAGE/bin/"
 cp "$B/src/kernels/cuda/lab_cuda_gemm_w8a8" "$STAGE/bin/" 2>/dev/null || find "$B" -name lab_cuda_gemm_w8a8 -type f -exec cp {} "$STAGE/bin/" \;
 for t in $TESTS; do find "$B" -name "$t" -type f -perm -u+x -exec cp {} "$STAGE/bin/" \;; done

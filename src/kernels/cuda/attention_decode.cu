@@ -25,7 +25,12 @@ using elementwise_detail::rope_rotate;
 // O[G][hd] += P·V (one thread per (g, dim pair)). O lives in shared memory because G is only
 // known at run time. The block writes its unnormalised (m, l, O) to the workspace; the combine
 // kernel merges the chunks. Several blocks per SM overlap one block's loads with another's math.
-constexpr int kDecThreads = 128, kDecTile = 64;
+// At a decode step's few hundred positions there are only nkv × 2-3 blocks, one tile each, so
+// the partial kernel is a latency chain, not a throughput one: 256 threads (one (g, key) score
+// and one (g, dim pair) of P·V each at G = 4, hd = 128) and short dependency chains — four
+// accumulators a score dot, two a P·V sum over a whole tile — rather than 128 threads walking
+// 128- and 64-long FMA chains twice each.
+constexpr int kDecThreads = 128, kPartThreads = 256, kDecTile = 64;
 // Chunks of 64 keys (one tile) at short contexts: a one-token step at a few hundred positions
 // then has nkv × (ctx / 64) blocks rather than nkv × 1-2, each a short dependency chain.
 constexpr int kDecMinChunk = 64, kDecTargetParts = 1024;
@@ -91,6 +96,14 @@ __global__ void __launch_bounds__(kDecThreads)
   const int nc = min((kv_len + chunk - 1) / chunk, nchunks);
   const size_t part0 = ((size_t)blockIdx.y * nh + h) * nchunks;
   const float* ml = ws_ml + part0 * 2;
+  const float* acc = ws_acc + part0 * hd;
+  // The first kPre chunks' values of this thread's first dim, loaded now: they then arrive with
+  // (m, l) in one L2 round trip instead of one trip a chunk after the reductions (the FMA chain
+  // below waits for each load in turn). Same values, same order of the FMAs.
+  constexpr int kPre = 4;
+  float pre[kPre];
+#pragma unroll
+  for (int c = 0; c < kPre; ++c) pre[c] = c < nc && int(threadIdx.x) < hd ? acc[(size_t)c * hd + threadIdx.x] : 0.f;
   float mx = -INFINITY;
   for (int c = threadIdx.x; c < nc; c += blockDim.x) mx = fmaxf(mx, ml[2 * c]);
   mx = block_reduce(mx, true, red);
@@ -103,11 +116,17 @@ __global__ void __launch_bounds__(kDecThreads)
   }
   lsum = block_reduce(lsum, false, red);  // its barriers also publish w[]
   const float inv = 1.f / lsum;
-  const float* acc = ws_acc + part0 * hd;
   float* dst = out + (size_t)sq.q_row * nh * hd + (size_t)h * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.f;
-    for (int c = 0; c < nc; ++c) a = fmaf(w[c], acc[(size_t)c * hd + d], a);
+    int c = 0;
+    if (d == int(threadIdx.x)) {
+#pragma unroll
+      for (; c < kPre; ++c)
+        if (c < nc) a = fmaf(w[c], pre[c], a);
+      c = min(nc, kPre);
+    }
+    for (; c < nc; ++c) a = fmaf(w[c], acc[(size_t)c * hd + d], a);
     dst[d] = a * inv;
   }
   marks.input();
@@ -117,7 +136,7 @@ __global__ void __launch_bounds__(kDecThreads)
 // kVec: hd % 8 == 0 (16-byte rows: cp.async and 8-wide shared loads); kTimeline: the lab's
 // instantiation (lab_timeline.h).
 template <bool kVec, bool kTimeline>
-__global__ void __launch_bounds__(kDecThreads)
+__global__ void __launch_bounds__(kPartThreads)
     decode_partial_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
                           const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                           int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
@@ -162,7 +181,7 @@ __global__ void __launch_bounds__(kDecThreads)
   enum class Rows { Old, Newest, All };
   auto copy_tile = [&](int k0, int nk, Rows which) {
     const int cpr = hd / 8;
-    for (int e = tid; e < kDecTile * cpr; e += kDecThreads) {
+    for (int e = tid; e < kDecTile * cpr; e += kPartThreads) {
       const int r = e / cpr, col = (e - r * cpr) * 8;
       if (which != Rows::All && (k0 + r == sq.pos0) != (which == Rows::Newest)) continue;
       const bool ok = r < nk;
@@ -176,11 +195,11 @@ __global__ void __launch_bounds__(kDecThreads)
   pdl::launch_dependents();
   marks.waited();
   if constexpr (kVec) copy_tile(j_begin, min(kDecTile, j_end - j_begin), Rows::Newest);
-  for (int e = tid; e < G * hd; e += kDecThreads) {
+  for (int e = tid; e < G * hd; e += kPartThreads) {
     qs[e] = qg[e];
     os[e] = 0.f;
   }
-  for (int g = tid; g < G; g += kDecThreads) {
+  for (int g = tid; g < G; g += kPartThreads) {
     ms[g] = -INFINITY;
     ls[g] = 0.f;
   }
@@ -192,7 +211,7 @@ __global__ void __launch_bounds__(kDecThreads)
       cp_async_commit();
       cp_async_wait<0>();
     } else {
-      for (int e = tid; e < kDecTile * hd; e += kDecThreads) {
+      for (int e = tid; e < kDecTile * hd; e += kPartThreads) {
         const int r = e / hd, d = e - r * hd;
         const bool ok = r < nk;
         ks[r * hdp + d] = ok ? kg[(size_t)(k0 + r) * hd + d] : uint16_t(0);
@@ -201,7 +220,7 @@ __global__ void __launch_bounds__(kDecThreads)
     }
     __syncthreads();  // K/V tile (and, first time, qs/os/ms/ls) visible
 
-    for (int idx = tid; idx < G * kDecTile; idx += kDecThreads) {
+    for (int idx = tid; idx < G * kDecTile; idx += kPartThreads) {
       const int g = idx / kDecTile, j = idx - g * kDecTile;
       float sc = -INFINITY;
       if (j < nk) {
@@ -210,19 +229,23 @@ __global__ void __launch_bounds__(kDecThreads)
         float dot = 0.f;
         if constexpr (kVec) {
           // Row stride hdp·2 bytes ≡ 16 (mod 128): 8 lanes' 16-byte loads hit distinct banks.
+          // Four partial sums (dims ≡ 0..3 mod 4): a chain of hd / 4 FMAs instead of hd.
+          float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+#pragma unroll 4
           for (int d = 0; d < hd; d += 8) {
             const uint4 kk = *reinterpret_cast<const uint4*>(kr + d);
             const float4 q0 = *reinterpret_cast<const float4*>(qv + d);
             const float4 q1 = *reinterpret_cast<const float4*>(qv + d + 4);
-            dot = fmaf(q0.x, bf16_lo(kk.x), dot);
-            dot = fmaf(q0.y, bf16_hi(kk.x), dot);
-            dot = fmaf(q0.z, bf16_lo(kk.y), dot);
-            dot = fmaf(q0.w, bf16_hi(kk.y), dot);
-            dot = fmaf(q1.x, bf16_lo(kk.z), dot);
-            dot = fmaf(q1.y, bf16_hi(kk.z), dot);
-            dot = fmaf(q1.z, bf16_lo(kk.w), dot);
-            dot = fmaf(q1.w, bf16_hi(kk.w), dot);
+            d0 = fmaf(q0.x, bf16_lo(kk.x), d0);
+            d1 = fmaf(q0.y, bf16_hi(kk.x), d1);
+            d2 = fmaf(q0.z, bf16_lo(kk.y), d2);
+            d3 = fmaf(q0.w, bf16_hi(kk.y), d3);
+            d0 = fmaf(q1.x, bf16_lo(kk.z), d0);
+            d1 = fmaf(q1.y, bf16_hi(kk.z), d1);
+            d2 = fmaf(q1.z, bf16_lo(kk.w), d2);
+            d3 = fmaf(q1.w, bf16_hi(kk.w), d3);
           }
+          dot = (d0 + d1) + (d2 + d3);
         } else {
           for (int d = 0; d < hd; ++d) dot = fmaf(qv[d], bf16_to_float(kr[d]), dot);
         }
@@ -232,7 +255,7 @@ __global__ void __launch_bounds__(kDecThreads)
     }
     __syncthreads();
 
-    for (int g = warp; g < G; g += kDecThreads / 32) {
+    for (int g = warp; g < G; g += kPartThreads / 32) {
       float* pr = ps + g * kDecTile;
       const float s0 = pr[lane], s1 = pr[lane + 32];
       const float m_old = ms[g];
@@ -252,22 +275,30 @@ __global__ void __launch_bounds__(kDecThreads)
     __syncthreads();
 
     if constexpr (kVec) {  // dim pairs: one bf16x2 load of V per two FMAs
+      // The whole tile, a constant trip count: past nk the weights are 0 (scores −inf) and the V
+      // rows zero-filled by copy_tile, so those terms add exact zeros. Even and odd keys in two
+      // sums: chains of 32 FMAs.
       const int hp = hd / 2;
-      for (int idx = tid; idx < G * hp; idx += kDecThreads) {
+      for (int idx = tid; idx < G * hp; idx += kPartThreads) {
         const int g = idx / hp, d = (idx - g * hp) * 2;
         const float* pr = ps + g * kDecTile;
         const float alpha = as[g];
-        float a0 = os[g * hd + d] * alpha, a1 = os[g * hd + d + 1] * alpha;
-        for (int j = 0; j < nk; ++j) {
-          const uint32_t vv = *reinterpret_cast<const uint32_t*>(vs + j * hdp + d);
-          a0 = fmaf(pr[j], bf16_lo(vv), a0);
-          a1 = fmaf(pr[j], bf16_hi(vv), a1);
+        float a0 = os[g * hd + d] * alpha, a1 = os[g * hd + d + 1] * alpha, b0 = 0.f, b1 = 0.f;
+#pragma unroll 8
+        for (int j = 0; j < kDecTile; j += 2) {
+          const float2 p = *reinterpret_cast<const float2*>(pr + j);
+          const uint32_t va = *reinterpret_cast<const uint32_t*>(vs + j * hdp + d);
+          const uint32_t vb = *reinterpret_cast<const uint32_t*>(vs + (j + 1) * hdp + d);
+          a0 = fmaf(p.x, bf16_lo(va), a0);
+          a1 = fmaf(p.x, bf16_hi(va), a1);
+          b0 = fmaf(p.y, bf16_lo(vb), b0);
+          b1 = fmaf(p.y, bf16_hi(vb), b1);
         }
-        os[g * hd + d] = a0;
-        os[g * hd + d + 1] = a1;
+        os[g * hd + d] = a0 + b0;
+        os[g * hd + d + 1] = a1 + b1;
       }
     } else {
-      for (int idx = tid; idx < G * hd; idx += kDecThreads) {
+      for (int idx = tid; idx < G * hd; idx += kPartThreads) {
         const int g = idx / hd, d = idx - g * hd;
         const float* pr = ps + g * kDecTile;
         float a = os[idx] * as[g];
@@ -280,11 +311,11 @@ __global__ void __launch_bounds__(kDecThreads)
 
   // Workspace: acc [n_seqs][nh][nchunks][hd], ml [n_seqs][nh][nchunks][2].
   const size_t part0 = ((size_t)blockIdx.z * nh + (size_t)kvh * G) * nchunks + c;  // head g = 0
-  for (int idx = tid; idx < G * hd; idx += kDecThreads) {
+  for (int idx = tid; idx < G * hd; idx += kPartThreads) {
     const int g = idx / hd, d = idx - g * hd;
     ws_acc[(part0 + (size_t)g * nchunks) * hd + d] = os[idx];
   }
-  for (int g = tid; g < G; g += kDecThreads) {
+  for (int g = tid; g < G; g += kPartThreads) {
     ws_ml[(part0 + (size_t)g * nchunks) * 2 + 0] = ms[g];
     ws_ml[(part0 + (size_t)g * nchunks) * 2 + 1] = ls[g];
   }
@@ -396,7 +427,7 @@ void launch_partial(dim3 grid, size_t smem, cudaStream_t stream, Args... args) {
   static std::mutex mu;
   ensure_smem(reinterpret_cast<const void*>(decode_partial_kernel<kVec, kTimeline>), smem, &current, &mu,
               "attention_decode_partial");
-  pdl::launch("attention_decode_partial", decode_partial_kernel<kVec, kTimeline>, grid, dim3(kDecThreads), smem, stream,
+  pdl::launch("attention_decode_partial", decode_partial_kernel<kVec, kTimeline>, grid, dim3(kPartThreads), smem, stream,
               args...);
 }
 
