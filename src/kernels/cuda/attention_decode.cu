@@ -99,11 +99,46 @@ __global__ void __launch_bounds__(kDecThreads)
   const float* acc = ws_acc + part0 * hd;
   // The first kPre chunks' values of this thread's first dim, loaded now: they then arrive with
   // (m, l) in one L2 round trip instead of one trip a chunk after the reductions (the FMA chain
-  // below waits for each load in turn). Same values, same order of the FMAs.
+  // below waits for each load in turn).
   constexpr int kPre = 4;
   float pre[kPre];
 #pragma unroll
   for (int c = 0; c < kPre; ++c) pre[c] = c < nc && int(threadIdx.x) < hd ? acc[(size_t)c * hd + threadIdx.x] : 0.f;
+  float* dst = out + (size_t)sq.q_row * nh * hd + (size_t)h * hd;
+  if (nc <= 32) {
+    // Up to 32 chunks (a decode step's few hundred positions: 2-8): every warp merges them
+    // itself, lane c holding chunk c's (m, l) and weight — shuffles, no block barriers.
+    const int lane = threadIdx.x & 31;
+    const float mc = lane < nc ? ml[2 * lane] : -INFINITY;
+    const float lc = lane < nc ? ml[2 * lane + 1] : 0.f;
+    const float mx = warp_max(mc);
+    const float base = mx == -INFINITY ? 0.f : mx;
+    const float wc = lane < nc ? exp2f(mc - base) : 0.f;
+    const float inv = 1.f / warp_sum(lc * wc);
+    // Warp-uniform rounds (the shuffles need every lane): lane d0 + lane's dim where it is < hd.
+    const int first = int(threadIdx.x) - lane;
+    for (int d0 = first; d0 < hd; d0 += blockDim.x) {
+      const int d = d0 + lane;
+      const bool live = d < hd;
+      float a = 0.f;
+      int c = 0;
+      if (d0 == first) {  // (pre holds dim threadIdx.x: this round's)
+#pragma unroll
+        for (; c < kPre; ++c) {
+          const float wt = __shfl_sync(0xffffffffu, wc, c);
+          if (c < nc) a = fmaf(wt, pre[c], a);
+        }
+        c = min(nc, kPre);
+      }
+      for (; c < nc; ++c) {
+        const float wt = __shfl_sync(0xffffffffu, wc, c);
+        if (live) a = fmaf(wt, acc[(size_t)c * hd + d], a);
+      }
+      if (live) dst[d] = a * inv;
+    }
+    marks.input();
+    return marks.finish(TimelineKernel::AttentionCombine, 0);
+  }
   float mx = -INFINITY;
   for (int c = threadIdx.x; c < nc; c += blockDim.x) mx = fmaxf(mx, ml[2 * c]);
   mx = block_reduce(mx, true, red);
@@ -116,7 +151,6 @@ __global__ void __launch_bounds__(kDecThreads)
   }
   lsum = block_reduce(lsum, false, red);  // its barriers also publish w[]
   const float inv = 1.f / lsum;
-  float* dst = out + (size_t)sq.q_row * nh * hd + (size_t)h * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.f;
     int c = 0;
