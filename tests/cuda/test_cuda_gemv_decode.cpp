@@ -715,17 +715,15 @@ TEST(CudaGemvDecode, BulkCopyIsBitIdentical) {
         const std::vector<float> y0 = rand_f(size_t(N), gen, -1.f, 1.f);
         std::vector<float> base;
         // (stages, register_pipe): register loads with and without the double buffer, then rings.
-        // stages -3: 3 stages with two L2 prefetch ranges for a next kernel (l2_next), and -2: 2
-        // stages with the 5 steps after the ring prefetched into L2 after the wait (l2_ahead),
-        // which must change nothing. The grouped kinds' rings carry their group scales too (ring_scales): from
+        // stages -3: 3 stages with two L2 prefetch ranges for a next kernel (l2_next), which must
+        // change nothing. The grouped kinds' rings carry their group scales too (ring_scales): from
         // aligned rows at K 4096 and 14336, and as windows with a lead at K 8960 (G 70 at g128) and
         // K 1056 with N 36 (G 9 / 17: one partial step a row); with N 34 at K 1056 (N·G not a
         // multiple of 4) they stream through registers.
-        for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {3, -1}, {-3, -1}, {-2, -1}, {4, -1}, {16, -1}}) {
+        for (auto [stages, pipe] : {std::pair{0, -1}, {0, 0}, {2, -1}, {3, -1}, {-3, -1}, {4, -1}, {16, -1}}) {
           Dev<float> dy(y0);
           pc::DecodeLinearArgs a = form_args(f, dx.p, dnw.p, dy.p);
-          a.bulk_stages = stages == -3 ? 3 : stages == -2 ? 2 : stages;
-          if (stages == -2) a.l2_ahead = 5;
+          a.bulk_stages = stages == -3 ? 3 : stages;
           a.register_pipe = pipe;
           if (stages == -3) {
             a.l2_next[0] = {dnw.p, size_t(K) * 4};

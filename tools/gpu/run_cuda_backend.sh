@@ -192,7 +192,6 @@ decode_ab() {
         nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;  # per-channel w8a8: register loads without the double buffer
         hostpick) env+=(PERRY_BENCH_HOST_PICK=1) ;;  # bench: logits to the host and argmax there (before forward_greedy)
         stepwise) env+=(PERRY_BENCH_STEPWISE=1) ;;  # bench: forward_greedy step by step, the host between steps (before decode_greedy)
-        l2ahead[0-9]*) env+=(PERRY_GEMV_DECODE_L2_AHEAD=${sw#l2ahead}) ;;  # each GEMV's next N steps past its ring into L2 after the wait
         l2next[0-9]*) env+=(PERRY_DECODE_L2_NEXT_MB=${sw#l2next}) ;;  # o_proj prefetches N MB of gate|up into L2 (default 0: off)
         normstages[0-9]*) env+=(PERRY_GEMV_DECODE_NORM_STAGES=${sw#normstages}) ;;  # the RMSNorm-input linears' stages alone
         labskip) env+=(PERRY_LAB_DECODE_INPUT=skip) ;;  # lab (wrong outputs): the GEMVs without building their input row

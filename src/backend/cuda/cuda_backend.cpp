@@ -140,9 +140,6 @@ class CudaBackend final : public model::ForwardBackend {
   // Bytes of gate|up's weights that o_proj's blocks bring into L2 (decode_linear's `next`):
   // PERRY_DECODE_L2_NEXT_MB=n (lab: off by default — measured −0.5% w8a8, −1.1% w4a8-g128, s20-run1).
   size_t decode_l2_next_bytes_ = 0;
-  // Steps past each decode GEMV's ring that its warps prefetch into L2 after the wait
-  // (gemv_decode.h, l2_ahead): PERRY_GEMV_DECODE_L2_AHEAD=n for A/B runs.
-  int decode_l2_ahead_ = 0;
   // PERRY_LAB_DECODE_INPUT=skip|read: lab only, wrong outputs (gemv_decode.h, lab_input).
   DecodeLabInput decode_lab_input_ = DecodeLabInput::Build;
   // PERRY_LAB_DECODE_BOUNDARIES=n: lab only — an empty n-block kernel after each of a layer's five
@@ -285,7 +282,6 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   decode_bulk_stages_ = env_int("PERRY_GEMV_DECODE_STAGES", -1, 0, 16);  // 0: register loads
   decode_register_pipe_ = env_int("PERRY_GEMV_DECODE_PIPE", -1, 0, 1);
   decode_l2_next_bytes_ = size_t(env_int("PERRY_DECODE_L2_NEXT_MB", 0, 0, 48)) << 20;
-  decode_l2_ahead_ = env_int("PERRY_GEMV_DECODE_L2_AHEAD", 0, 0, 64);
   decode_norm_stages_ = env_int("PERRY_GEMV_DECODE_NORM_STAGES", -1, 0, 16);
   if (decode_norm_stages_ == 1) throw Error("PERRY_GEMV_DECODE_NORM_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   decode_lab_input_ = env_choice("PERRY_LAB_DECODE_INPUT", DecodeLabInput::Build,
@@ -630,7 +626,6 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
   a.bulk_stages = in == DecodeIn::RmsNorm && decode_norm_stages_ >= 0 ? decode_norm_stages_ : decode_bulk_stages_;
   a.register_pipe = decode_register_pipe_;
   a.lab_weights = decode_lab_weights_;
-  a.l2_ahead = decode_l2_ahead_;
   a.lab_input = decode_lab_input_;
   // The bf16-intermediate rules (see gate_up_bf16_): q|k|v, gate|up and the residual deltas;
   // the logits stay fp32.

@@ -70,7 +70,6 @@ struct Params {
   bool no_pipe;     // register loads without the double buffer (DecodeLinearArgs::register_pipe = 0)
   bool round_bf16;  // the layer's outputs rounded to bf16 first (SwiGLU: gate and up; Acc: before the add)
   const uint8_t* l2_p[2];  // DecodeLinearArgs::l2_next (bulk kernels)
-  int l2_ahead;            // DecodeLinearArgs::l2_ahead (bulk kernels)
   unsigned long long l2_bytes[2];
   DecodeLabInput lab_input;  // DecodeLinearArgs::lab_input (lab only, wrong outputs unless Build)
   TimelineLog* timeline;     // lab only: the installed decode timeline (lab_timeline.h), or nullptr (bulk kernels)
@@ -463,25 +462,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   pdl::wait();
   pdl::launch_dependents();
   marks.waited();
-#ifdef PERRY_BULK_COPY
-  // DecodeLinearArgs::l2_ahead: the steps after the ring into L2 while the input row is built.
-  if constexpr (kBulk) {
-    if (lane == 0 && p.l2_ahead > 0 && p.lab_weights == DecodeLabWeights::Read) {
-    int gg = iss_g, ii = iss_ii;
-    const int last = min(nsteps, p.stages + p.l2_ahead);
-    for (int s = p.stages; s < last; ++s) {
-      const long long off = ii * kWin;
-      const uint32_t bytes = uint32_t(min((long long)kWin, row_bytes - off));
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        const int n = row_of<kOut, kR>(gg, warp, r, p);
-        if (n >= 0) bulk::prefetch_l2(p.w + n * row_bytes + off, bytes);
-      }
-      if (++ii == iters) ii = 0, gg += int(gridDim.x);
-    }
-    }
-  }
-#endif
 
   const int* xsum = reinterpret_cast<const int*>(xs + smem_layout(p.K, kW, kXI8, kIn).xsum);
   const float* xscale = reinterpret_cast<const float*>(xsum);  // weight-only kinds: the input's run scales
@@ -894,8 +874,6 @@ int run_gemv_decode(const DecodeWeights& w, const DecodeLinearArgs& a, cudaStrea
     p.l2_p[r] = static_cast<const uint8_t*>(l2.p);
     p.l2_bytes[r] = l2.bytes;
   }
-  if (a.l2_ahead < 0 || a.l2_ahead > 64) throw Error(where + ": l2_ahead must be in [0, 64]");
-  p.l2_ahead = a.l2_ahead;
   p.lab_weights = a.lab_weights;
   p.timeline = lab_timeline::installed_log();
   if (w.mode == QuantMode::BF16) return dispatch_io<kWBf16, false, false>(p, a.in, a.out, "gemv_decode<bf16>", stream, dry);

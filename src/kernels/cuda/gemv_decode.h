@@ -119,14 +119,6 @@ struct DecodeLinearArgs {
     size_t bytes = 0;
   };
   L2Range l2_next[2] = {};
-  // Bulk kernels: right after its PDL wait, lane 0 of each warp asks L2 for the n steps that follow
-  // its ring (cp.async.bulk.prefetch.L2), so that HBM keeps streaming this kernel's weights while
-  // the block builds its input row — the ring's stages, issued before the wait, have landed by then
-  // and are refilled only as the loop starts. After the wait the previous kernel has completed,
-  // so the prefetch competes with no kernel on the critical path (the same steps prefetched before
-  // the wait lost 4.5%, fourteenth session). 0 = off. PERRY_GEMV_DECODE_L2_AHEAD=n sets it in the
-  // CUDA backend. Changes no result.
-  int l2_ahead = 0;
   DecodeRopeKv rope_kv;  // DecodeOut::RopeKv only
   // Round the layer's outputs to bf16 (RNE) before the epilogue uses them — the CUDA backend's
   // bf16-intermediate rule, the same bits as the separate kernels' rounding forms:
