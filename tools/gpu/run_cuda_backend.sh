@@ -199,7 +199,6 @@ decode_ab() {
         labskipw) env+=(PERRY_LAB_DECODE_WEIGHTS=skip) ;;  # lab (wrong outputs): no weight reads (the step's floor)
         labnoloop) env+=(PERRY_LAB_DECODE_WEIGHTS=noloop) ;;  # lab (wrong outputs): no weight reads, no GEMV loops
         labnoattn) env+=(PERRY_LAB_DECODE_ATTENTION=skip) ;;  # lab (wrong outputs): no decode attention kernels
-        attnlate) env+=(PERRY_DECODE_ATTN_LATE_TRIGGER=1) ;;  # decode attention: the partial kernel triggers its dependents after its writes
         attnchunk[0-9]*) env+=(PERRY_DECODE_ATTN_MIN_CHUNK=${sw#attnchunk}) ;;  # decode attention chunks of n keys (16..64)
         labbound[0-9]*) env+=(PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}) ;;  # lab: an empty N-block kernel after each step
         *) say "- unknown decode variant $v"; continue 2 ;;

@@ -48,15 +48,6 @@ int dec_min_chunk() {
   return c;
 }
 
-// PERRY_DECODE_ATTN_LATE_TRIGGER=1 (A/B runs): the partial kernel lets the combine kernel — and
-// through its early trigger the o projection, whose blocks then stream o's weights — be scheduled
-// only once its blocks have written their chunk, instead of right after its wait: o's 8 MB burst
-// then no longer shares HBM and L2 with the partial blocks' reads of q and the newest K/V row.
-bool dec_late_trigger() {
-  static const bool v = env_int("PERRY_DECODE_ATTN_LATE_TRIGGER", 0, 0, 1) == 1;
-  return v;
-}
-
 int dec_stride(int hd) { return (hd + 7) / 8 * 8 + 8; }  // bf16 elements per shared K/V row
 size_t dec_smem_bytes(int G, int hd) {
   return size_t(2) * kDecTile * dec_stride(hd) * 2 +
@@ -183,8 +174,7 @@ __global__ void __launch_bounds__(kPartThreads)
     decode_partial_kernel(const float* __restrict__ q, const AttnSeq* __restrict__ seqs,
                           const uint16_t* __restrict__ kc, const uint16_t* __restrict__ vc, int nh,
                           int nkv, int hd, int capacity, int chunk, int nchunks, float scale_log2,
-                          float* __restrict__ ws_acc, float* __restrict__ ws_ml, bool late_trigger,
-                          TimelineLog* timeline) {
+                          float* __restrict__ ws_acc, float* __restrict__ ws_ml, TimelineLog* timeline) {
   extern __shared__ __align__(16) unsigned char dsm[];
   lab_timeline::BlockMarks<kTimeline> marks{timeline};  // lab only (lab_timeline.h)
   marks.start();
@@ -236,7 +226,7 @@ __global__ void __launch_bounds__(kPartThreads)
   };
   if constexpr (kVec) copy_tile(j_begin, min(kDecTile, j_end - j_begin), Rows::Old);
   pdl::wait();
-  if (!late_trigger) pdl::launch_dependents();
+  pdl::launch_dependents();
   marks.waited();
   if constexpr (kVec) copy_tile(j_begin, min(kDecTile, j_end - j_begin), Rows::Newest);
   for (int e = tid; e < G * hd; e += kPartThreads) {
@@ -363,7 +353,6 @@ __global__ void __launch_bounds__(kPartThreads)
     ws_ml[(part0 + (size_t)g * nchunks) * 2 + 0] = ms[g];
     ws_ml[(part0 + (size_t)g * nchunks) * 2 + 1] = ls[g];
   }
-  if (late_trigger) pdl::launch_dependents();
   marks.input();
   marks.finish(TimelineKernel::AttentionPartial, 0);
 }
@@ -533,7 +522,7 @@ void attention_decode(const float* q, const AttnSeq* d_seqs, int n_seqs, int max
   auto partial = [&](auto vec, auto timed) {
     launch_partial<decltype(vec)::value, decltype(timed)::value>(grid, smem, stream, q, d_seqs, k_cache, v_cache, nh,
                                                                  nkv, hd, capacity, chunk, nchunks, scale_log2, ws_acc,
-                                                                 ws_ml, dec_late_trigger(), tl);
+                                                                 ws_ml, tl);
   };
   using std::false_type, std::true_type;
   if (hd % 8 == 0) tl ? partial(true_type{}, true_type{}) : partial(true_type{}, false_type{});
