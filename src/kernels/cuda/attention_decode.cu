@@ -97,15 +97,15 @@ __global__ void __launch_bounds__(kDecThreads)
   const size_t part0 = ((size_t)blockIdx.y * nh + h) * nchunks;
   const float* ml = ws_ml + part0 * 2;
   const float* acc = ws_acc + part0 * hd;
-  // The first kPre chunks' values of this thread's first dim, loaded now: they then arrive with
-  // (m, l) in one L2 round trip instead of one trip a chunk after the reductions (the FMA chain
-  // below waits for each load in turn).
-  constexpr int kPre = 4;
-  float pre[kPre];
-#pragma unroll
-  for (int c = 0; c < kPre; ++c) pre[c] = c < nc && int(threadIdx.x) < hd ? acc[(size_t)c * hd + threadIdx.x] : 0.f;
   float* dst = out + (size_t)sq.q_row * nh * hd + (size_t)h * hd;
   if (nc <= 32) {
+    // The first kPre chunks' values of this thread's first dim, loaded now: they then arrive with
+    // (m, l) in one L2 round trip instead of one trip a chunk (the FMA chain below waits for each
+    // load in turn).
+    constexpr int kPre = 4;
+    float pre[kPre];
+#pragma unroll
+    for (int c = 0; c < kPre; ++c) pre[c] = c < nc && int(threadIdx.x) < hd ? acc[(size_t)c * hd + threadIdx.x] : 0.f;
     // Up to 32 chunks (a decode step's few hundred positions: 2-8): every warp merges them
     // itself, lane c holding chunk c's (m, l) and weight — shuffles, no block barriers.
     const int lane = threadIdx.x & 31;
@@ -153,14 +153,7 @@ __global__ void __launch_bounds__(kDecThreads)
   const float inv = 1.f / lsum;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.f;
-    int c = 0;
-    if (d == int(threadIdx.x)) {
-#pragma unroll
-      for (; c < kPre; ++c)
-        if (c < nc) a = fmaf(w[c], pre[c], a);
-      c = min(nc, kPre);
-    }
-    for (; c < nc; ++c) a = fmaf(w[c], acc[(size_t)c * hd + d], a);
+    for (int c = 0; c < nc; ++c) a = fmaf(w[c], acc[(size_t)c * hd + d], a);
     dst[d] = a * inv;
   }
   marks.input();
