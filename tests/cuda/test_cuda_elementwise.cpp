@@ -530,6 +530,10 @@ TEST(CudaElementwise, ArgmaxRowsExact) {
       float* r4 = &l[size_t(4) * vocab];
       r4[vocab - 1] = 1e30f;
     }
+    if (vocab > 5000) {  // a tie across blocks (2048 logits each): the lower index, in block 1
+      float* r5 = &l[size_t(5) * vocab];
+      r5[4100] = r5[2100] = r5[vocab - 3] = 77.f;
+    }
     for (int r = 0; r < rows; ++r) {
       const float* row = &l[size_t(r) * vocab];
       int best = -1;
@@ -540,22 +544,46 @@ TEST(CudaElementwise, ArgmaxRowsExact) {
         EXPECT_EQ(want[r], int(std::max_element(row, row + vocab) - row));
       }
     }
+    if (vocab > 5000) EXPECT_EQ(want[5], 2100);
     Dev<float> dl(l);
     Dev<int32_t> out(std::vector<int32_t>(rows, -7));
-    pc::argmax_rows(dl.p, rows, vocab, out.p, nullptr);
+    // The scratch zeroed once; each call leaves it zeroed for the next (three calls below).
+    Dev<uint8_t> scratch(std::vector<uint8_t>(pc::argmax_scratch_bytes(rows, vocab), 0));
+    pc::argmax_rows(dl.p, rows, vocab, out.p, scratch.p, nullptr);
     device_sync();
     EXPECT_EQ(out.get(), want) << "vocab=" << vocab;
+    // Fewer rows on the same scratch: rows 2.. of the next calls still count from zero.
+    Dev<int32_t> out1(std::vector<int32_t>(2, -7));
+    pc::argmax_rows(dl.p, 2, vocab, out1.p, scratch.p, nullptr);
+    device_sync();
+    EXPECT_EQ(out1.get(), std::vector<int32_t>(want.begin(), want.begin() + 2)) << "vocab=" << vocab;
     // With a feed: the same tokens, also written as the next step's input — row r's token, its
     // position and its sequence's pos0 one further; the other fields untouched.
     std::vector<int32_t> tok(rows, -1), pos(rows);
     std::vector<pc::AttnSeq> seq(rows);
     for (int r = 0; r < rows; ++r) pos[r] = 10 * r + 3, seq[r] = pc::AttnSeq{r, 1, 10 * r + 3, 6 - r};
+    // The embedding rows too: a bf16 table [vocab, 24] of distinct values, each fed row of x the
+    // picked token's row widened exactly (what embedding_lookup writes).
+    const int hidden = 24;
+    std::vector<uint16_t> table(size_t(vocab) * hidden);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = perry::f32_to_bf16(float(int(i % 4093) - 2046) / 64.f);
+    Dev<uint16_t> dtable(table);
+    Dev<float> dx(std::vector<float>(size_t(rows) * hidden, -3.f));
     Dev<int32_t> dtok(tok), dpos(pos), out2(std::vector<int32_t>(rows, -7));
     Dev<pc::AttnSeq> dseq(seq);
-    pc::argmax_rows(dl.p, rows, vocab, out2.p, nullptr, pc::GreedyFeed{dtok.p, dpos.p, dseq.p});
+    pc::GreedyFeed feed{dtok.p, dpos.p, dseq.p};
+    feed.x = dx.p, feed.table = dtable.p, feed.table_dtype = DType::BF16, feed.hidden = hidden;
+    pc::argmax_rows(dl.p, rows, vocab, out2.p, scratch.p, nullptr, feed);
     device_sync();
     EXPECT_EQ(out2.get(), want);
     EXPECT_EQ(dtok.get(), want);
+    const std::vector<float> x_after = dx.get();
+    size_t bad_x = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < hidden; ++c)
+        bad_x += !same_float(x_after[size_t(r) * hidden + c],
+                             perry::bf16_to_f32(table[size_t(want[size_t(r)]) * hidden + c]));
+    EXPECT_EQ(bad_x, 0u) << "vocab=" << vocab;
     const std::vector<int32_t> pos_after = dpos.get();
     const std::vector<pc::AttnSeq> seq_after = dseq.get();
     for (int r = 0; r < rows; ++r) {
@@ -598,8 +626,12 @@ TEST(CudaElementwise, BadArgumentsThrow) {
   EXPECT_THROW(pc::rope_apply(a.p, 8, 1, nullptr, 8, 1, 1, t.p, v, nullptr), perry::Error);  // k null
   EXPECT_THROW(pc::residual_add(a.p, b.p, -1, nullptr), perry::Error);
   EXPECT_THROW(pc::f32_to_bf16(a.p, nullptr, 4, nullptr), perry::Error);
-  EXPECT_THROW(pc::argmax_rows(a.p, 1, 0, t.p, nullptr), perry::Error);
-  EXPECT_THROW(pc::argmax_rows(a.p, 1, 64, t.p, nullptr, pc::GreedyFeed{t.p, nullptr, nullptr}), perry::Error);
+  EXPECT_THROW(pc::argmax_rows(a.p, 1, 0, t.p, b.p, nullptr), perry::Error);
+  EXPECT_THROW(pc::argmax_rows(a.p, 1, 64, t.p, nullptr, nullptr), perry::Error);  // no scratch
+  EXPECT_THROW(pc::argmax_rows(a.p, 1, 64, t.p, b.p, nullptr, pc::GreedyFeed{t.p, nullptr, nullptr}), perry::Error);
+  pc::GreedyFeed no_table{t.p, t.p, reinterpret_cast<pc::AttnSeq*>(b.p)};
+  no_table.x = a.p, no_table.hidden = 16;  // embedding rows fed without a table
+  EXPECT_THROW(pc::argmax_rows(a.p, 1, 64, t.p, b.p, nullptr, no_table), perry::Error);
   // Empty batches are no-ops, not errors.
   EXPECT_NO_THROW(pc::rms_norm(a.p, w, 1e-6f, 0, 16, ActOut::f32(b.p), nullptr));
   EXPECT_NO_THROW(pc::swiglu(a.p, 0, 8, ActOut::i8(q.p, s.p), nullptr));

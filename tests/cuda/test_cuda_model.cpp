@@ -266,47 +266,56 @@ TEST(CudaBatch, ForwardGreedyMatchesTheLogits) {
 // forward()'s logits for the same context, fed step by step to a second cache (a near tie, top-2
 // within 1e-5 of the scale, may pick either). One sequence (the fused decode path) and two of
 // different lengths (the batched path); the longer crosses the 256-position graph bucket mid-run;
-// the run is stopped after 5 steps (the step enqueued ahead is dropped) and resumed.
+// the run is stopped after 5 steps (the steps enqueued ahead are dropped) and resumed. With the
+// default 4 steps a launch (each step's argmax writing the next one's token and embedding row),
+// one a launch (PERRY_DECODE_GRAPH_STEPS=1) and 3 (launches of 3 + 3 + 1 steps, and a stop inside
+// the second launch).
 TEST(CudaBatch, DecodeGreedyFeedsTheStepsOnTheDevice) {
   REQUIRE_DEVICE();
-  for_greedy_cases([](model::Model& m, int n) {
-    const int64_t V = m.config().vocab_size;
-    auto ca = m.make_cache(512, n), cb = m.make_cache(512, n);
-    std::vector<std::vector<int32_t>> prompts(2);
-    for (int i = 0; i < 250; ++i) prompts[0].push_back(int32_t((i * 7919 + 13) % V));
-    prompts[1] = {27, 18, 5};
-    std::vector<model::SeqInput> in;
-    for (int s = 0; s < n; ++s) in.push_back({s, prompts[size_t(s)].data(), int64_t(prompts[size_t(s)].size()), false});
-    std::vector<int32_t> first;
-    m.forward_greedy(in, cb, first);
-    std::vector<std::vector<int32_t>> got;
-    auto run = [&](const std::vector<int32_t>& from, int64_t steps, size_t stop_at) {
-      std::vector<int32_t> t = from;
-      std::vector<model::SeqInput> dec;
-      for (int s = 0; s < n; ++s) dec.push_back({s, &t[size_t(s)], 1, false});
-      return m.decode_greedy(dec, cb, steps, [&](const std::vector<int32_t>& tok) {
-        got.push_back(tok);
-        EXPECT_EQ(cb.length(0), int64_t(prompts[0].size() + got.size()));
-        return got.size() < stop_at;
-      });
-    };
-    EXPECT_EQ(run(first, 12, 5), 5);
-    EXPECT_EQ(run(got.back(), 7, 99), 7);
-    ASSERT_EQ(got.size(), size_t(12));
-    // The oracle: forward() fed the same tokens, step by step.
-    std::vector<float> logits;
-    m.forward(in, ca, logits);
-    std::vector<int32_t> fed = first;
-    for (size_t step = 0; step < got.size(); ++step) {
-      std::vector<model::SeqInput> dec;
-      for (int s = 0; s < n; ++s) dec.push_back({s, &fed[size_t(s)], 1, false});
-      m.forward(dec, ca, logits);
-      for (int s = 0; s < n; ++s)
-        expect_greedy_pick(logits.data() + s * V, V, got[step][size_t(s)],
-                           "step " + std::to_string(step) + " sequence " + std::to_string(s));
-      fed = got[step];
-    }
-  });
+  for (const char* steps : {"", "1", "3"}) {
+    SCOPED_TRACE(std::string("PERRY_DECODE_GRAPH_STEPS=") + steps);
+    if (*steps) setenv("PERRY_DECODE_GRAPH_STEPS", steps, 1);
+    else unsetenv("PERRY_DECODE_GRAPH_STEPS");
+    for_greedy_cases([](model::Model& m, int n) {
+      const int64_t V = m.config().vocab_size;
+      auto ca = m.make_cache(512, n), cb = m.make_cache(512, n);
+      std::vector<std::vector<int32_t>> prompts(2);
+      for (int i = 0; i < 250; ++i) prompts[0].push_back(int32_t((i * 7919 + 13) % V));
+      prompts[1] = {27, 18, 5};
+      std::vector<model::SeqInput> in;
+      for (int s = 0; s < n; ++s) in.push_back({s, prompts[size_t(s)].data(), int64_t(prompts[size_t(s)].size()), false});
+      std::vector<int32_t> first;
+      m.forward_greedy(in, cb, first);
+      std::vector<std::vector<int32_t>> got;
+      auto run = [&](const std::vector<int32_t>& from, int64_t steps, size_t stop_at) {
+        std::vector<int32_t> t = from;
+        std::vector<model::SeqInput> dec;
+        for (int s = 0; s < n; ++s) dec.push_back({s, &t[size_t(s)], 1, false});
+        return m.decode_greedy(dec, cb, steps, [&](const std::vector<int32_t>& tok) {
+          got.push_back(tok);
+          EXPECT_EQ(cb.length(0), int64_t(prompts[0].size() + got.size()));
+          return got.size() < stop_at;
+        });
+      };
+      EXPECT_EQ(run(first, 12, 5), 5);
+      EXPECT_EQ(run(got.back(), 7, 99), 7);
+      ASSERT_EQ(got.size(), size_t(12));
+      // The oracle: forward() fed the same tokens, step by step.
+      std::vector<float> logits;
+      m.forward(in, ca, logits);
+      std::vector<int32_t> fed = first;
+      for (size_t step = 0; step < got.size(); ++step) {
+        std::vector<model::SeqInput> dec;
+        for (int s = 0; s < n; ++s) dec.push_back({s, &fed[size_t(s)], 1, false});
+        m.forward(dec, ca, logits);
+        for (int s = 0; s < n; ++s)
+          expect_greedy_pick(logits.data() + s * V, V, got[step][size_t(s)],
+                             "step " + std::to_string(step) + " sequence " + std::to_string(s));
+        fed = got[step];
+      }
+    });
+  }
+  unsetenv("PERRY_DECODE_GRAPH_STEPS");
 }
 
 TEST(CudaErrors, ContextOverflowAndOutOfMemoryAreErrors) {

@@ -84,6 +84,10 @@ class CudaBackend final : public model::ForwardBackend {
     int M = 0, n_seqs = 0, out_rows = 0, max_new = 0, max_ctx = 0, cap = 0;
     bool decode = true;
     bool greedy = false;  // the step ends in argmax_rows and returns token ids, not logits
+    // Greedy decode steps enqueued (and recorded) as one: each step's argmax feeds the next its
+    // token and embedding row on the device, so the steps run as one chain of programmatic
+    // dependent launches, with no graph boundary or host copy between them (decode_greedy).
+    int steps = 1;
     const DeviceKv* kv = nullptr;
     std::vector<std::pair<int, int>> gather;  // (first row, rows) runs of wanted rows; empty = all of x
   };
@@ -94,9 +98,11 @@ class CudaBackend final : public model::ForwardBackend {
   Step plan_step(const std::vector<model::SeqInput>& batch, model::KvCache& cache, bool greedy, int ahead = 0);
   void upload_meta(const std::vector<model::SeqInput>& batch, const model::KvCache& cache, const Step& st);
   void launch_step(const Step& st, int32_t* host_tokens);
-  void enqueue(const Step& st);
-  void enqueue_decode_one(const Step& st);
-  void enqueue_output(const Step& st, const float* logits);  // logits, or the greedy tokens, to the host
+  void enqueue(const Step& st);  // st.steps steps
+  void enqueue_one(const Step& st, int j);  // step j of them
+  void enqueue_decode_one(const Step& st, int j);
+  // The logits to the host, or the greedy tokens of step j to next_ + j * out_rows.
+  void enqueue_output(const Step& st, const float* logits, int j);
   void decode_linear(const CudaLinear& l, DecodeIn in, const float* x, const DeviceBuffer* norm, DecodeOut out,
                      float* y, const DecodeRopeKv* rope_kv = nullptr, const CudaLinear* next = nullptr);
   void run_graph(const Step& st);
@@ -112,7 +118,7 @@ class CudaBackend final : public model::ForwardBackend {
   CudaBackendOptions opts_;
   // Recorded decode steps by (batch rows, context bucket, KV storage); null = seen once, not yet
   // recorded. Invalidated when a scratch buffer is reallocated (scratch_gen_ moves).
-  using GraphKey = std::tuple<int, int, uint64_t, bool>;  // (..., greedy)
+  using GraphKey = std::tuple<int, int, uint64_t, bool, int>;  // (..., greedy, steps)
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   uint64_t scratch_gen_ = 0, graph_gen_ = 0;
   DevicePool pool_;
@@ -209,11 +215,14 @@ class CudaBackend final : public model::ForwardBackend {
   DeviceBuffer meta_;  // tokens [M], positions [M], AttnSeq [n_seqs]
   std::vector<uint8_t> host_meta_;
   float* host_logits_ = nullptr;  // pinned
-  DeviceBuffer next_;               // greedy tokens [out_rows]
-  int32_t* host_next_ = nullptr;    // pinned, 2 × out_rows: decode_greedy's two steps in flight
-  cudaEvent_t tokens_ready_[2] = {nullptr, nullptr};  // decode_greedy: step i's tokens in host_next_
+  DeviceBuffer next_;               // greedy tokens [decode_graph_steps_][out_rows]
+  DeviceBuffer argmax_ws_;          // argmax_rows' scratch (zeroed when allocated)
+  int32_t* host_next_ = nullptr;    // pinned, 2 × decode_graph_steps_ × out_rows: two launches in flight
+  cudaEvent_t tokens_ready_[2] = {nullptr, nullptr};  // decode_greedy: a launch's tokens in host_next_
   // PERRY_DECODE_OVERLAP=0: decode_greedy waits for each step like forward_greedy (A/B runs).
   bool overlap_decode_ = true;
+  // decode_greedy's steps a launch (Step::steps), PERRY_DECODE_GRAPH_STEPS=n (1 = a graph a step).
+  int decode_graph_steps_ = 4;
 };
 
 CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
@@ -297,6 +306,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
   if (decode_bulk_stages_ == 1) throw Error("PERRY_GEMV_DECODE_STAGES=1: a ring needs 2 stages or more (0 = register loads)");
   prefill_fused_ = !env_flag("PERRY_PREFILL_SEPARATE");
   overlap_decode_ = env_flag("PERRY_DECODE_OVERLAP", true);
+  decode_graph_steps_ = env_int("PERRY_DECODE_GRAPH_STEPS", decode_graph_steps_, 1, 16);
   for (cudaEvent_t& e : tokens_ready_) PERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   gate_up_bf16_ = !env_flag("PERRY_GATE_UP_F32");
   delta_bf16_ = !env_flag("PERRY_DELTA_F32");
@@ -385,10 +395,13 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
     if (host_logits_) cudaFreeHost(host_logits_);
     host_logits_ = nullptr;
     PERRY_CUDA_CHECK(cudaMallocHost(&host_logits_, hb));
-    next_.ensure(pool_, size_t(out_rows) * 4, "greedy tokens");
+    const size_t per_launch = size_t(decode_graph_steps_) * size_t(out_rows);
+    next_.ensure(pool_, per_launch * 4, "greedy tokens");
     if (host_next_) cudaFreeHost(host_next_);
     host_next_ = nullptr;
-    PERRY_CUDA_CHECK(cudaMallocHost(&host_next_, 2 * size_t(out_rows) * 4));
+    PERRY_CUDA_CHECK(cudaMallocHost(&host_next_, 2 * per_launch * 4));
+    argmax_ws_.ensure(pool_, argmax_scratch_bytes(out_rows, int64_t(V)), "greedy argmax scratch");
+    PERRY_CUDA_CHECK(cudaMemsetAsync(argmax_ws_.get(), 0, argmax_ws_.bytes(), stream_));
     scratch_rows_ = out_rows;
     ++scratch_gen_;
     // (The final norm writes the lm_head input into the activation buffers: out_rows <= M fits.)
@@ -513,7 +526,7 @@ void CudaBackend::launch_step(const Step& st, int32_t* host_tokens) {
   if (opts_.cuda_graphs && st.decode) run_graph(st);
   else enqueue(st);
   if (st.greedy)
-    PERRY_CUDA_CHECK(cudaMemcpyAsync(host_tokens, next_.get<int32_t>(), size_t(st.out_rows) * 4,
+    PERRY_CUDA_CHECK(cudaMemcpyAsync(host_tokens, next_.get<int32_t>(), size_t(st.steps) * size_t(st.out_rows) * 4,
                                      cudaMemcpyDeviceToHost, stream_));
 }
 
@@ -528,28 +541,42 @@ int64_t CudaBackend::decode_greedy(const std::vector<model::SeqInput>& batch, mo
     ensure_scratch(last.M, last.out_rows, last.n_seqs, last.max_ctx);
   }
   const uint64_t gen = scratch_gen_;
-  int64_t done = 0;  // steps whose tokens the host has (and the cache holds)
-  auto launch = [&](int64_t i) {  // step i, (i - done) steps ahead of the cache
-    const Step st = plan_step(batch, cache, true, int(i - done));
-    if (i == 0) upload_meta(batch, cache, st);  // later steps read what the step before fed
-    launch_step(st, host_next_ + (i % 2) * n);
-    PERRY_CUDA_CHECK(cudaEventRecord(tokens_ready_[i % 2], stream_));
+  const size_t slot_tokens = size_t(decode_graph_steps_) * size_t(n);  // host_next_ holds two launches
+  int64_t done = 0;      // steps whose tokens the host has (and the cache holds)
+  int64_t launched = 0;  // steps enqueued
+  int steps_of[2] = {0, 0};          // launch i's steps in slot i % 2 (tokens_ready_, host_next_)
+  int64_t n_launches = 0, oldest = 0;  // launches enqueued; the first whose tokens the host lacks
+  // The next decode_graph_steps_ steps (fewer at the end: never a step past max_steps, whose
+  // cache entries might not fit), (launched - done) steps ahead of the cache.
+  auto launch = [&] {
+    const int k = int(std::min<int64_t>(decode_graph_steps_, max_steps - launched));
+    Step st = plan_step(batch, cache, true, int(launched - done + k - 1));  // the context of its last step
+    st.steps = k;
+    if (launched == 0) upload_meta(batch, cache, st);  // later steps read what the step before fed
+    const int slot = int(n_launches % 2);
+    launch_step(st, host_next_ + size_t(slot) * slot_tokens);
+    PERRY_CUDA_CHECK(cudaEventRecord(tokens_ready_[slot], stream_));
     PERRY_CHECK(scratch_gen_ == gen, "decode_greedy: a scratch buffer moved during the run");
+    steps_of[slot] = k;
+    ++n_launches;
+    launched += k;
   };
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   try {
-    launch(0);
-    for (;;) {
-      const bool more = done + 1 < max_steps;
-      if (more) launch(done + 1);
-      cudaError_t e = cudaEventSynchronize(tokens_ready_[done % 2]);
+    launch();
+    for (bool stop = false; !stop;) {
+      if (launched < max_steps) launch();
+      const int slot = int(oldest++ % 2);
+      cudaError_t e = cudaEventSynchronize(tokens_ready_[slot]);
       if (e != cudaSuccess) throw_cuda("CUDA decode step (a kernel failed; rerun with CUDA_LAUNCH_BLOCKING=1 to name it)", e);
-      std::copy_n(host_next_ + (done % 2) * n, n, tokens.begin());
-      for (const model::SeqInput& s : batch) cache.advance(s.slot, 1);
-      ++done;
-      // A stop leaves the step enqueued ahead to finish: its cache entries lie past the lengths,
-      // where the next step fed writes its own.
-      if (!on_step(tokens) || !more) break;
+      for (int j = 0; j < steps_of[slot] && !stop; ++j) {
+        std::copy_n(host_next_ + size_t(slot) * slot_tokens + size_t(j) * size_t(n), n, tokens.begin());
+        for (const model::SeqInput& s : batch) cache.advance(s.slot, 1);
+        ++done;
+        // A stop leaves the steps enqueued ahead to finish: their cache entries lie past the
+        // lengths, where the next steps fed write their own.
+        stop = !on_step(tokens) || done == max_steps;
+      }
     }
   } catch (...) {
     cudaStreamSynchronize(stream_);
@@ -565,7 +592,7 @@ void CudaBackend::run_graph(const Step& st) {
     clear_graphs();
     graph_gen_ = scratch_gen_;
   }
-  const GraphKey key{st.M, st.max_ctx, st.kv->id, st.greedy};
+  const GraphKey key{st.M, st.max_ctx, st.kv->id, st.greedy, st.steps};
   auto it = graphs_.find(key);
   if (it != graphs_.end() && it->second) {
     PERRY_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
@@ -652,7 +679,7 @@ void CudaBackend::decode_linear(const CudaLinear& l, DecodeIn in, const float* x
 // norm + KV append kernel), attention partial + combine, o (residual
 // add out), gate|up (RMSNorm in, SwiGLU out), down (residual add out) — launched with
 // programmatic dependent launch so each one's weight prefetch overlaps the kernel before it.
-void CudaBackend::enqueue_decode_one(const Step& st) {
+void CudaBackend::enqueue_decode_one(const Step& st, int j) {
   const int H = int(cfg_.hidden_size), Q = int(cfg_.q_dim()), KV = int(cfg_.kv_dim());
   const int nh = int(cfg_.num_heads), nkv = int(cfg_.num_kv_heads), hd = int(cfg_.head_dim);
   const int V = int(cfg_.vocab_size);
@@ -668,7 +695,7 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
   auto boundary = [&] {
     if (decode_lab_boundaries_ > 0) lab_boundary(decode_lab_boundaries_, stream_);
   };
-  embedding_lookup(embed_.get(), embed_dtype_, H, d_tok, 1, x, stream_, V);
+  if (j == 0) embedding_lookup(embed_.get(), embed_dtype_, H, d_tok, 1, x, stream_, V);  // (later: fed)
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     uint16_t* kc = kv.k.get<uint16_t>() + l * kv.layer_elems;
@@ -697,10 +724,10 @@ void CudaBackend::enqueue_decode_one(const Step& st) {
   }
   float* dl = logits_.get<float>();
   decode_linear(lm_head_, DecodeIn::RmsNorm, x, &final_norm_, DecodeOut::Store, dl);
-  enqueue_output(st, dl);
+  enqueue_output(st, dl, j);
 }
 
-void CudaBackend::enqueue_output(const Step& st, const float* logits) {
+void CudaBackend::enqueue_output(const Step& st, const float* logits, int j) {
   const int64_t V = cfg_.vocab_size;
   if (st.greedy) {
     // A decode step also leaves its tokens as the next step's input (what decode_greedy relies
@@ -710,17 +737,31 @@ void CudaBackend::enqueue_output(const Step& st, const float* logits) {
       feed.tok = meta_.get<int32_t>();
       feed.pos = feed.tok + st.M;
       feed.seq = reinterpret_cast<AttnSeq*>(feed.pos + st.M);
+      // x's rows are free once lm_head has read them: the next step's embedding goes there (a
+      // decode step's rows are its sequences, one token each, so row r of x is row r's token).
+      feed.x = x_.get<float>();
+      feed.table = embed_.get();
+      feed.table_dtype = embed_dtype_;
+      feed.hidden = int64_t(cfg_.hidden_size);
     }
-    argmax_rows(logits, st.out_rows, V, next_.get<int32_t>(), stream_, feed);  // (launch_step copies them out)
+    // (launch_step copies them out)
+    argmax_rows(logits, st.out_rows, V, next_.get<int32_t>() + size_t(j) * size_t(st.out_rows), argmax_ws_.get(),
+                stream_, feed);
   } else {
     PERRY_CUDA_CHECK(cudaMemcpyAsync(host_logits_, logits, size_t(st.out_rows) * size_t(V) * 4,
                                      cudaMemcpyDeviceToHost, stream_));
   }
 }
 
-// Every kernel of one forward pass, from the token ids in meta_ to the logits in pinned host memory.
+// Every kernel of st.steps forward passes, from the token ids in meta_ to the logits in pinned
+// host memory (or the greedy tokens in next_).
 void CudaBackend::enqueue(const Step& st) {
-  if (st.M == 1 && st.decode && fused_decode_) return enqueue_decode_one(st);
+  PERRY_CHECK(st.steps == 1 || (st.greedy && st.decode), "several steps a launch need greedy decode steps");
+  for (int j = 0; j < st.steps; ++j) enqueue_one(st, j);
+}
+
+void CudaBackend::enqueue_one(const Step& st, int j) {
+  if (st.M == 1 && st.decode && fused_decode_) return enqueue_decode_one(st, j);
   const int H = int(cfg_.hidden_size), Q = int(cfg_.q_dim()), KV = int(cfg_.kv_dim()), I = int(cfg_.intermediate_size);
   const int nh = int(cfg_.num_heads), nkv = int(cfg_.num_kv_heads), hd = int(cfg_.head_dim);
   const int V = int(cfg_.vocab_size);
@@ -743,7 +784,7 @@ void CudaBackend::enqueue(const Step& st) {
   const LinearInput in = linear_in();
   const DeviceKv& kv = *st.kv;
 
-  embedding_lookup(embed_.get(), embed_dtype_, H, d_tok, M, x, stream_, V);
+  if (j == 0) embedding_lookup(embed_.get(), embed_dtype_, H, d_tok, M, x, stream_, V);  // (later: fed)
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     if (l == 0) rms_norm(x, L.in_norm.get<float>(), eps, M, H, act_out(), stream_);
@@ -822,7 +863,7 @@ void CudaBackend::enqueue(const Step& st) {
   rms_norm(xl, final_norm_.get<float>(), eps, st.out_rows, H, act_out(), stream_);
   float* dl = logits_.get<float>();
   lm_head_.forward(in, st.out_rows, dl, lctx_);
-  enqueue_output(st, dl);
+  enqueue_output(st, dl, j);
 }
 
 bool CudaBackend::gate_up_writes_bf16(const Layer& L, int M) const {

@@ -20,6 +20,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/elementwise_device.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quant_rule.cuh"
 
 namespace perry::cuda {
@@ -258,13 +259,12 @@ __global__ void rope_kernel(float* q, int64_t q_stride, int nq, float* k, int64_
   }
 }
 
-// DT: 0 = F32, 1 = F16, 2 = BF16 (exact widening conversions, like the CPU).
+// Row `id` of the table into o[0, hidden), threads of the block striding; an id outside
+// [0, vocab) (vocab < 0: unchecked) gives a row of NaN. DT: 0 = F32, 1 = F16, 2 = BF16 (exact
+// widening conversions, like the CPU).
 template <int DT>
-__global__ void embedding_kernel(const void* __restrict__ table, int64_t hidden, const int32_t* __restrict__ tok,
-                                 int64_t vocab, float* __restrict__ out) {
-  const int64_t m = blockIdx.x;
-  const int32_t id = tok[m];
-  float* o = out + m * hidden;
+__device__ __forceinline__ void embed_row(const void* __restrict__ table, int64_t hidden, int32_t id, int64_t vocab,
+                                          float* __restrict__ o) {
   if (id < 0 || (vocab >= 0 && id >= vocab)) {
     for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) o[j] = __int_as_float(0x7fc00000);
     return;
@@ -279,6 +279,12 @@ __global__ void embedding_kernel(const void* __restrict__ table, int64_t hidden,
       o[j] = __uint_as_float(uint32_t(static_cast<const uint16_t*>(table)[base + j]) << 16);
     }
   }
+}
+
+template <int DT>
+__global__ void embedding_kernel(const void* __restrict__ table, int64_t hidden, const int32_t* __restrict__ tok,
+                                 int64_t vocab, float* __restrict__ out) {
+  embed_row<DT>(table, hidden, tok[blockIdx.x], vocab, out + int64_t(blockIdx.x) * hidden);
 }
 
 template <typename TD>
@@ -297,22 +303,13 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __rest
 }
 
 // (v, i) beats (bv, bi) when larger, or equal with a lower index. NaN never beats anything
-// (all comparisons false) and the start (-inf, INT_MAX) loses to any non-NaN value.
+// (all comparisons false) and the start (-inf, INT_MAX) loses to any non-NaN value. A strict
+// total order on the pairs a block can hold, so the best of a set does not depend on the order
+// it is reduced in.
 __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
 
-constexpr int kArgmaxThreads = 1024;
-__global__ void __launch_bounds__(kArgmaxThreads)
-    argmax_kernel(const float* __restrict__ logits, int vocab, int32_t* __restrict__ out, GreedyFeed feed) {
-  const float* r = logits + int64_t(blockIdx.x) * vocab;
-  float bv = -INFINITY;
-  int bi = INT_MAX;
-  // (Unrolled so that 8 loads of a thread are in flight at once: the row was just written by
-  // lm_head and sits in L2, and one block reads all of it — ~0.5 MB for a 128k vocabulary.)
-#pragma unroll 8
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = r[i];
-    if (beats(v, i, bv, bi)) bv = v, bi = i;
-  }
+// The block's best pair, returned to every thread.
+__device__ __forceinline__ void block_best(float& bv, int& bi) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     const float ov = __shfl_xor_sync(kFull, bv, off);
@@ -321,17 +318,78 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
   __shared__ float sv[32];
   __shared__ int si[32];
+  __syncthreads();  // (a second call in one kernel reuses sv / si)
   if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = bv, si[threadIdx.x >> 5] = bi;
   __syncthreads();
+  for (int w = 0; w < int(blockDim.x >> 5); ++w)
+    if (beats(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
+}
+
+// One block a slice of kArgmaxSlice logits of a row (grid: slices × rows). 8 independent loads a
+// thread: the row was just written by lm_head and sits in L2; a 128k vocabulary is 63 blocks,
+// where one block used to read all 0.5 MB alone (~one SM's L2 bandwidth, ~8 µs a token).
+constexpr int kArgmaxThreads = 256, kArgmaxPerThread = 8, kArgmaxSlice = kArgmaxThreads * kArgmaxPerThread;
+
+int argmax_slices(int64_t vocab) { return int((vocab + kArgmaxSlice - 1) / kArgmaxSlice); }
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_kernel(const float* __restrict__ logits, int vocab, int32_t* __restrict__ out, int2* __restrict__ scratch,
+                  GreedyFeed feed) {
+  pdl::wait();
+  pdl::launch_dependents();
+  const int row = blockIdx.y, nb = gridDim.x;
+  // The row's scratch: its arrival count, then one candidate a block (a layout that depends on
+  // the vocabulary only, so calls of fewer rows never move a count).
+  unsigned* count = reinterpret_cast<unsigned*>(scratch + int64_t(row) * (nb + 1));
+  int2* cand = scratch + int64_t(row) * (nb + 1) + 1;
+  const float* r = logits + int64_t(row) * vocab;
+  const int first = blockIdx.x * kArgmaxSlice + threadIdx.x;
+  float v[kArgmaxPerThread];
+#pragma unroll
+  for (int u = 0; u < kArgmaxPerThread; ++u) {
+    const int i = first + u * kArgmaxThreads;
+    v[u] = i < vocab ? r[i] : -INFINITY;
+  }
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+#pragma unroll
+  for (int u = 0; u < kArgmaxPerThread; ++u) {
+    const int i = first + u * kArgmaxThreads;
+    if (i < vocab && beats(v[u], i, bv, bi)) bv = v[u], bi = i;
+  }
+  block_best(bv, bi);
+  __shared__ bool last;
   if (threadIdx.x == 0) {
-    for (int w = 1; w < int(blockDim.x >> 5); ++w)
-      if (beats(sv[w], si[w], bv, bi)) bv = sv[w], bi = si[w];
-    const int32_t best = bi == INT_MAX ? 0 : bi;
-    out[blockIdx.x] = best;
+    cand[blockIdx.x] = make_int2(__float_as_int(bv), bi);
+    __threadfence();  // the candidate is visible before the count says so
+    last = atomicAdd(count, 1u) == unsigned(nb - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  // The row's last block: every other block's candidate is in L2 (read past L1 with __ldcg).
+  __threadfence();
+  bv = -INFINITY, bi = INT_MAX;
+  for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+    const int2 c = __ldcg(&cand[b]);
+    if (beats(__int_as_float(c.x), c.y, bv, bi)) bv = __int_as_float(c.x), bi = c.y;
+  }
+  block_best(bv, bi);
+  const int32_t best = bi == INT_MAX ? 0 : bi;
+  if (threadIdx.x == 0) {
+    *count = 0;  // for the next call (which waits for this grid before it counts)
+    out[row] = best;
     if (feed.tok) {  // the next decode step's input: this token, one position further
-      feed.tok[blockIdx.x] = best;
-      feed.pos[blockIdx.x] += 1;
-      feed.seq[blockIdx.x].pos0 += 1;
+      feed.tok[row] = best;
+      feed.pos[row] += 1;
+      feed.seq[row].pos0 += 1;
+    }
+  }
+  if (feed.tok && feed.x) {
+    float* xr = feed.x + int64_t(row) * feed.hidden;
+    switch (feed.table_dtype) {
+      case DType::F32: embed_row<0>(feed.table, feed.hidden, best, -1, xr); break;
+      case DType::F16: embed_row<1>(feed.table, feed.hidden, best, -1, xr); break;
+      default: embed_row<2>(feed.table, feed.hidden, best, -1, xr); break;
     }
   }
 }
@@ -564,16 +622,26 @@ void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   check_launch("f32_to_bf16");
 }
 
-void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream,
+size_t argmax_scratch_bytes(int rows, int64_t vocab) {
+  if (rows <= 0 || vocab <= 0 || vocab > INT_MAX) return 0;
+  return size_t(rows) * size_t(argmax_slices(vocab) + 1) * sizeof(int2);
+}
+
+void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, void* scratch, cudaStream_t stream,
                  const GreedyFeed& feed) {
   const char* fn = "argmax_rows";
-  if (!logits || !out) bad(fn, "null device pointer");
+  if (!logits || !out || !scratch) bad(fn, "null device pointer");
   if (feed.tok && (!feed.pos || !feed.seq)) bad(fn, "a feed needs its positions and sequence records");
-  if (rows < 0 || vocab <= 0 || vocab > INT_MAX)
+  if (feed.x && (!feed.tok || !feed.table || feed.hidden <= 0))
+    bad(fn, "a feed of the embedding rows needs the tokens, the table and its width");
+  if (feed.x && feed.table_dtype != DType::F32 && feed.table_dtype != DType::F16 && feed.table_dtype != DType::BF16)
+    bad(fn, std::string("table dtype ") + std::string(dtype_name(feed.table_dtype)) + " not supported (F32, F16, BF16)");
+  if (rows < 0 || rows > 65535 || vocab <= 0 || vocab > INT_MAX)
     bad(fn, "bad shape rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab));
+  if (!aligned(scratch, 8)) bad(fn, "scratch must be 8-byte aligned");
   if (rows == 0) return;
-  argmax_kernel<<<rows, kArgmaxThreads, 0, stream>>>(logits, int(vocab), out, feed);
-  check_launch(fn);
+  pdl::launch(fn, argmax_kernel, dim3(unsigned(argmax_slices(vocab)), unsigned(rows)), dim3(kArgmaxThreads), 0,
+              stream, logits, int(vocab), out, static_cast<int2*>(scratch), feed);
 }
 
 }  // namespace perry::cuda

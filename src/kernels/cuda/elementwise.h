@@ -126,19 +126,34 @@ void f32_to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 
 // Where a greedy decode step leaves its tokens as the next step's input (the step's own batch
 // description, device): row r's token into tok[r], and pos[r] and seq[r].pos0 one further — rows
-// are sequences, one token each. Null tok = no feed.
+// are sequences, one token each. Null tok = no feed. With x too, row r of x ([rows, hidden] fp32)
+// becomes the token's embedding row (table [vocab, hidden], F32, F16 or BF16 — what
+// embedding_lookup would write), so the next step needs no embedding kernel.
 struct AttnSeq;  // attention.h
 struct GreedyFeed {
   int32_t* tok = nullptr;
   int32_t* pos = nullptr;
   AttnSeq* seq = nullptr;
+  float* x = nullptr;
+  const void* table = nullptr;
+  DType table_dtype = DType::BF16;
+  int64_t hidden = 0;
 };
+
+// Device scratch of argmax_rows for up to `rows` rows of `vocab` logits: a row's arrival count and
+// its blocks' candidates. Zero it once when it is allocated; every call leaves it zeroed again.
+// One scratch serves one vocabulary size (its layout follows it).
+size_t argmax_scratch_bytes(int rows, int64_t vocab);
 
 // out[r] = index of the max of logits[r, :] ([rows, vocab], 1 <= vocab < 2^31), ties -> the
 // lowest index (like std::max_element). NaNs are never selected; a row of only NaN gives 0.
 // With a feed, the token also becomes the next step's input (GreedyFeed), so that a run of greedy
 // decode steps can be enqueued without the host in between.
-void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, cudaStream_t stream,
+// Many blocks a row, each one slice of 2048 logits; the last block of a row to finish (an
+// arrival count in `scratch`, argmax_scratch_bytes) reduces the slices' candidates and writes the
+// token. The order of arrival does not matter: (value, index) pairs are totally ordered. Launched
+// with programmatic dependent launch (pdl.cuh), so the blocks are resident before lm_head ends.
+void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, void* scratch, cudaStream_t stream,
                  const GreedyFeed& feed = {});
 
 }  // namespace perry::cuda
