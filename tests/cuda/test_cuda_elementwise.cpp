@@ -544,7 +544,9 @@ TEST(CudaElementwise, ArgmaxRowsExact) {
         EXPECT_EQ(want[r], int(std::max_element(row, row + vocab) - row));
       }
     }
-    if (vocab > 5000) EXPECT_EQ(want[5], 2100);
+    if (vocab > 5000) {
+      EXPECT_EQ(want[5], 2100);
+    }
     Dev<float> dl(l);
     Dev<int32_t> out(std::vector<int32_t>(rows, -7));
     // The scratch zeroed once; each call leaves it zeroed for the next (three calls below).

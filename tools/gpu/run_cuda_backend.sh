@@ -201,6 +201,7 @@ decode_ab() {
         labnoattn) env+=(PERRY_LAB_DECODE_ATTENTION=skip) ;;  # lab (wrong outputs): no decode attention kernels
         attnchunk[0-9]*) env+=(PERRY_DECODE_ATTN_MIN_CHUNK=${sw#attnchunk}) ;;  # decode attention chunks of n keys (16..64)
         labbound[0-9]*) env+=(PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}) ;;  # lab: an empty N-block kernel after each step
+        gsteps[0-9]*) env+=(PERRY_DECODE_GRAPH_STEPS=${sw#gsteps}) ;;  # decode_greedy's steps a launch (1 = a graph a step)
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done
@@ -298,7 +299,7 @@ prefill_ab() {
 # a 128-token prompt and 24 new tokens under CUDA graphs, the first 2000 launches left out;
 # OUT/timeline-MODE.md (tools/gpu/timeline_report.py).
 timeline() {
-  # TIMELINE_PAIRS="mode:variant ..." (variants: fused, alt = perry-alt)
+  # TIMELINE_PAIRS="mode:variant ..." (variants: fused, alt = perry-alt, gstepsN = N decode steps a launch)
   # instead of TIMELINE_MODES (each mode as it is, with TIMELINE_ENV).
   local pairs=${TIMELINE_PAIRS:-}
   [ -z "$pairs" ] && for m in ${TIMELINE_MODES:-w4a8-g128}; do pairs="$pairs $m:fused"; done
@@ -307,6 +308,7 @@ timeline() {
     case $v in
       fused) ;;
       alt) bin="$T/bin/perry-alt" tag="$m-alt" ;;
+      gsteps[0-9]*) env+=(PERRY_DECODE_GRAPH_STEPS=${v#gsteps}) tag="$m-$v" ;;  # decode_greedy's steps a launch
       *) say "- unknown timeline variant $v"; continue ;;
     esac
     timeout 150 env "${env[@]}" PERRY_LAB_DECODE_TIMELINE="$T/tl-$tag.bin" "$bin" run --device cuda --synthetic llama3-8b \
@@ -314,7 +316,7 @@ timeline() {
     local rc=$?
     say ""; say "## timeline $m $v ${TIMELINE_ENV:-} (exit $rc): $(grep -o 'decode [0-9.]* tok/s' "$T/tl-$tag.log")"
     python3 "$ROOT/tools/gpu/timeline_report.py" "$T/tl-$tag.bin" --skip-launches 2000 > "$OUT/timeline-$tag.md" 2>&1
-    grep -E '^\| (gemv|attention)' "$OUT/timeline-$tag.md" | tee -a "$S"
+    grep -E '^\| (gemv|attention)|^Token boundary' "$OUT/timeline-$tag.md" | tee -a "$S"
   done
 }
 case "$LEVEL" in

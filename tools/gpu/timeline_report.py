@@ -14,7 +14,10 @@ launches of:
     the previous block on that SM belonged to the launch just before;
   * advance: this launch's last block end minus the previous launch's — what the launch adds to
     the step (the advances of all launches sum to the wall time), and its tail: the last block
-    end minus the median block end.
+    end minus the median block end;
+  * the token boundary: from lm_head's last block end (the GEMV that stores, the last of a step)
+    to the next step's first GEMV — its first block start, and its last block end (what the
+    argmax, the embedding and the boundary between launches add, on top of that GEMV).
 SM cycles are turned into ns by the ratio of the global timer to the SM clock over the log.
 """
 import argparse
@@ -133,6 +136,20 @@ def main():
             name, s["n"], med(s["blocks"]), med(s["advance"]) / 1e3, sum(s["advance"]) / 1e6, med(s["tail"]) / 1e3,
             med(s["gap"]) / 1e3, med(s["gap_wait"]) / 1e3, med(s["span"]) / 1e3, med(s["pre"]) / 1e3,
             med(s["build"]) / 1e3, med(s["rest"]) / 1e3, med(s["handoff"]) / 1e3, len(s["handoff"])))
+    # The token boundary: lm_head (the storing GEMV) -> the next launch.
+    b_start, b_end = [], []
+    for i in range(max(a.skip_launches, 0), len(launches) - 1):
+        k, arg = launches[i]["key"]
+        if k == 1 and (arg & 15) == 0:
+            last_i = max(r["g3"] for r in launches[i]["recs"])
+            nxt = launches[i + 1]["recs"]
+            b_start.append(min(r["g0"] for r in nxt) - last_i)
+            b_end.append(max(r["g3"] for r in nxt) - last_i)
+    if b_start:
+        print()
+        print("Token boundary (%d): lm_head's last block end -> the next launch's first block start %.2f µs (median;"
+              " max %.2f), -> its last block end %.2f µs (max %.2f)."
+              % (len(b_start), med(b_start) / 1e3, max(b_start) / 1e3, med(b_end) / 1e3, max(b_end) / 1e3))
     first = min(r["g0"] for l in launches[a.skip_launches:] for r in l["recs"])
     last = max(r["g3"] for r in recs)
     gaps = sum(sum(s["gap"]) for s in stats.values())
