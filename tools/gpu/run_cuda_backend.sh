@@ -202,7 +202,6 @@ decode_ab() {
         attnchunk[0-9]*) env+=(PERRY_DECODE_ATTN_MIN_CHUNK=${sw#attnchunk}) ;;  # decode attention chunks of n keys (16..64)
         labbound[0-9]*) env+=(PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}) ;;  # lab: an empty N-block kernel after each step
         gsteps[0-9]*) env+=(PERRY_DECODE_GRAPH_STEPS=${sw#gsteps}) ;;  # decode_greedy's steps a launch (1 = a graph a step)
-        argmaxlate) env+=(PERRY_ARGMAX_TRIGGER_FIRST=0) ;;  # the greedy argmax triggers the next step after its wait
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done

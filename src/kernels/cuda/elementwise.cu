@@ -334,13 +334,9 @@ int argmax_slices(int64_t vocab) { return int((vocab + kArgmaxSlice - 1) / kArgm
 
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_kernel(const float* __restrict__ logits, int vocab, int32_t* __restrict__ out, int2* __restrict__ scratch,
-                  GreedyFeed feed, bool trigger_first) {
-  // Triggering before the wait lets the next decode step's first GEMV become resident while
-  // lm_head ends and fill its ring during the argmax (three grids resident, as after
-  // attention_decode's combine); trigger_first = false keeps pdl.cuh's default (A/B runs).
-  if (trigger_first) pdl::launch_dependents();
+                  GreedyFeed feed) {
   pdl::wait();
-  if (!trigger_first) pdl::launch_dependents();
+  pdl::launch_dependents();
   const int row = blockIdx.y, nb = gridDim.x;
   // The row's scratch: its arrival count, then one candidate a block (a layout that depends on
   // the vocabulary only, so calls of fewer rows never move a count).
@@ -644,10 +640,8 @@ void argmax_rows(const float* logits, int rows, int64_t vocab, int32_t* out, voi
     bad(fn, "bad shape rows=" + std::to_string(rows) + " vocab=" + std::to_string(vocab));
   if (!aligned(scratch, 8)) bad(fn, "scratch must be 8-byte aligned");
   if (rows == 0) return;
-  // PERRY_ARGMAX_TRIGGER_FIRST=0: the dependents triggered after the wait (A/B runs).
-  static const bool trigger_first = env_flag("PERRY_ARGMAX_TRIGGER_FIRST", true);
   pdl::launch(fn, argmax_kernel, dim3(unsigned(argmax_slices(vocab)), unsigned(rows)), dim3(kArgmaxThreads), 0,
-              stream, logits, int(vocab), out, static_cast<int2*>(scratch), feed, trigger_first);
+              stream, logits, int(vocab), out, static_cast<int2*>(scratch), feed);
 }
 
 }  // namespace perry::cuda

@@ -13,9 +13,8 @@
 //     the decode GEMVs was measured and lost (s15-run3: the next kernel's weight copies compete
 //     with the running one's on HBM). Two deliberate exceptions trigger first, so three grids
 //     may be resident: attention_decode's combine kernel (its successor, the o projection,
-//     streams its weights during attention, when HBM is idle: w8a8 decode +4.6%, s19-run1), the
-//     greedy argmax (the next decode step's q|k|v fills its ring while lm_head ends and the argmax
-//     runs; PERRY_ARGMAX_TRIGGER_FIRST=0 for A/B), and, lab only, lab_boundary (backend_kernels.h).
+//     streams its weights during attention, when HBM is idle: w8a8 decode +4.6%, s19-run1), and,
+//     lab only, lab_boundary (backend_kernels.h).
 // On older GPUs, with PERRY_NO_PDL=1 in the environment, or in device code for sm < 90, launches
 // are ordinary stream-ordered launches and wait / launch_dependents compile to nothing.
 // CUDA graph capture keeps the programmatic edges (CUDA >= 12.3).
