@@ -15,8 +15,8 @@ launches of:
   * advance: this launch's last block end minus the previous launch's — what the launch adds to
     the step (the advances of all launches sum to the wall time), and its tail: the last block
     end minus the median block end;
-  * the token boundary: from lm_head's last block end (the GEMV that stores, the last of a step)
-    to the next step's first GEMV — its first block start, and its last block end (what the
+  * the token boundary: from lm_head's last block end (the storing GEMV that a GEMV follows, the
+    last of a step) to the next step's first GEMV — its first block start, and its last block end (what the
     argmax, the embedding and the boundary between launches add, on top of that GEMV).
 SM cycles are turned into ns by the ratio of the global timer to the SM clock over the log.
 """
@@ -136,11 +136,12 @@ def main():
             name, s["n"], med(s["blocks"]), med(s["advance"]) / 1e3, sum(s["advance"]) / 1e6, med(s["tail"]) / 1e3,
             med(s["gap"]) / 1e3, med(s["gap_wait"]) / 1e3, med(s["span"]) / 1e3, med(s["pre"]) / 1e3,
             med(s["build"]) / 1e3, med(s["rest"]) / 1e3, med(s["handoff"]) / 1e3, len(s["handoff"])))
-    # The token boundary: lm_head (the storing GEMV) -> the next launch.
+    # The token boundary: lm_head -> the next launch. lm_head is a storing GEMV followed by a GEMV
+    # (a storing q|k|v, in models with q/k norm, is followed by attention).
     b_start, b_end = [], []
     for i in range(max(a.skip_launches, 0), len(launches) - 1):
         k, arg = launches[i]["key"]
-        if k == 1 and (arg & 15) == 0:
+        if k == 1 and (arg & 15) == 0 and launches[i + 1]["key"][0] == 1:
             last_i = max(r["g3"] for r in launches[i]["recs"])
             nxt = launches[i + 1]["recs"]
             b_start.append(min(r["g0"] for r in nxt) - last_i)
