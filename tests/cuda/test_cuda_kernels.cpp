@@ -240,6 +240,72 @@ TEST(CudaGemmW8A8, WgmmaSplitKMatchesUnsplitBitForBit) {
   EXPECT_EQ(std::memcmp(ha.data(), hb.data(), size_t(M) * N * 4), 0);
 }
 
+// Stream-K (small M, fewer tiles than SMs; with tile flags): the tiles' k-tiles cut into one run
+// per SM, a tile split between runs finished in the kernel by its last CTA to arrive. The int32
+// sums equal the int64 reference and the bf16 / f32 outputs are the unsplit kernel's bit for bit,
+// whichever CTA arrives last. Shapes: Llama-3-8B's and issue 6's at M 128, M and N off the tile,
+// K off the k-tile (1040: 9 k-tiles with a zero-filled tail, in 36 runs of 4, so a tile spans 3
+// runs), fewer runs than SMs (at least 4 k-tiles a run: 16 and 48 runs). Each shape runs twice on the same flags
+// (the flags must come back to zero, or the second call's counts would be wrong), and the flags
+// are all zero at the end.
+TEST(CudaGemmW8A8, WgmmaStreamKMatchesUnsplitBitForBit) {
+  REQUIRE_GPU();
+  if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";
+  std::mt19937 g(12);
+  const int shapes[][3] = {{128, 4096, 14336}, {128, 2560, 10240}, {128, 10240, 2560}, {128, 6144, 4096},
+                           {64, 14336, 4096},  {200, 1000, 1040},  {33, 130, 4096},    {5, 300, 8192}};
+  Dev<uint32_t> flags(std::vector<uint32_t>(pc::kGemmW8A8TileFlags, 0u));
+  unsetenv("PERRY_WGMMA_SPLITK");
+  for (auto& sh : shapes) {
+    const int M = sh[0], N = sh[1], K = sh[2];
+    SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K);
+    unsetenv("PERRY_WGMMA_STREAMK");
+    EXPECT_GT(pc::gemm_w8a8_wgmma_streamk_units(M, N, K), 0) << "expected a stream-K shape";
+    const size_t ws = pc::gemm_w8a8_wgmma_workspace_bytes(M, N, K);
+    const auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);
+    const auto sa = rand_f(M, g, 1e-3f, 2e-2f), sw = rand_f(N, g, 1e-3f, 2e-2f), bias = rand_f(N, g, -2.f, 2.f);
+    Dev<int8_t> dX(X), dW(W);
+    Dev<float> dsa(sa), dsw(sw), db(bias);
+    Dev<int32_t> dws(ws / 4 + 4);
+    for (DType out : {DType::I32, DType::F32, DType::BF16}) {
+      const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
+      Dev<int32_t> sk1(size_t(M) * N), sk2(size_t(M) * N), whole(size_t(M) * N);
+      const float* b = out == DType::F32 ? nullptr : db.p;  // with and without a bias
+      pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, b, sk1.p, out, M, N, K, nullptr, dws.p, ws, flags.p);
+      pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, b, sk2.p, out, M, N, K, nullptr, dws.p, ws, flags.p);
+      pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, b, whole.p, out, M, N, K, nullptr);  // no workspace: unsplit
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto h1 = sk1.get(), h2 = sk2.get(), hw = whole.get();
+      EXPECT_EQ(std::memcmp(h1.data(), hw.data(), bytes), 0) << "stream-K output differs, out dtype " << int(out);
+      EXPECT_EQ(std::memcmp(h2.data(), hw.data(), bytes), 0) << "second stream-K call differs, out dtype " << int(out);
+      if (out == DType::I32) {
+        size_t bad = 0;
+        for (int m = 0; m < M; ++m)
+          for (int n = 0; n < N; ++n) {
+            int64_t acc = 0;
+            for (int k = 0; k < K; ++k) acc += int64_t(X[size_t(m) * K + k]) * W[size_t(n) * K + k];
+            bad += int64_t(h1[size_t(m) * N + n]) != acc;
+          }
+        EXPECT_EQ(bad, 0u) << "stream-K int32 sums differ from the int64 reference";
+      }
+    }
+    // Off: the same call takes split-K or the unsplit kernel (and the same bits).
+    setenv("PERRY_WGMMA_STREAMK", "0", 1);
+    EXPECT_EQ(pc::gemm_w8a8_wgmma_streamk_units(M, N, K), 0);
+    Dev<int32_t> off(size_t(M) * N), on(size_t(M) * N);
+    pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, db.p, off.p, DType::BF16, M, N, K, nullptr, dws.p, ws, flags.p);
+    unsetenv("PERRY_WGMMA_STREAMK");
+    pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, db.p, on.p, DType::BF16, M, N, K, nullptr, dws.p, ws, flags.p);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto ho = off.get(), hn = on.get();
+    EXPECT_EQ(std::memcmp(ho.data(), hn.data(), size_t(M) * N * 2), 0);
+  }
+  const auto hf = flags.get();
+  EXPECT_EQ(std::count(hf.begin(), hf.end(), 0u), ptrdiff_t(hf.size())) << "tile flags left non-zero";
+  // Large M (more tiles than SMs) is not stream-K.
+  EXPECT_EQ(pc::gemm_w8a8_wgmma_streamk_units(4096, 14336, 4096), 0);
+}
+
 // PREPARED, NOT YET RUN ON A GPU: the e4m3 comparison path (issue 6's w8a8-fp8).
 // quantize_per_token_fp8 against the host rule on the same rows (scale amax/448 and the codec
 // f32_to_e4m3 of x·(448/amax), bit for bit), including the scale-0, NaN, -inf, denormal rows.

@@ -160,7 +160,7 @@ class Bench {
   // The current shape.
   int N_ = 0, K_ = 0;
   std::map<WFmt, WeightPool> pools_;
-  DeviceBuffer x_, x32_, xq_, sa_, x8_, xf8_, sf8_, y_, scratch_, splitk_;
+  DeviceBuffer x_, x32_, xq_, sa_, x8_, xf8_, sf8_, y_, scratch_, splitk_, flags_;
   std::vector<int> ns_;                                          // sampled output columns
   std::map<WFmt, std::vector<std::vector<uint8_t>>> host_w_;     // copy 0, rows ns_
   std::map<std::pair<WFmt, int>, std::vector<std::vector<float>>> host_s_;
@@ -333,6 +333,8 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
         splitk = std::max(splitk, expanded_int4_splitk_bytes(op_info(op).mode, m, int(N), int(K)));
     }
   splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
+  flags_ = DeviceBuffer(pool_, size_t(kGemmW8A8TileFlags) * 4, "bench-op stream-K tile flags");  // (zeroed: as CudaLinear)
+  PERRY_CUDA_CHECK(cudaMemsetAsync(flags_.get(), 0, flags_.bytes(), stream_));
   fill_random_bf16(x_.get<uint16_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);
   fill_random_e4m3(x8_.get<uint8_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);
   PERRY_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -359,7 +361,7 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   }
   for (int M : Ms) run_case(M);
   pools_.clear();
-  for (DeviceBuffer* b : {&x_, &xq_, &sa_, &x8_, &xf8_, &sf8_, &y_, &scratch_, &splitk_}) b->reset();
+  for (DeviceBuffer* b : {&x_, &xq_, &sa_, &x8_, &xf8_, &sf8_, &y_, &scratch_, &splitk_, &flags_}) b->reset();
 }
 
 // Sampled activation rows (first, last, random) on the host: the bf16 values, their per-token
@@ -449,7 +451,8 @@ void Bench::run_case(int M) {
                                 lt8 = make_lt(Op::LtI8I8, LtGemmKind::I8_I8, i8_alpha),
                                 lte = make_lt(Op::LtE4M3, LtGemmKind::E4M3_BF16, 1.0f);
   const OpContext ctx{stream_,   blas_,     scratch_.get<uint16_t>(), lt_ws_.get(), lt32.get(),
-                      lt8.get(), lte.get(), splitk_.get<int32_t>(),   splitk_.bytes()};
+                      lt8.get(), lte.get(), splitk_.get<int32_t>(),   splitk_.bytes(),
+                      flags_.get<uint32_t>()};
   std::vector<Op> ops;
   for (Op op : ops_) {
     if (!has_row(op, M, K)) continue;

@@ -199,7 +199,7 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
       return;
     case LinearPath::Wgmma:
       gemm_w8a8_wgmma(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream,
-                      c.splitk, c.splitk_bytes);
+                      c.splitk, c.splitk_bytes, c.splitk_flags);
       return;
     case LinearPath::MmaSync:
       gemm_w8a8(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
@@ -214,7 +214,8 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
     case LinearPath::ExpandWgmma:
       PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the expansion scratch", op_info(op).name);
       run_expanded_int4(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K,
-                        reinterpret_cast<int8_t*>(c.dequant_scratch), c.splitk, c.splitk_bytes, c.stream);
+                        reinterpret_cast<int8_t*>(c.dequant_scratch), c.splitk, c.splitk_bytes, c.splitk_flags,
+                        c.stream);
       return;
     case LinearPath::Fp8Wgmma:
       gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K,

@@ -201,7 +201,7 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       return;
     case Path::Wgmma:  // (the GEMMs split only when the workspace is large enough; else they run unsplit)
       gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream,
-                      ctx.splitk.get<int32_t>(), ctx.splitk.bytes());
+                      ctx.splitk.get<int32_t>(), ctx.splitk.bytes(), ctx.splitk_flags.get<uint32_t>());
       return;
     case Path::MmaSync:
       gemm_w8a8(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream);
@@ -217,7 +217,8 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       PERRY_CHECK(ctx.dequant_scratch.bytes() >= size_t(n_) * size_t(k_), "{}: the int4 expansion scratch is missing",
                   name_);
       run_expanded_int4(mode_, x.i8, x.scale, weight_.get(), scales_.get<float>(), bias, y, out, M, n_, k_,
-                        ctx.dequant_scratch.get<int8_t>(), ctx.splitk.get(), ctx.splitk.bytes(), ctx.stream);
+                        ctx.dequant_scratch.get<int8_t>(), ctx.splitk.get(), ctx.splitk.bytes(),
+                        ctx.splitk_flags.get<uint32_t>(), ctx.stream);
       return;
     case Path::Fp8Wgmma:
       PERRY_CHECK(ctx.fp8_act.bytes() >= fp8_act_bytes(M) && ctx.fp8_scale.bytes() >= size_t(M) * 4,
@@ -299,11 +300,12 @@ size_t expanded_int4_splitk_bytes(pq::QuantMode mode, int M, int N, int K) {
 
 void run_expanded_int4(pq::QuantMode mode, const int8_t* x, const float* sa, const void* qweight, const float* scales,
                        const float* bias, void* y, DType out, int M, int N, int K, int8_t* scratch, void* splitk,
-                       size_t splitk_bytes, cudaStream_t stream) {
+                       size_t splitk_bytes, uint32_t* tile_flags, cudaStream_t stream) {
   const pq::QuantMode m8 = expanded_mode(mode);
   expand_int4_weight(qweight, N, K, scratch, stream);
   if (m8 == pq::QuantMode::W8A8)
-    gemm_w8a8_wgmma(x, sa, scratch, scales, bias, y, out, M, N, K, stream, static_cast<int32_t*>(splitk), splitk_bytes);
+    gemm_w8a8_wgmma(x, sa, scratch, scales, bias, y, out, M, N, K, stream, static_cast<int32_t*>(splitk), splitk_bytes,
+                    tile_flags);
   else
     gemm_quant_wgmma(m8, x, sa, scratch, scales, bias, y, out, M, N, K, stream, static_cast<float*>(splitk), splitk_bytes);
 }

@@ -56,7 +56,8 @@ std::string linear_path_name(quant::QuantMode mode, LinearPath path);
 // (expanded_int4_splitk_bytes). Shared by CudaLinear and bench-op so both run the same thing.
 void run_expanded_int4(quant::QuantMode mode, const int8_t* x, const float* sa, const void* qweight,
                        const float* scales, const float* bias, void* y, DType out, int M, int N, int K,
-                       int8_t* scratch, void* splitk, size_t splitk_bytes, cudaStream_t stream);
+                       int8_t* scratch, void* splitk, size_t splitk_bytes, uint32_t* tile_flags,
+                       cudaStream_t stream);
 size_t expanded_int4_splitk_bytes(quant::QuantMode mode, int M, int N, int K);
 
 // Per-stream state shared by all linears: cuBLAS handle, scratch for dequantized weights.
@@ -73,6 +74,9 @@ struct LinearContext {
   // linear runs unsplit (slower; the int32 splits the same outputs, the grouped modes theirs up
   // to fp32 summation order).
   DeviceBuffer splitk;
+  // gemm_w8a8_wgmma's stream-K tile counters (kGemmW8A8TileFlags uint32): zeroed once when the
+  // backend allocates them, left zero by every call.
+  DeviceBuffer splitk_flags;
 };
 
 class CudaLinear {

@@ -4,7 +4,9 @@
 // `perry bench-op --device cuda` and `lab_cuda_gemm_w8a8 --wgmma`. Design notes and the measured
 // steps: docs/cuda-gemm-w8a8-sm90.md. The sm_90a building blocks it shares with gemm_quant_sm90.cu
 // (mbarriers, TMA, wgmma wrappers, tile order, tensor maps) live in sm90_gemm_common.cuh.
-// Split-K (splitk_splits below) for small M × N: (tile, k-range) units, exact int32 partials.
+// Split-K (splitk_splits below) for small M × N: (tile, k-range) units, exact int32 partials;
+// with tile flags from the caller, stream-K instead (streamk_units: one equal run of k-tiles per SM,
+// the split tiles finished in the kernel by streamk_fixup).
 //
 // Y[M,N] = X[M,K]·W[N,K]ᵀ, both operands K-major int8 (the only layout int8 wgmma takes).
 //   * Block tile 128×BN×128 (BN = 256, or 128 when 256-wide tiles would leave SMs idle), a ring
@@ -79,16 +81,62 @@ __device__ __forceinline__ float acc_value(int a) {
   else return float(a);
 }
 
+// Stream-K's fixup, by each consumer warp for its 16 rows of tile t (wpos: the warp's place,
+// 0..7, in the 128-row tile; acc: its int32 sums over the segment just accumulated). Runs v0..v1
+// hold the tile's k-tiles. v1 == v0: the tile is this CTA's alone (true: store it). Otherwise the
+// warp writes its sums to its run's slot, and the last of the tile's v1 − v0 + 1 warps at this
+// place to arrive adds the others' slots into acc and returns true (int32 adds are exact in any
+// order, so the outputs are the unsplit kernel's bits whichever CTA arrives last); the others
+// return false. Slots: run u's first segment at slot 2u, its last (when it reaches into another
+// tile) at 2u + 1; a slot is [8 warps][BN/2 registers][32 lanes] int32, so each register's stores
+// are 128 contiguous bytes. flags[8t + wpos] counts the arrivals; the last resets it, so flags the
+// caller zeroed once stay zero between calls. The ordering is the fence-then-count pattern: every
+// lane fences its own stores before lane 0's atomic, and fences again before reading the others'.
+template <int BN>
+__device__ __forceinline__ bool streamk_fixup(int (&acc)[BN / 2], int t, int ktiles, long long T, int v0, int v1,
+                                              int wpos, int lane, int* __restrict__ part,
+                                              unsigned* __restrict__ flags) {
+  if (v1 == v0) return true;
+  constexpr int kVals = BN / 2;
+  const long long U = gridDim.x, t_lo = (long long)t * ktiles;
+  auto slot = [&](int v) {
+    const size_t s = size_t(2 * v + ((long long)v * T / U >= t_lo ? 0 : 1));
+    return part + (s * 8 + size_t(wpos)) * size_t(kVals * 32) + lane;
+  };
+  int* mine = slot(int(blockIdx.x));
+#pragma unroll
+  for (int i = 0; i < kVals; ++i) __stcg(mine + 32 * i, acc[i]);
+  __threadfence();
+  __syncwarp();
+  unsigned* f = flags + 8 * size_t(t) + size_t(wpos);
+  unsigned arrived = 0;
+  if (lane == 0) arrived = atomicAdd(f, 1u);
+  arrived = __shfl_sync(0xffffffffu, arrived, 0);
+  if (arrived != unsigned(v1 - v0)) return false;
+  __threadfence();
+  for (int v = v0; v <= v1; ++v) {
+    if (v == int(blockIdx.x)) continue;
+    const int* p = slot(v);
+#pragma unroll
+    for (int i = 0; i < kVals; ++i) acc[i] += __ldcg(p + 32 * i);
+  }
+  if (lane == 0) *f = 0u;
+  return true;
+}
+
 // kOut: 0 = bf16, 1 = f32, 2 = i32 (int8 only); kFp8: e4m3 operands, fp32 accumulators; kPing:
-// the ping-pong schedule (Cfg).
-template <int kOut, int BN, bool kFp8 = false, bool kPing = false>
+// the ping-pong schedule (Cfg); kStreamK: the stream-K decomposition with its in-kernel fixup
+// (streamk_units below; cooperative, int8 only): part and flags are its partial-sum slots and
+// tile counters, unused otherwise.
+template <int kOut, int BN, bool kFp8 = false, bool kPing = false, bool kStreamK = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
                            const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok,
-                           int splits, int kt_per) {
+                           int splits, int kt_per, int* __restrict__ part, unsigned* __restrict__ flags) {
 #ifdef PERRY_WGMMA
   static_assert(!(kFp8 && kOut == 2), "e4m3 accumulates in fp32: no int32 output");
+  static_assert(!kStreamK || (!kFp8 && !kPing), "stream-K: int8 sums (exact in any order), cooperative schedule");
   using C = Cfg<BN, kPing>;
   constexpr int S = C::kStages, kRows = C::kRows;
   extern __shared__ uint8_t smem_raw[];
@@ -109,9 +157,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Split-K (splits > 1, cooperative schedule, I32 partials only): work unit u is k-tiles
   // [split·kt_per, +kt_per) of tile u / splits, its int32 sums stored at Y + split·M·N.
   const int num_units = tiles_m * tiles_n * splits;
-  auto k_range = [&](int u, int& kt0, int& kt1) {
-    kt0 = (u % splits) * kt_per;
-    kt1 = min(ktiles, kt0 + kt_per);
+  // Stream-K (kStreamK): the tiles' k-tiles in tile order, T = tiles·ktiles, cut into gridDim.x
+  // equal runs; CTA u takes run [u·T/U, (u+1)·T/U), a segment of each tile it touches. A tile
+  // whose k-tiles span several runs is finished by the last of their CTAs to arrive (fixup below).
+  const long long T = (long long)tiles_m * tiles_n * ktiles, U = gridDim.x;
+  auto run_start = [&](long long u) { return u * T / U; };
+  auto unit_of = [&](long long it) { return int(((it + 1) * U + T - 1) / T - 1); };  // the run holding it
+  // Piece of work i of this CTA: its tile t, k-tiles [kt0, kt1) and output slice (split-K: the
+  // split's int32 partials). False past the CTA's last.
+  auto work = [&](int i, int& t, int& kt0, int& kt1, int& slice) -> bool {
+    if constexpr (kStreamK) {
+      const long long start = run_start(blockIdx.x), end = run_start(blockIdx.x + 1);
+      const long long it = i == 0 ? start : (start / ktiles + i) * ktiles;
+      if (it >= end) return false;
+      t = int(it / ktiles);
+      kt0 = int(it % ktiles);
+      kt1 = int(end - it < (long long)(ktiles - kt0) ? kt0 + (end - it) : ktiles);
+      slice = 0;
+      return true;
+    } else {
+      const int u = blockIdx.x + i * gridDim.x;
+      if (u >= num_units) return false;
+      t = u / splits;
+      kt0 = (u % splits) * kt_per;
+      kt1 = min(ktiles, kt0 + kt_per);
+      slice = u % splits;
+      return true;
+    }
   };
 
   if (threadIdx.x == 0) {
@@ -136,10 +208,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmB)) : "memory");
       int s = 0;
       uint32_t phase = 0;
-      for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
-        int m0, n0, kt0, kt1;
-        tile_origin<kRows, C::kGroupRows>(u / splits, tiles_m, tiles_n, BN, m0, n0);
-        k_range(u, kt0, kt1);
+      int t, kt0, kt1, slice;
+      for (int i = 0; work(i, t, kt0, kt1, slice); ++i) {
+        int m0, n0;
+        tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
         for (int kt = kt0; kt < kt1; ++kt) {
           mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
           mbar_arrive_expect_tx(full(s), C::kStageBytes);
@@ -162,11 +234,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Ping-pong: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... — the producer still loads
     // them all in order into one ring, so tile i's stages sit at ring positions i·ktiles + kt.
     for (int i = kPing ? cw : 0;; i += kPing ? 2 : 1) {
-      const int u = blockIdx.x + i * gridDim.x;
-      if (u >= num_units) break;
-      int m0, n0, kt0, kt1;
-      tile_origin<kRows, C::kGroupRows>(u / splits, tiles_m, tiles_n, BN, m0, n0);
-      k_range(u, kt0, kt1);
+      int t, kt0, kt1, slice;
+      if (!work(i, t, kt0, kt1, slice)) break;
+      int m0, n0;
+      tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
       if constexpr (kPing) {
         // Wait for the other warpgroup to have issued tile i − 1: only then are this tile's
         // stages at most one ring lap ahead of every full barrier (parity waits need that).
@@ -209,6 +280,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) {
         if (prev2 >= 0) mbar_arrive(empty(prev2));  // (ping-pong only; in ring order)
         mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
+      }
+      if constexpr (kStreamK) {
+        if (!streamk_fixup<BN>(acc, t, ktiles, T, unit_of((long long)t * ktiles),
+                               unit_of((long long)(t + 1) * ktiles - 1), cw * 4 + warp, lane, part, flags))
+          continue;  // another CTA of this tile arrives later and stores it
       }
 
       // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
@@ -292,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
             const size_t o = size_t(r) * N + c;
             if constexpr (kOut == 2) {
-              int* y = static_cast<int*>(Y) + size_t(u % splits) * size_t(M) * N + o;
+              int* y = static_cast<int*>(Y) + size_t(slice) * size_t(M) * N + o;
               if (pair && vec_ok) {
                 *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
               } else {
@@ -332,27 +408,47 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---------------------------------------------------------------- host side
 
-template <int kOut, int BN, bool kFp8, bool kPing>
+// streamk_units > 0: the stream-K grid (that many runs, part and flags its slots and counters).
+template <int kOut, int BN, bool kFp8, bool kPing, bool kStreamK = false>
 void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
             int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name, int splits = 1,
-            int kt_per = 0) {
+            int kt_per = 0, int streamk_units = 0, int* part = nullptr, unsigned* flags = nullptr) {
   using C = Cfg<BN, kPing>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing>,
+    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kStreamK>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   });
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap ta = make_map(dX, M, K, kBK, C::kRows, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma"),
                     tb = make_map(dW, N, K, kBK, BN, CU_TENSOR_MAP_SWIZZLE_128B, "gemm_w8a8_wgmma");
   const long long units = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN) * splits;
-  const unsigned grid = unsigned(units < sms ? units : sms);
+  const unsigned grid = kStreamK ? unsigned(streamk_units) : unsigned(units < sms ? units : sms);
   if (kt_per <= 0) kt_per = (K + kBK - 1) / kBK;
-  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing><<<grid, kThreads, C::kSmemBytes, stream>>>(
-      ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, splits, kt_per);
+  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kStreamK><<<grid, kThreads, C::kSmemBytes, stream>>>(
+      ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, splits, kt_per, part, flags);
   check_launch(name);
 }
+
+// Stream-K (small M, fewer 128 × 128 tiles than SMs): the tiles' k-tiles cut into one equal run
+// per SM, so every SM streams weights, where the tile grid left SMs idle and split-K's equal splits
+// of whole tiles leave some (N 10240 at M 128: 80 tiles; N 2560: 20 tiles × 6 splits = 120) and
+// pay a second kernel that adds the partial sums. A tile split between runs is finished inside
+// the kernel by its last CTA to arrive (streamk_fixup). Returns the runs (0: not stream-K): at
+// least kMinRun k-tiles each, more runs than tiles. PERRY_WGMMA_STREAMK=0 / 1 turns it off / on
+// where it applies (read per call: the tests run both).
+constexpr int kStreamKBN = 128, kStreamKMinRun = 4;
+int streamk_units(int M, int N, int K, int sms) {
+  const int forced = split_env("PERRY_WGMMA_STREAMK");
+  if (forced == 0) return 0;
+  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + kStreamKBN - 1) / kStreamKBN);
+  const long long T = tiles * ((K + kBK - 1) / kBK);
+  const long long units = std::min<long long>(sms, T / kStreamKMinRun);
+  if (units <= tiles || tiles * 8 > kGemmW8A8TileFlags) return 0;
+  return int(units);
+}
+size_t streamk_bytes(int units) { return size_t(2) * size_t(units) * size_t(kBM) * kStreamKBN * 4; }
 
 // Column tile width: 256 unless that leaves clearly more of the last wave idle than 128 does.
 // PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments only).
@@ -415,10 +511,16 @@ bool pingpong_schedule(int M, int N, int K, int sms, bool wide) {
 template <int kOut, bool kFp8 = false>
 void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
               int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name, int32_t* workspace = nullptr,
-              size_t workspace_bytes = 0) {
+              size_t workspace_bytes = 0, uint32_t* tile_flags = nullptr) {
   const int sms = sm_count();
   const bool wide = pick_bn(M, N, sms) == 256;
   if constexpr (!kFp8) {  // (e4m3 accumulates in fp32: its partial sums would not add exactly)
+    const int units = tile_flags ? streamk_units(M, N, K, sms) : 0;
+    if (units > 0 && workspace && workspace_bytes >= streamk_bytes(units)) {
+      launch<kOut, kStreamKBN, false, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, 1,
+                                                   0, units, workspace, tile_flags);
+      return;
+    }
     int kt_per = 0;
     const int splits = splitk_splits(M, N, K, sms, kt_per);
     const size_t need = size_t(splits) * size_t(M) * N * 4;
@@ -467,26 +569,39 @@ bool gemm_w8a8_wgmma_supported() {  // sm_90a code runs on sm_90 only
 
 size_t gemm_w8a8_wgmma_workspace_bytes(int M, int N, int K) {
   if (M <= 0 || N <= 0 || K <= 0 || !gemm_w8a8_wgmma_supported()) return 0;
+  const int sms = sm_count();
   int kt_per = 0;
-  const int splits = splitk_splits(M, N, K, sm_count(), kt_per);
-  return splits > 1 ? size_t(splits) * size_t(M) * size_t(N) * 4 : 0;
+  const int splits = splitk_splits(M, N, K, sms, kt_per);
+  const size_t split_bytes = splits > 1 ? size_t(splits) * size_t(M) * size_t(N) * 4 : 0;
+  const int units = streamk_units(M, N, K, sms);
+  return std::max(split_bytes, units > 0 ? streamk_bytes(units) : size_t(0));
+}
+
+int gemm_w8a8_wgmma_streamk_units(int M, int N, int K) {
+  if (M <= 0 || N <= 0 || K <= 0 || !gemm_w8a8_wgmma_supported()) return 0;
+  return streamk_units(M, N, K, sm_count());
 }
 
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias,
                      void* dY, DType out, int M, int N, int K, cudaStream_t stream, int32_t* workspace,
-                     size_t workspace_bytes) {
+                     size_t workspace_bytes, uint32_t* tile_flags) {
   const int vec_ok = check_args("gemm_w8a8_wgmma", dX, dSa, dW, dSw, dY, out, M, N, K);
   if (workspace && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
     throw Error("gemm_w8a8_wgmma: the split-K workspace must be 16-byte aligned");
+  if (tile_flags && reinterpret_cast<uintptr_t>(tile_flags) % 4 != 0)
+    throw Error("gemm_w8a8_wgmma: the tile flags must be 4-byte aligned");
   switch (out) {
     case DType::BF16:
-      dispatch<0>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<bf16>", workspace, workspace_bytes);
+      dispatch<0>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<bf16>", workspace,
+                  workspace_bytes, tile_flags);
       return;
     case DType::F32:
-      dispatch<1>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<f32>", workspace, workspace_bytes);
+      dispatch<1>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<f32>", workspace,
+                  workspace_bytes, tile_flags);
       return;
     case DType::I32:
-      dispatch<2>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<i32>", workspace, workspace_bytes);
+      dispatch<2>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<i32>", workspace,
+                  workspace_bytes, tile_flags);
       return;
     default: throw Error("gemm_w8a8_wgmma: output dtype must be BF16, F32 or I32");
   }
