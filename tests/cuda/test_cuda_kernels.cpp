@@ -241,9 +241,9 @@ TEST(CudaGemmW8A8, WgmmaSplitKMatchesUnsplitBitForBit) {
 }
 
 // Stream-K (small M, fewer tiles than SMs; with tile flags): the tiles' k-tiles cut into one run
-// per SM, a tile split between runs finished in the kernel by its last CTA to arrive. The int32
-// sums equal the int64 reference and the bf16 / f32 outputs are the unsplit kernel's bit for bit,
-// whichever CTA arrives last. Shapes: Llama-3-8B's and issue 6's at M 128, M and N off the tile,
+// per SM, a tile split between runs finished in the kernel by the run holding its first k-tile,
+// once the other runs' partial sums have arrived. The int32 sums equal the int64 reference and the
+// bf16 / f32 outputs are the unsplit kernel's bit for bit. Shapes: Llama-3-8B's and issue 6's at M 128, M and N off the tile,
 // K off the k-tile (1040: 9 k-tiles with a zero-filled tail, in 36 runs of 4, so a tile spans 3
 // runs), fewer runs than SMs (at least 4 k-tiles a run: 16 and 48 runs). Each shape runs twice on the same flags
 // (the flags must come back to zero, or the second call's counts would be wrong), and the flags
@@ -259,7 +259,9 @@ TEST(CudaGemmW8A8, WgmmaStreamKMatchesUnsplitBitForBit) {
   for (auto& sh : shapes) {
     const int M = sh[0], N = sh[1], K = sh[2];
     SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K);
-    unsetenv("PERRY_WGMMA_STREAMK");
+    // (M <= 64 takes stream-K only when forced: ping-pong's 64-row tiles are faster there.)
+    if (M <= 64) setenv("PERRY_WGMMA_STREAMK", "1", 1);
+    else unsetenv("PERRY_WGMMA_STREAMK");
     EXPECT_GT(pc::gemm_w8a8_wgmma_streamk_units(M, N, K), 0) << "expected a stream-K shape";
     const size_t ws = pc::gemm_w8a8_wgmma_workspace_bytes(M, N, K);
     const auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);
@@ -294,16 +296,18 @@ TEST(CudaGemmW8A8, WgmmaStreamKMatchesUnsplitBitForBit) {
     EXPECT_EQ(pc::gemm_w8a8_wgmma_streamk_units(M, N, K), 0);
     Dev<int32_t> off(size_t(M) * N), on(size_t(M) * N);
     pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, db.p, off.p, DType::BF16, M, N, K, nullptr, dws.p, ws, flags.p);
-    unsetenv("PERRY_WGMMA_STREAMK");
+    setenv("PERRY_WGMMA_STREAMK", "1", 1);
     pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, db.p, on.p, DType::BF16, M, N, K, nullptr, dws.p, ws, flags.p);
+    unsetenv("PERRY_WGMMA_STREAMK");
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto ho = off.get(), hn = on.get();
     EXPECT_EQ(std::memcmp(ho.data(), hn.data(), size_t(M) * N * 2), 0);
   }
   const auto hf = flags.get();
   EXPECT_EQ(std::count(hf.begin(), hf.end(), 0u), ptrdiff_t(hf.size())) << "tile flags left non-zero";
-  // Large M (more tiles than SMs) is not stream-K.
+  // Large M (more tiles than SMs) is not stream-K, nor M <= 64 by default.
   EXPECT_EQ(pc::gemm_w8a8_wgmma_streamk_units(4096, 14336, 4096), 0);
+  EXPECT_EQ(pc::gemm_w8a8_wgmma_streamk_units(64, 14336, 4096), 0);
 }
 
 // PREPARED, NOT YET RUN ON A GPU: the e4m3 comparison path (issue 6's w8a8-fp8).

@@ -56,7 +56,7 @@ bool gemm_w8a8_wgmma_supported();
 // bit (int32 partial sums add exactly):
 //   * with tile_flags (kGemmW8A8TileFlags uint32, zeroed by the caller once; every call leaves
 //     them zero): stream-K, one equal run of the tiles' k-tiles per SM, a tile split between runs
-//     finished inside the kernel by the last of its CTAs (PERRY_WGMMA_STREAMK=0 turns it off);
+//     finished inside the kernel by the run holding its first k-tile (PERRY_WGMMA_STREAMK=0 turns it off);
 //   * without: split-K into equal splits of whole tiles, int32 partial sums per k-range into the
 //     workspace, then one pass that adds them and applies the epilogue.
 // Without a workspace (or when it returns 0) the kernel runs unsplit. Calls that share tile_flags

@@ -83,44 +83,49 @@ __device__ __forceinline__ float acc_value(int a) {
 
 // Stream-K's fixup, by each consumer warp for its 16 rows of tile t (wpos: the warp's place,
 // 0..7, in the 128-row tile; acc: its int32 sums over the segment just accumulated). Runs v0..v1
-// hold the tile's k-tiles. v1 == v0: the tile is this CTA's alone (true: store it). Otherwise the
-// warp writes its sums to its run's slot, and the last of the tile's v1 − v0 + 1 warps at this
-// place to arrive adds the others' slots into acc and returns true (int32 adds are exact in any
-// order, so the outputs are the unsplit kernel's bits whichever CTA arrives last); the others
-// return false. Slots: run u's first segment at slot 2u, its last (when it reaches into another
-// tile) at 2u + 1; a slot is [8 warps][BN/2 registers][32 lanes] int32, so each register's stores
-// are 128 contiguous bytes. flags[8t + wpos] counts the arrivals; the last resets it, so flags the
-// caller zeroed once stay zero between calls. The ordering is the fence-then-count pattern: every
-// lane fences its own stores before lane 0's atomic, and fences again before reading the others'.
+// hold the tile's k-tiles; v1 == v0: the tile is this CTA's alone (true: store it). Otherwise run
+// v0 — the one holding the tile's first k-tile — owns it: a CTA walks its run in order, so the
+// tile's head is the last segment of v0's run, while runs v0+1..v1 hold it in their first
+// segment, done early. Each of those writes its sums to slot v (its run's only partial segment)
+// and counts itself on flags[8t + wpos] with a release add — no wait. The owner waits (acquire
+// loads, usually passed at once) for the v1 − v0 counts, adds the slots into acc (int32: exact in
+// any order, the unsplit kernel's bits), resets the flag (so flags the caller zeroed once stay
+// zero between calls) and returns true; the others return false. The wait cannot deadlock: it is
+// on higher-numbered runs, and the highest waits on none, so some run always progresses as long
+// as blocks keep being scheduled (the kernel triggers no dependent early). A slot is [8 warps]
+// [BN/2 registers][32 lanes] int32: each register's stores are 128 contiguous bytes.
+// lab_skip (PERRY_LAB_STREAMK_NOFIXUP=1, lab only, wrong outputs): every segment stores its own
+// sums as if it held the whole tile — the decomposition's time without the fixup.
 template <int BN>
-__device__ __forceinline__ bool streamk_fixup(int (&acc)[BN / 2], int t, int ktiles, long long T, int v0, int v1,
-                                              int wpos, int lane, int* __restrict__ part,
-                                              unsigned* __restrict__ flags) {
-  if (v1 == v0) return true;
+__device__ __forceinline__ bool streamk_fixup(int (&acc)[BN / 2], int v0, int v1, int t, int wpos, int lane,
+                                              int* __restrict__ part, unsigned* __restrict__ flags, bool lab_skip) {
+  if (v1 == v0 || lab_skip) return true;
   constexpr int kVals = BN / 2;
-  const long long U = gridDim.x, t_lo = (long long)t * ktiles;
-  auto slot = [&](int v) {
-    const size_t s = size_t(2 * v + ((long long)v * T / U >= t_lo ? 0 : 1));
-    return part + (s * 8 + size_t(wpos)) * size_t(kVals * 32) + lane;
-  };
-  int* mine = slot(int(blockIdx.x));
-#pragma unroll
-  for (int i = 0; i < kVals; ++i) __stcg(mine + 32 * i, acc[i]);
-  __threadfence();
-  __syncwarp();
+  auto slot = [&](int v) { return part + (size_t(v) * 8 + size_t(wpos)) * size_t(kVals * 32) + lane; };
   unsigned* f = flags + 8 * size_t(t) + size_t(wpos);
-  unsigned arrived = 0;
-  if (lane == 0) arrived = atomicAdd(f, 1u);
-  arrived = __shfl_sync(0xffffffffu, arrived, 0);
-  if (arrived != unsigned(v1 - v0)) return false;
-  __threadfence();
-  for (int v = v0; v <= v1; ++v) {
-    if (v == int(blockIdx.x)) continue;
+  if (int(blockIdx.x) != v0) {
+    int* mine = slot(int(blockIdx.x));
+#pragma unroll
+    for (int i = 0; i < kVals; ++i) __stcg(mine + 32 * i, acc[i]);
+    __syncwarp();  // (orders the lanes' stores before lane 0's release)
+    if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(f) : "memory");
+    return false;
+  }
+  if (lane == 0) {
+    unsigned n = 0;
+    while (true) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(n) : "l"(f) : "memory");
+      if (n >= unsigned(v1 - v0)) break;
+      __nanosleep(64);
+    }
+    *f = 0u;
+  }
+  __syncwarp();  // (orders the other lanes' loads after lane 0's acquire)
+  for (int v = v0 + 1; v <= v1; ++v) {
     const int* p = slot(v);
 #pragma unroll
     for (int i = 0; i < kVals; ++i) acc[i] += __ldcg(p + 32 * i);
   }
-  if (lane == 0) *f = 0u;
   return true;
 }
 
@@ -159,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_units = tiles_m * tiles_n * splits;
   // Stream-K (kStreamK): the tiles' k-tiles in tile order, T = tiles·ktiles, cut into gridDim.x
   // equal runs; CTA u takes run [u·T/U, (u+1)·T/U), a segment of each tile it touches. A tile
-  // whose k-tiles span several runs is finished by the last of their CTAs to arrive (fixup below).
+  // whose k-tiles span several runs is finished by the run holding its first k-tile (streamk_fixup).
   const long long T = (long long)tiles_m * tiles_n * ktiles, U = gridDim.x;
   auto run_start = [&](long long u) { return u * T / U; };
   auto unit_of = [&](long long it) { return int(((it + 1) * U + T - 1) / T - 1); };  // the run holding it
@@ -282,9 +287,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
       }
       if constexpr (kStreamK) {
-        if (!streamk_fixup<BN>(acc, t, ktiles, T, unit_of((long long)t * ktiles),
-                               unit_of((long long)(t + 1) * ktiles - 1), cw * 4 + warp, lane, part, flags))
-          continue;  // another CTA of this tile arrives later and stores it
+        if (!streamk_fixup<BN>(acc, unit_of((long long)t * ktiles), unit_of((long long)(t + 1) * ktiles - 1), t,
+                               cw * 4 + warp, lane, part, flags, (vec_ok & 8) != 0))
+          continue;  // the tile's owner adds these sums and stores it
       }
 
       // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
@@ -435,20 +440,23 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
 // per SM, so every SM streams weights, where the tile grid left SMs idle and split-K's equal splits
 // of whole tiles leave some (N 10240 at M 128: 80 tiles; N 2560: 20 tiles × 6 splits = 120) and
 // pay a second kernel that adds the partial sums. A tile split between runs is finished inside
-// the kernel by its last CTA to arrive (streamk_fixup). Returns the runs (0: not stream-K): at
-// least kMinRun k-tiles each, more runs than tiles. PERRY_WGMMA_STREAMK=0 / 1 turns it off / on
-// where it applies (read per call: the tests run both).
+// the kernel by the run that holds its first k-tile (streamk_fixup). Returns the runs (0: not stream-K): at
+// least kMinRun k-tiles each, more runs than tiles, M > 64. PERRY_WGMMA_STREAMK=0 turns it off,
+// =1 on at any M (read per call: the tests run both).
 constexpr int kStreamKBN = 128, kStreamKMinRun = 4;
 int streamk_units(int M, int N, int K, int sms) {
   const int forced = split_env("PERRY_WGMMA_STREAMK");
   if (forced == 0) return 0;
+  // M <= 64: 128-row tiles would be half empty rows the tensor cores still multiply; the ping-pong
+  // schedule's 64-row tiles win there (H200: N 14336 K 4096 M 64, 33.5 µs stream-K vs 23.0).
+  if (forced != 1 && M <= 64) return 0;
   const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + kStreamKBN - 1) / kStreamKBN);
   const long long T = tiles * ((K + kBK - 1) / kBK);
   const long long units = std::min<long long>(sms, T / kStreamKMinRun);
   if (units <= tiles || tiles * 8 > kGemmW8A8TileFlags) return 0;
   return int(units);
 }
-size_t streamk_bytes(int units) { return size_t(2) * size_t(units) * size_t(kBM) * kStreamKBN * 4; }
+size_t streamk_bytes(int units) { return size_t(units) * size_t(kBM) * kStreamKBN * 4; }  // a slot a run
 
 // Column tile width: 256 unless that leaves clearly more of the last wave idle than 128 does.
 // PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments only).
@@ -517,8 +525,9 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
   if constexpr (!kFp8) {  // (e4m3 accumulates in fp32: its partial sums would not add exactly)
     const int units = tile_flags ? streamk_units(M, N, K, sms) : 0;
     if (units > 0 && workspace && workspace_bytes >= streamk_bytes(units)) {
-      launch<kOut, kStreamKBN, false, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, 1,
-                                                   0, units, workspace, tile_flags);
+      const int lab = split_env("PERRY_LAB_STREAMK_NOFIXUP") == 1 ? 8 : 0;  // (lab only: wrong outputs)
+      launch<kOut, kStreamKBN, false, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok | lab, sms, stream,
+                                                   name, 1, 0, units, workspace, tile_flags);
       return;
     }
     int kt_per = 0;
