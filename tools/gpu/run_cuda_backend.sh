@@ -243,7 +243,7 @@ prefill_ab() {
         pingon) env+=(PERRY_WGMMA_PINGPONG=1) ;;  # ... ping-pong schedule at every shape
         nowgmma) env+=(PERRY_NO_WGMMA=1) ;;  # no sm_90 int8 wgmma GEMMs (mma.sync at every M)
         nosplitk) env+=(PERRY_WGMMA_SPLITK=0) ;;  # the w8a8 wgmma GEMM never split over K
-        nostreamk) env+=(PERRY_WGMMA_STREAMK=0) ;;  # ... nor stream-K at small M (split-K or unsplit instead)
+        splitfixup) env+=(PERRY_WGMMA_SPLITK_FIXUP=1) ;;  # ... its split-K sums added inside the GEMM (not a second kernel)
         nogqsplit) env+=(PERRY_GQ_SPLITK=0) ;;  # ... nor the grouped W*A8 one (gemm_quant_wgmma)
         noexpand) env+=(PERRY_NO_INT4_EXPAND=1) ;;  # int4 W*A8: the int4 GEMM at every M (no int8 expansion)
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks

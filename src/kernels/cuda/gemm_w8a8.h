@@ -49,23 +49,23 @@ namespace perry::cuda {
 // m64n256k32 (or n128), cooperative or ping-pong schedule, persistent grid, fused epilogue.
 // Throws perry::Error on other devices. Environment (read per call, for the lab and the tests):
 // PERRY_WGMMA_BN=128|256 forces the column tile width, PERRY_WGMMA_PINGPONG=0|1 the schedule,
-// PERRY_WGMMA_SPLITK=0|N split-K off / N splits, PERRY_WGMMA_STREAMK=0|1 stream-K off / on.
+// PERRY_WGMMA_SPLITK=0|N split-K off / N splits (at most one CTA a unit),
+// PERRY_WGMMA_SPLITK_FIXUP=1 the split-K sums added inside the kernel (tile flags given).
 bool gemm_w8a8_wgmma_supported();
 // With a workspace of at least gemm_w8a8_wgmma_workspace_bytes(M, N, K) bytes (16-byte aligned),
-// shapes whose tiles would leave SMs idle (small M) run split over K — the same outputs bit for
-// bit (int32 partial sums add exactly):
+// shapes whose tiles would leave most SMs idle (small M and N) run split over K into
+// gemm_w8a8_wgmma_splits(M, N, K) k-ranges — the same outputs bit for bit (int32 partial sums add
+// exactly):
 //   * with tile_flags (kGemmW8A8TileFlags uint32, zeroed by the caller once; every call leaves
-//     them zero): stream-K, one equal run of the tiles' k-tiles per SM, a tile split between runs
-//     finished inside the kernel by the run holding its first k-tile (PERRY_WGMMA_STREAMK=0 turns it off);
-//   * without: split-K into equal splits of whole tiles, int32 partial sums per k-range into the
-//     workspace, then one pass that adds them and applies the epilogue.
+//     them zero) and PERRY_WGMMA_SPLITK_FIXUP=1 (not yet the default: not yet run on a GPU):
+//     each tile's split 0 adds the other splits' sums inside the kernel and stores the tile;
+//   * otherwise: every split stores its int32 sums into the workspace, then a second kernel adds
+//     them and applies the epilogue.
 // Without a workspace (or when it returns 0) the kernel runs unsplit. Calls that share tile_flags
 // must not run concurrently (one stream).
 constexpr int kGemmW8A8TileFlags = 2048;
 size_t gemm_w8a8_wgmma_workspace_bytes(int M, int N, int K);
-// The stream-K grid gemm_w8a8_wgmma runs M × N × K with (tile flags and a large enough
-// workspace given); 0: not stream-K (split-K or unsplit).
-int gemm_w8a8_wgmma_streamk_units(int M, int N, int K);
+int gemm_w8a8_wgmma_splits(int M, int N, int K);  // 1: unsplit
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
                      const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream,
                      int32_t* workspace, size_t workspace_bytes, uint32_t* tile_flags = nullptr);
