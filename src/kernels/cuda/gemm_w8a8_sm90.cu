@@ -464,7 +464,7 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
 // Split-K's fixup inside the kernel (splitk_fixup) where the caller gives tile flags and
 // PERRY_WGMMA_SPLITK_FIXUP=1 (read per call). Not yet the default: written in the twenty-eighth
 // session, whose GPU call with it did not come back (the device machine stopped answering), so
-// it has not run on a GPU; its test (WgmmaSplitKFixupMatchesUnsplitBitForBit) and bench-op A/B
+// it has not run on a GPU; its test (the fixup half of WgmmaSplitKMatchesUnsplitBitForBit) and bench-op A/B
 // (variant PERRY_WGMMA_SPLITK_FIXUP=1) come first. The same wait protocol ran and passed there
 // inside the stream-K version that preceded it (docs/perf/cuda/s28-run1-2-stream-k.md).
 bool fixup_enabled() { return split_env("PERRY_WGMMA_SPLITK_FIXUP") == 1; }
