@@ -416,7 +416,6 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
   check_launch(name);
 }
 
-
 // Column tile width: 256 unless that leaves clearly more of the last wave idle than 128 does.
 // PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments only).
 int pick_bn(int M, int N, int sms) {
