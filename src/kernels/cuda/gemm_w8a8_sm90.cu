@@ -442,10 +442,11 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
   kt_per = ktiles;
   const int forced = split_env("PERRY_WGMMA_SPLITK");
   if (forced == 0 || forced == 1) return 1;
+  const int bn = pick_bn(M, N, sms);
+  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + bn - 1) / bn);
   int splits = forced;
   if (forced < 0) {
-    const int bn = pick_bn(M, N, sms);
-    splits = fill_splits((long long)((M + kBM - 1) / kBM) * ((N + bn - 1) / bn), ktiles, sms);
+    splits = fill_splits(tiles, ktiles, sms);
     // The epilogue pass costs a few microseconds: two splits pay only over a long K. H200, ninth
     // session, run 8 (bench-op, split vs unsplit): N 6144, K 4096 (2 splits of 16 k-tiles) lost
     // 7–10% at M 64 and 128; N 4096, K 14336 at M 256 (2 of 56) gained 15%; 4–6 splits gained
@@ -455,7 +456,6 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
   splits = finish_splits(splits, ktiles, kt_per);
   // The in-kernel fixup needs one resident CTA a unit (and 8 flags a tile): a forced count past
   // that runs as many splits as fit.
-  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + pick_bn(M, N, sms) - 1) / pick_bn(M, N, sms));
   while (splits > 1 && (tiles * splits > sms || tiles * 8 > kGemmW8A8TileFlags)) splits = finish_splits(splits - 1, ktiles, kt_per);
   return splits;
 }
@@ -467,8 +467,9 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
 // (variant PERRY_WGMMA_SPLITK_FIXUP=1) come first. The same wait protocol ran and passed there
 // inside the stream-K version that preceded it (docs/perf/cuda/s28-run1-2-stream-k.md).
 bool fixup_enabled() { return split_env("PERRY_WGMMA_SPLITK_FIXUP") == 1; }
-// Its workspace: a slot of 128 × BN int32 a unit.
-size_t fixup_bytes(int M, int N, int splits, bool wide) {
+// The split-K workspace: a slot of 128 × BN int32 a unit — the fixup's slots, and (whole tiles
+// cover M × N) at least the second kernel's splits·M·N slices.
+size_t split_workspace_bytes(int M, int N, int splits, bool wide) {
   const int bn = wide ? 256 : 128;
   const size_t units = size_t((M + kBM - 1) / kBM) * size_t((N + bn - 1) / bn) * size_t(splits);
   return units * size_t(kBM) * size_t(bn) * 4;
@@ -502,7 +503,7 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
   if constexpr (!kFp8) {  // (e4m3 accumulates in fp32: its partial sums would not add exactly)
     int kt_per = 0;
     const int splits = splitk_splits(M, N, K, sms, kt_per);
-    if (splits > 1 && tile_flags && fixup_enabled() && workspace && workspace_bytes >= fixup_bytes(M, N, splits, wide)) {
+    if (splits > 1 && tile_flags && fixup_enabled() && workspace && workspace_bytes >= split_workspace_bytes(M, N, splits, wide)) {
       if (wide) launch<kOut, 256, false, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, splits, kt_per, workspace, tile_flags);
       else launch<kOut, 128, false, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, splits, kt_per, workspace, tile_flags);
       return;
@@ -556,9 +557,7 @@ size_t gemm_w8a8_wgmma_workspace_bytes(int M, int N, int K) {
   const int sms = sm_count();
   int kt_per = 0;
   const int splits = splitk_splits(M, N, K, sms, kt_per);
-  if (splits <= 1) return 0;
-  // (the fixup's slots cover whole tiles: at least the second kernel's splits·M·N)
-  return std::max(size_t(splits) * size_t(M) * size_t(N) * 4, fixup_bytes(M, N, splits, pick_bn(M, N, sms) == 256));
+  return splits > 1 ? split_workspace_bytes(M, N, splits, pick_bn(M, N, sms) == 256) : 0;
 }
 
 int gemm_w8a8_wgmma_splits(int M, int N, int K) {
