@@ -333,7 +333,7 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
         splitk = std::max(splitk, expanded_int4_splitk_bytes(op_info(op).mode, m, int(N), int(K)));
     }
   splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
-  flags_ = DeviceBuffer(pool_, size_t(kGemmW8A8TileFlags) * 4, "bench-op stream-K tile flags");  // (zeroed: as CudaLinear)
+  flags_ = DeviceBuffer(pool_, size_t(kGemmW8A8TileFlags) * 4, "bench-op split-K tile flags");  // (zeroed: as CudaLinear)
   PERRY_CUDA_CHECK(cudaMemsetAsync(flags_.get(), 0, flags_.bytes(), stream_));
   fill_random_bf16(x_.get<uint16_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);
   fill_random_e4m3(x8_.get<uint8_t>(), size_t(Mmax) * K, rng_(), 1.0f, stream_);

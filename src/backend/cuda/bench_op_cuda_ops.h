@@ -96,7 +96,7 @@ struct OpContext {
   const LtGemm* lt_e4m3 = nullptr;
   int32_t* splitk = nullptr;  // sm_90: the split-K partial sums of gemm_w8a8_wgmma / gemm_quant_wgmma, as CudaLinear
   size_t splitk_bytes = 0;
-  uint32_t* splitk_flags = nullptr;  // gemm_w8a8_wgmma's stream-K tile counters (zeroed), as CudaLinear
+  uint32_t* splitk_flags = nullptr;  // gemm_w8a8_wgmma's split-K tile counters (zeroed), as CudaLinear
 };
 
 // Waits for `stream` like cudaStreamSynchronize, but gives up after `seconds`: a kernel that

@@ -238,7 +238,7 @@ CudaBackend::CudaBackend(const model::Model& m, const CudaBackendOptions& o,
                "cublasSetWorkspace");
   lctx_.stream = stream_;
   lctx_.pool = &pool_;
-  lctx_.splitk_flags = DeviceBuffer(pool_, size_t(kGemmW8A8TileFlags) * 4, "GEMM stream-K tile flags");
+  lctx_.splitk_flags = DeviceBuffer(pool_, size_t(kGemmW8A8TileFlags) * 4, "GEMM split-K tile flags");
   PERRY_CUDA_CHECK(cudaMemsetAsync(lctx_.splitk_flags.get(), 0, lctx_.splitk_flags.bytes(), stream_));
 
   const io::TensorView& e = m.embedding();

@@ -74,7 +74,7 @@ struct LinearContext {
   // linear runs unsplit (slower; the int32 splits the same outputs, the grouped modes theirs up
   // to fp32 summation order).
   DeviceBuffer splitk;
-  // gemm_w8a8_wgmma's stream-K tile counters (kGemmW8A8TileFlags uint32): zeroed once when the
+  // gemm_w8a8_wgmma's split-K tile counters (kGemmW8A8TileFlags uint32): zeroed once when the
   // backend allocates them, left zero by every call.
   DeviceBuffer splitk_flags;
 };
