@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "quant/two_level_scales.h"
 
 namespace perry::quant {
 
@@ -44,6 +45,28 @@ void fp8_row_params(float amax, float& scale, float& inv) {
   inv = amax > 0 ? 448.0f / amax : 0.0f;
   scale = amax / 448.0f;
   if (!std::isfinite(inv) || !std::isfinite(amax)) inv = scale = 0;
+}
+// One row by the absmax rule: per group (or the whole row) scale = amax/qmax, q = round half even
+// of w/scale clamped to ±qmax; an all-zero (or denormal-tiny) group gets scale 0 and q = 0.
+// not_finite(k) is called for each non-finite weight.
+template <typename OnBad>
+void quantize_row_absmax(const float* wr, int64_t K, int64_t gs, float qmax, int8_t* row, float* scales,
+                         OnBad&& not_finite) {
+  for (int64_t g = 0, k0 = 0; k0 < K; ++g, k0 += gs) {
+    const int64_t k1 = std::min(K, k0 + gs);
+    float amax = 0;
+    for (int64_t k = k0; k < k1; ++k) {
+      if (!std::isfinite(wr[k])) not_finite(k);
+      amax = std::max(amax, std::fabs(wr[k]));
+    }
+    float scale = amax / qmax;
+    if (!(scale > 0) || !std::isfinite(scale)) scale = 0;
+    scales[g] = scale;
+    for (int64_t k = k0; k < k1; ++k) {
+      const float v = scale > 0 ? std::nearbyint(wr[k] / scale) : 0.0f;
+      row[k] = int8_t(std::clamp(v, -qmax, qmax));
+    }
+  }
 }
 const ModeInfo& info(QuantMode m) {
   for (const auto& i : kModes)
@@ -173,20 +196,13 @@ QuantizedWeight quantize_weight(const float* w, int64_t N, int64_t K, QuantMode 
         q.scales[size_t(n)] = quantize_row_fp8_ref(wr, K, reinterpret_cast<uint8_t*>(q.qweight.data() + n * K));
         continue;
       }
-      for (int g = 0; g < G; ++g) {
-        int64_t k0 = g * gs, k1 = std::min(K, k0 + gs);
-        float amax = 0;
-        for (int64_t k = k0; k < k1; ++k) {
-          if (!std::isfinite(wr[k])) note_first(bad, n * K + k);
-          amax = std::max(amax, std::fabs(wr[k]));
-        }
-        float scale = amax / qmax;
-        if (!(scale > 0) || !std::isfinite(scale)) scale = 0;  // all-zero (or denormal-tiny) group: q = 0
-        q.scales[size_t(n * G + g)] = scale;
-        for (int64_t k = k0; k < k1; ++k) {
-          float v = scale > 0 ? std::nearbyint(wr[k] / scale) : 0.0f;
-          row[size_t(k)] = int8_t(std::clamp(v, -qmax, qmax));
-        }
+      if (mode == QuantMode::W4A8_G128) {  // two-level group scales (quant.h)
+        bool finite = true;
+        for (int64_t k = 0; k < K; ++k)
+          if (!std::isfinite(wr[k])) note_first(bad, n * K + k), finite = false;
+        if (finite) detail::quantize_row_two_level(wr, K, gs, row.data(), q.scales.data() + n * G);
+      } else {
+        quantize_row_absmax(wr, K, gs, qmax, row.data(), q.scales.data() + n * G, [&](int64_t k) { note_first(bad, n * K + k); });
       }
       if (sc.weight_bits == 8) {
         std::copy(row.begin(), row.end(), q.qweight.begin() + n * K);

@@ -171,6 +171,17 @@ TEST(CudaBenchOp, LinearPathChoice) {
     EXPECT_EQ(pc::linear_path(mode, m0 - 1, 4096), wg ? LinearPath::WgmmaQuant : LinearPath::GemmQuant);
     EXPECT_EQ(pc::linear_path(mode, m0, 4096), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
   }
+  // w4a8-g128 with two-level scales: the per-channel int8 GEMM on the expansion from
+  // kExpandTwoLevelMinM (K a multiple of 128: whole groups), the int4 GEMM below.
+  const int t0 = pc::CudaLinear::kExpandTwoLevelMinM;
+  EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t0 - 1, 4096, true), wg ? LinearPath::WgmmaQuant : LinearPath::GemmQuant);
+  EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t0, 4096, true), wg ? LinearPath::ExpandTwoLevelWgmma : LinearPath::GemmQuant);
+  EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 4096, 4160, true), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
+  EXPECT_EQ(pc::linear_path(QM::W4A8, 4096, 4096, true), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
+  EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 8, 4096, true), LinearPath::SmallM);
+  EXPECT_EQ(pc::linear_path_name(QM::W4A8_G128, LinearPath::ExpandTwoLevelWgmma),
+            "w4a8-g128:expand_int4_two_level+gemm_w8a8_wgmma_tma");
+  EXPECT_EQ(op_path(Op::W4A8G128, 4096, 4096), pc::linear_path(QM::W4A8_G128, 4096, 4096, true));
   EXPECT_EQ(pc::linear_path_name(QM::W4A8_G128, LinearPath::ExpandWgmma), "w4a8-g128:expand_int4+gemm_quant_wgmma_tma");
   EXPECT_EQ(pc::linear_path_name(QM::W4A8, LinearPath::ExpandWgmma), "w4a8:expand_int4+gemm_w8a8_wgmma_tma");
   // The bench's ops: the layer's choice, its name as CudaLinear::kernel_name prints it.

@@ -17,9 +17,12 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/cuda/expand_int4.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
+#include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/quant.h"
+#include "quant/two_level_scales.h"
 
 namespace pc = perry::cuda;
 #include "cuda/cuda_test_util.h"
@@ -520,6 +523,81 @@ TEST(CudaGemmQuantWgmma, ExpandedInt4MatchesFloat64AndInt4Kernel) {
     expanded_int4_gemm(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y8.p, out, M, N, K, nullptr);
     const auto h4 = y4.get(), h8 = y8.get();
     EXPECT_EQ(std::memcmp(h4.data(), h8.data(), bytes), 0) << "expanded vs int4 kernel, out " << int(out);
+  }
+}
+
+// The two-level prefill path of w4a8-g128 (LinearPath::ExpandTwoLevelWgmma): the quantizer's scales
+// factor into channel scales and multipliers (quant/two_level_scales.h),
+// expand_int4_weight_two_level gives q4·m exactly, and gemm_w8a8_wgmma on the expansion with the
+// channel scales gives the float64 result of the grouped math (the same integer products, summed
+// over K before one scale instead of per group: close, not bit for bit).
+void two_level_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
+                    const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+  QuantizedWeight hw;  // the device scales, factored as CudaLinear::upload factors a checkpoint's
+  hw.mode = mode;
+  hw.N = N;
+  hw.K = K;
+  hw.scales.resize(size_t(N) * size_t(K / 128));
+  ASSERT_EQ(cudaMemcpy(hw.scales.data(), s, hw.scales.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  const auto f = perry::quant::two_level_scales(hw);
+  ASSERT_TRUE(f.has_value()) << "the quantizer's w4a8-g128 scales do not factor";
+  Dev<float> ch(f->channel);
+  Dev<int8_t> mul(f->multiplier), w8(size_t(N) * K);
+  pc::expand_int4_weight_two_level(w, mul.p, 128, N, K, w8.p, stream);
+  pc::gemm_w8a8_wgmma(x, sa, w8.p, ch.p, bias, y, out, M, N, K, stream, nullptr, 0, nullptr, false);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST(CudaGemmQuantWgmma, TwoLevelExpandedMatchesFloat64) {
+  REQUIRE_SM90();
+  std::mt19937 g(31);
+  {  // the expansion alone, exact: the quantizer's weights and factors, then random nibbles -7..7
+     // with random multipliers 0..18 (products up to ±126 in both halves of every byte)
+    const int N = 37, K = 4096, G = K / 128;
+    const QuantizedWeight w = make_weight(QuantMode::W4A8_G128, N, K, g);
+    const auto f = perry::quant::two_level_scales(w);
+    ASSERT_TRUE(f.has_value());
+    const auto wu = unpack(w);
+    DevWeight dw(w);
+    Dev<int8_t> mul(f->multiplier), w8(size_t(N) * K);
+    ASSERT_NO_THROW(pc::expand_int4_weight_two_level(dw.q.p, mul.p, 128, N, K, w8.p, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto got = w8.get();
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += int(got[i]) != wu[i] * f->multiplier[i / K * G + i % K / 128];
+    EXPECT_EQ(bad, 0u) << "the expansion differs from q4 times the multiplier";
+    std::vector<uint8_t> raw(size_t(N) * K / 2);
+    std::vector<int8_t> rm(size_t(N) * G);
+    std::uniform_int_distribution<int> dn(-7, 7), dm(0, 18);
+    for (auto& b : raw) b = uint8_t((dn(g) & 15) | ((dn(g) & 15) << 4));
+    for (auto& m : rm) m = int8_t(dm(g));
+    rm[0] = 18;
+    Dev<uint8_t> draw(raw);
+    Dev<int8_t> drm(rm);
+    pc::expand_int4_weight_two_level(draw.p, drm.p, 128, N, K, w8.p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    got = w8.get();
+    bad = 0;
+    int lo = 0, hi = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const int nib = i % 2 ? raw[i / 2] >> 4 : raw[i / 2] & 15;  // low nibble = even k
+      const int want = ((nib ^ 8) - 8) * rm[i / K * G + i % K / 128];
+      bad += int(got[i]) != want;
+      lo = std::min(lo, int(got[i]));
+      hi = std::max(hi, int(got[i]));
+    }
+    EXPECT_EQ(bad, 0u) << "the expansion of raw nibbles differs from nibble times multiplier";
+    EXPECT_EQ(lo, -126);
+    EXPECT_EQ(hi, 126);
+    EXPECT_THROW(pc::expand_int4_weight_two_level(draw.p, drm.p, 128, N, K + 32, w8.p, nullptr), perry::Error);
+    EXPECT_THROW(pc::expand_int4_weight_two_level(draw.p, drm.p, 48, N, K, w8.p, nullptr), perry::Error);
+    EXPECT_THROW(pc::expand_int4_weight_two_level(draw.p, nullptr, 128, N, K, w8.p, nullptr), perry::Error);
+  }
+  const char* nm = "expand_int4_two_level + gemm_w8a8_wgmma ";
+  for (DType out : {DType::F32, DType::BF16}) {
+    run_gemm_case(QuantMode::W4A8_G128, 300, 520, 1024, out == DType::BF16, out, g, two_level_gemm, nm);
+    run_gemm_case(QuantMode::W4A8_G128, 257, 131, 4096, true, out, g, two_level_gemm, nm);  // odd N
+    run_gemm_case(QuantMode::W4A8_G128, 300, 256, 14336, false, out, g, two_level_gemm, nm);  // down_proj's K
   }
 }
 

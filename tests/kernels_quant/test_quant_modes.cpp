@@ -2,6 +2,7 @@
 // format checks, and the error of quantization against float.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <random>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "kernels/cpu/qgemm.h"
 #include "quant/quant.h"
+#include "quant/two_level_scales.h"
 
 namespace pq = perry::quant;
 namespace kq = perry::kernels::q;
@@ -219,4 +221,102 @@ TEST(QuantizedLinear, ErrorVersusFloatIsBounded) {
     EXPECT_GT(rel, 1e-5) << pq::quant_mode_name(c.mode) << ": suspiciously exact";
     RecordProperty(std::string(pq::quant_mode_name(c.mode)), std::to_string(rel));
   }
+}
+
+// w4a8-g128's two-level group scales (quant/two_level_scales.h): every scale the quantizer writes
+// is channel·m exactly with m in 0..18, so the int4 codes times m are int8 codes (|q·m| <= 126) of
+// the channel scale; the factoring finds them; and the error stays near the absmax rule's.
+TEST(TwoLevelScales, QuantizerWritesScalesThatFactor) {
+  const int64_t N = 48, K = 1000;  // 8 groups, the last partial
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> w(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) w[size_t(n * K + k)] = nd(rng) * (0.01f + 0.02f * float(n % 5)) * (1.0f + float(k / 128 % 4));
+  for (int64_t k = 256; k < 384; ++k) w[size_t(3 * K + k)] = 0.0f;  // an all-zero group
+  for (int64_t k = 0; k < K; ++k) w[size_t(7 * K + k)] = 0.0f;      // an all-zero row
+  w[size_t(9 * K + 5)] = 40.0f;                                       // one outlier: small multipliers elsewhere
+  const auto q = pq::quantize_weight(w.data(), N, K, pq::QuantMode::W4A8_G128);
+  const int G = q.n_groups();
+  ASSERT_EQ(G, 8);
+  const auto f = pq::two_level_scales(q);
+  ASSERT_TRUE(f.has_value());
+  ASSERT_EQ(f->channel.size(), size_t(N));
+  ASSERT_EQ(f->multiplier.size(), size_t(N * G));
+  for (int64_t n = 0; n < N; ++n) {
+    float amax = 0;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(w[size_t(n * K + k)]));
+    const float c = f->channel[size_t(n)];
+    int top = 0;
+    for (int g = 0; g < G; ++g) {
+      const int m = f->multiplier[size_t(n * G + g)];
+      ASSERT_GE(m, 0);
+      ASSERT_LE(m, pq::kTwoLevelMaxMultiplier);
+      EXPECT_EQ(c * float(m), q.scales[size_t(n * G + g)]) << n << "," << g;  // exact, not close
+      top = std::max(top, m);
+      for (int64_t k = g * 128; k < std::min<int64_t>(K, (g + 1) * 128); ++k) ASSERT_LE(std::abs(q.weight(n, k) * m), 126);
+    }
+    if (amax == 0) {
+      EXPECT_EQ(c, 0.0f);
+      continue;
+    }
+    // channel = amax/126 to 19 bits (the largest group takes 16-18 of it).
+    EXPECT_NEAR(double(c) * pq::kTwoLevelMaxMultiplier * 7 / amax, 1.0, 1e-5) << n;
+    EXPECT_GE(top, 16) << n;
+  }
+  for (int64_t k = 256; k < 384; ++k) EXPECT_EQ(q.weight(3, k), 0);
+  EXPECT_EQ(f->multiplier[size_t(3 * G + 2)], 0);
+  // Error against the weights, relative to the absmax rule's (w4a16's int4 g128 quantizer, the
+  // rule w4a8-g128 had before). Here each row's groups differ up to 4x in magnitude, so the small
+  // ones get coarse multipliers (4-5 of the channel scale): measured 1.125x.
+  auto error = [](const std::vector<float>& x, const pq::QuantizedWeight& qw) {
+    const auto d = pq::dequantize_weight(qw);
+    double e = 0, s = 0;
+    for (size_t i = 0; i < d.size(); ++i) e += (d[i] - x[i]) * (d[i] - x[i]), s += double(x[i]) * x[i];
+    return std::sqrt(e / s);
+  };
+  const double spread = error(w, q) / error(w, pq::quantize_weight(w.data(), N, K, pq::QuantMode::W4A16));
+  RecordProperty("two_level_over_absmax_spread_groups", std::to_string(spread));
+  EXPECT_LT(spread, 1.2);
+  // On Gaussian rows the least-error multiplier (it may clip a group's largest values) beats
+  // absmax: measured 0.93x at K 4096.
+  std::vector<float> gw(size_t(64) * 4096);
+  for (auto& v : gw) v = nd(rng);
+  const double gauss = error(gw, pq::quantize_weight(gw.data(), 64, 4096, pq::QuantMode::W4A8_G128)) /
+                       error(gw, pq::quantize_weight(gw.data(), 64, 4096, pq::QuantMode::W4A16));
+  RecordProperty("two_level_over_absmax_gaussian", std::to_string(gauss));
+  EXPECT_LT(gauss, 0.97);
+  EXPECT_GT(gauss, 0.85);
+}
+
+TEST(TwoLevelScales, FactorsOnlyWhatFactors) {
+  pq::QuantizedWeight w;
+  w.mode = pq::QuantMode::W4A8_G128;
+  w.N = 3;
+  w.K = 512;
+  w.qweight.assign(size_t(w.N * w.row_bytes()), 0);
+  const float c = 0.0078125f;  // 2^-7
+  w.scales = {18 * c, 5 * c, 0, c,  // top multiplier 18
+              17 * c, 3 * c, 17 * c, 0,  // 17: 17c/18 does not divide 3c
+              0, 0, 0, 0};               // a zero row
+  auto f = pq::two_level_scales(w);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->channel[0], c);
+  EXPECT_EQ(f->channel[1], c);
+  EXPECT_EQ(f->channel[2], 0.0f);
+  const std::vector<int8_t> want = {18, 5, 0, 1, 17, 3, 17, 0, 0, 0, 0, 0};
+  EXPECT_EQ(f->multiplier, want);
+  // absmax float scales (w4a16's rule) do not factor; nor do other modes.
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(16 * 512));
+  for (auto& v : x) v = nd(rng);
+  auto absmax = pq::quantize_weight(x.data(), 16, 512, pq::QuantMode::W4A16);
+  absmax.mode = pq::QuantMode::W4A8_G128;  // the same bytes as an older w4a8-g128 checkpoint
+  EXPECT_FALSE(pq::two_level_scales(absmax).has_value());
+  EXPECT_FALSE(pq::two_level_scales(pq::quantize_weight(x.data(), 16, 512, pq::QuantMode::W8A8_G128)).has_value());
+  w.scales[1] = 5 * c * (1 + 0x1p-20f);  // off by an ulp: no exact factor
+  EXPECT_FALSE(pq::two_level_scales(w).has_value());
+  w.scales[1] = 19 * c;  // a multiplier past 18 (the int8 range)
+  EXPECT_FALSE(pq::two_level_scales(w).has_value());
 }

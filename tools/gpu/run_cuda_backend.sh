@@ -248,6 +248,8 @@ prefill_ab() {
         nopdl) env+=(PERRY_NO_PDL=1) ;;  # every kernel launched the ordinary way (no programmatic dependent launch)
         nogqsplit) env+=(PERRY_GQ_SPLITK=0) ;;  # ... nor the grouped W*A8 one (gemm_quant_wgmma)
         noexpand) env+=(PERRY_NO_INT4_EXPAND=1) ;;  # int4 W*A8: the int4 GEMM at every M (no int8 expansion)
+        grouped) env+=(PERRY_NO_INT4_TWO_LEVEL=1) ;;  # w4a8-g128: the grouped kernels, not the two-level per-channel path
+        tlfrom[0-9]*) env+=(PERRY_INT4_TWO_LEVEL_MIN_M=${sw#tlfrom}) ;;  # ... the two-level path from N rows (lab)
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         attnwgmma)  # the experimental wgmma attention (hd 128, sm_90): only after its test passed

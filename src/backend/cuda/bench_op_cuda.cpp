@@ -47,6 +47,7 @@
 #include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "quant/two_level_scales.h"
 
 namespace perry::cuda {
 
@@ -81,6 +82,8 @@ struct WeightPool {
   size_t row_bytes = 0, copy_bytes = 0;  // copy_bytes: weights + scales of one copy
   std::vector<DeviceBuffer> data;
   std::map<int, std::vector<DeviceBuffer>> scales;  // scale group (0 = per channel) → copies of [N, G]
+  // int4 with groups of 128: the scales are two-level (w4a8-g128's form), these their factors
+  std::vector<DeviceBuffer> channel, multipliers;  // copies of fp32 [N], int8 [N, G]
   int take() {
     const int c = next;
     next = (next + 1) % copies;
@@ -127,6 +130,7 @@ class Bench {
   void run_shape(int N, int K, const std::vector<int>& Ms);
   void run_case(int M);
   OpArgs args(Op op, int copy, int M) const;
+  void fill_two_level_scales(WeightPool& p, int N, int K, DeviceBuffer& scales);
   struct HostActs {  // sampled activation rows on the host
     std::vector<int> ms;
     std::vector<std::vector<float>> x;
@@ -266,8 +270,38 @@ OpArgs Bench::args(Op op, int copy, int M) const {
     const WeightPool& p = pools_.at(f);
     a.w = p.data[size_t(copy)].get();
     if (has_weight_scales(op)) a.scales = p.scales.at(scale_group(op))[size_t(copy)].get<float>();
+    if (op == Op::W4A8G128 && !p.channel.empty()) {
+      a.channel_scales = p.channel[size_t(copy)].get<float>();
+      a.multipliers = p.multipliers[size_t(copy)].get<int8_t>();
+    }
   }
   return a;
+}
+
+// Scales of the form w4a8-g128's quantizer writes (quant/two_level_scales.h): a random channel scale
+// per row times random multipliers 1..18, exact in fp32 (19-bit channel scales); the factors go to
+// the pool too, for the w4a8-g128 prefill path (run_expanded_int4_two_level).
+void Bench::fill_two_level_scales(WeightPool& p, int N, int K, DeviceBuffer& scales) {
+  const int G = K / 128;
+  std::uniform_real_distribution<float> dc(5e-5f, 1e-3f);
+  std::uniform_int_distribution<int> dm(1, pq::kTwoLevelMaxMultiplier);
+  std::vector<float> ch(static_cast<size_t>(N)), s(size_t(N) * size_t(G));
+  std::vector<int8_t> mul(s.size());
+  for (int n = 0; n < N; ++n) {
+    int e = 0;
+    const float c = std::ldexp(std::nearbyint(std::ldexp(std::frexp(dc(rng_), &e), 19)), e - 19);
+    ch[size_t(n)] = c;
+    for (int g = 0; g < G; ++g) {
+      const int m = dm(rng_);
+      mul[size_t(n) * G + g] = int8_t(m);
+      s[size_t(n) * G + g] = c * float(m);
+    }
+  }
+  copy_to_device(scales.get(), s.data(), s.size() * 4);
+  p.channel.emplace_back(pool_, ch.size() * 4, "bench-op channel scales");
+  copy_to_device(p.channel.back().get(), ch.data(), ch.size() * 4);
+  p.multipliers.emplace_back(pool_, mul.size(), "bench-op group scale multipliers");
+  copy_to_device(p.multipliers.back().get(), mul.data(), mul.size());
 }
 
 void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
@@ -308,7 +342,8 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
       for (int g : groups) {
         const size_t cnt = size_t(N) * size_t(n_groups(g, K));
         p.scales[g].emplace_back(pool_, cnt * 4, "bench-op weight scales");
-        fill_random_f32(p.scales[g].back().get<float>(), cnt, rng_(), 1e-3f, 2e-2f, stream_);
+        if (f == WFmt::I4 && g == 128 && K % 128 == 0) fill_two_level_scales(p, N, K, p.scales[g].back());
+        else fill_random_f32(p.scales[g].back().get<float>(), cnt, rng_(), 1e-3f, 2e-2f, stream_);
       }
     }
     rotation += fmt::format("{}{}×{:.0f} MB", rotation.empty() ? "" : ", ", p.copies, double(p.copy_bytes) * 1e-6);
@@ -331,6 +366,8 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
         splitk = std::max(splitk, gemm_quant_wgmma_workspace_bytes(op_info(op).mode, m, int(N), int(K)));
       else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K)) == LinearPath::ExpandWgmma)
         splitk = std::max(splitk, expanded_int4_splitk_bytes(op_info(op).mode, m, int(N), int(K)));
+      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K)) == LinearPath::ExpandTwoLevelWgmma)
+        splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
     }
   splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
   flags_ = DeviceBuffer(pool_, size_t(kGemmW8A8TileFlags) * 4, "bench-op split-K tile flags");  // (zeroed: as CudaLinear)

@@ -17,6 +17,7 @@
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_decode.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "quant/two_level_scales.h"
 
 namespace perry::cuda::benchop {
 
@@ -127,7 +128,7 @@ void sync_or_hang(cudaStream_t stream, double seconds, const std::string& what) 
 
 LinearPath op_path(Op op, int M, int K) {
   PERRY_CHECK(op_info(op).kind == Kind::Perry, "bench-op: {} is not a perry linear", op_info(op).name);
-  return op == Op::W8A8Mma ? LinearPath::MmaSync : linear_path(op_info(op).mode, M, K);
+  return op == Op::W8A8Mma ? LinearPath::MmaSync : linear_path(op_info(op).mode, M, K, op == Op::W4A8G128);
 }
 
 bool decode_kernel_row(Op op, int M, int K) {
@@ -216,6 +217,13 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
       run_expanded_int4(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K,
                         reinterpret_cast<int8_t*>(c.dequant_scratch), c.splitk, c.splitk_bytes, c.splitk_flags,
                         c.stream);
+      return;
+    case LinearPath::ExpandTwoLevelWgmma:
+      PERRY_CHECK(c.dequant_scratch != nullptr && a.multipliers && a.channel_scales,
+                  "bench-op: {} needs the expansion scratch and the two-level scale factors", op_info(op).name);
+      run_expanded_int4_two_level(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, DType::F32, M, N, K,
+                                  reinterpret_cast<int8_t*>(c.dequant_scratch), c.splitk, c.splitk_bytes,
+                                  c.splitk_flags, c.stream);
       return;
     case LinearPath::Fp8Wgmma:
       gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K,
@@ -366,7 +374,8 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       dsa(pool, size_t(Mmax) * 4, "bench-op check sa"), dxf8(pool, xf8.size(), "bench-op check xf8"),
       dsf8(pool, size_t(Mmax) * 4, "bench-op check sf8"), dy(pool, size_t(Mmax) * N * 4, "bench-op check y"),
       dw(pool, size_t(N) * K * 2, "bench-op check weights"), ds(pool, size_t(N) * K / 16 * 4, "bench-op check scales"),
-      scratch(pool, size_t(N) * K * 2, "bench-op check scratch");
+      scratch(pool, size_t(N) * K * 2, "bench-op check scratch"), dch(pool, size_t(N) * 4, "bench-op check channel scales"),
+      dmul(pool, size_t(N) * K / 32, "bench-op check multipliers");
   copy_to_device(dx.get(), xb.data(), xb.size() * 2);
   DeviceBuffer dx32(pool, size_t(K) * 4, "bench-op check x (fp32 row)");  // the decode kernel's row 0
   copy_to_device(dx32.get(), x.data(), size_t(K) * 4);
@@ -395,6 +404,12 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       copy_to_device(dw.get(), qw.qweight.data(), qw.qweight.size());
       copy_to_device(ds.get(), qw.scales.data(), qw.scales.size() * 4);
       deq = pq::dequantize_weight(qw);
+      if (op == Op::W4A8G128) {  // the quantizer's two-level scales, factored as CudaLinear::upload does
+        const auto f = pq::two_level_scales(qw);
+        PERRY_CHECK(f.has_value(), "bench-op check: the w4a8-g128 quantizer wrote scales that do not factor");
+        copy_to_device(dch.get(), f->channel.data(), f->channel.size() * 4);
+        copy_to_device(dmul.get(), f->multiplier.data(), f->multiplier.size());
+      }
     }
     const bool a8 = reads_int8_activations(op), fp8 = op == Op::W8A8Fp8;
     std::vector<double> ref(size_t(Mmax) * N);
@@ -426,6 +441,8 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
         OpArgs a;
         a.w = dw.get();
         a.scales = ds.get<float>();
+        a.channel_scales = dch.get<float>();
+        a.multipliers = dmul.get<int8_t>();
         a.x = dx.get<uint16_t>();
         a.x32 = dx32.get<float>();
         a.xq = dxq.get<int8_t>();

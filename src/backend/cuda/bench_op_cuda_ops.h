@@ -41,7 +41,7 @@ const OpInfo& op_info(Op op);
 // The perry op of a quantized mode (w8a8: Op::W8A8, never the comparison row W8A8Mma).
 Op perry_op(quant::QuantMode mode);
 // The kernels a perry op runs for M rows of K inputs: CudaLinear's own choice,
-// linear_path(mode, M, K), except w8a8-mma (Op::W8A8Mma), which forces gemm_w8a8 (mma.sync): the
+// linear_path(mode, M, K; w4a8-g128 with two-level scales), except w8a8-mma (Op::W8A8Mma), which forces gemm_w8a8 (mma.sync): the
 // comparison row for where w8a8 takes the sm_90 wgmma kernel — the same data on the kernel a
 // non-Hopper GPU, or PERRY_NO_WGMMA=1, would run there.
 LinearPath op_path(Op op, int M, int K);
@@ -75,6 +75,10 @@ size_t weight_row_bytes(WFmt fmt, int K);
 struct OpArgs {
   const void* w = nullptr;
   const float* scales = nullptr;  // [N, G] in the op's scale layout (quantized modes)
+  // w4a8-g128: the two-level factors of `scales` (quant/two_level_scales.h), channel fp32 [N] and
+  // multipliers int8 [N, G], which its prefill path runs on (bench-op's weights always have them).
+  const float* channel_scales = nullptr;
+  const int8_t* multipliers = nullptr;
   const uint16_t* x = nullptr;
   const float* x32 = nullptr;  // x's first row as fp32: the input of the decode step's kernel at M = 1
   int8_t* xq = nullptr;

@@ -11,9 +11,11 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/expand_int4.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "quant/two_level_scales.h"
 
 namespace perry::cuda {
 
@@ -97,6 +99,26 @@ CudaLinear CudaLinear::upload(DevicePool& pool, const std::vector<const model::L
     l.scales_ = DeviceBuffer(pool, s.size() * 4, "weight scales of " + name);
     copy_to_device(l.scales_.get(), s.data(), s.size() * 4);
     l.weight_bytes_ = q.size() + s.size() * 4;
+    // Two-level int4 scales: the factors of every part, for the prefill path that runs the layer
+    // as a per-channel int8 GEMM (ExpandTwoLevelWgmma). A part whose scales do not factor (an
+    // older checkpoint) leaves the whole layer on the grouped kernels.
+    if (l.mode_ == pq::QuantMode::W4A8_G128) {
+      pq::TwoLevelScales f;
+      bool all = true;
+      for (const model::Linear* p : parts) {
+        const auto part = pq::two_level_scales(p->quantized()->canonical());
+        if (!(all = part.has_value())) break;
+        f.channel.insert(f.channel.end(), part->channel.begin(), part->channel.end());
+        f.multiplier.insert(f.multiplier.end(), part->multiplier.begin(), part->multiplier.end());
+      }
+      if (all) {
+        l.channel_scales_ = DeviceBuffer(pool, f.channel.size() * 4, "channel scales of " + name);
+        copy_to_device(l.channel_scales_.get(), f.channel.data(), f.channel.size() * 4);
+        l.multipliers_ = DeviceBuffer(pool, f.multiplier.size(), "group scale multipliers of " + name);
+        copy_to_device(l.multipliers_.get(), f.multiplier.data(), f.multiplier.size());
+        l.weight_bytes_ += f.channel.size() * 4 + f.multiplier.size();
+      }
+    }
   }
   if (any_bias) {
     std::vector<float> b;
@@ -166,6 +188,7 @@ size_t CudaLinear::splitk_bytes(int M) const {
     case Path::Wgmma: return gemm_w8a8_wgmma_workspace_bytes(M, n_, k_);
     case Path::WgmmaQuant: return gemm_quant_wgmma_workspace_bytes(mode_, M, n_, k_);
     case Path::ExpandWgmma: return expanded_int4_splitk_bytes(mode_, M, n_, k_);
+    case Path::ExpandTwoLevelWgmma: return gemm_w8a8_wgmma_workspace_bytes(M, n_, k_);
     default: return 0;
   }
 }
@@ -220,6 +243,14 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
                         ctx.dequant_scratch.get<int8_t>(), ctx.splitk.get(), ctx.splitk.bytes(),
                         ctx.splitk_flags.get<uint32_t>(), ctx.stream);
       return;
+    case Path::ExpandTwoLevelWgmma:
+      PERRY_CHECK(ctx.dequant_scratch.bytes() >= size_t(n_) * size_t(k_), "{}: the int4 expansion scratch is missing",
+                  name_);
+      run_expanded_int4_two_level(x.i8, x.scale, weight_.get(), multipliers_.get<int8_t>(),
+                                  channel_scales_.get<float>(), bias, y, out, M, n_, k_,
+                                  ctx.dequant_scratch.get<int8_t>(), ctx.splitk.get<int32_t>(), ctx.splitk.bytes(),
+                                  ctx.splitk_flags.get<uint32_t>(), ctx.stream);
+      return;
     case Path::Fp8Wgmma:
       PERRY_CHECK(ctx.fp8_act.bytes() >= fp8_act_bytes(M) && ctx.fp8_scale.bytes() >= size_t(M) * 4,
                   "{}: the e4m3 activation scratch holds fewer than {} rows", name_, M);
@@ -248,7 +279,7 @@ bool CudaLinear::decode_fusable() const {
 
 // Which kernel runs M rows. Crossovers from the H200 measurements in docs/perf/cuda/ (kernel
 // timing prints of test_cuda_small_m and perry bench-op --device cuda).
-LinearPath linear_path(pq::QuantMode mode, int M, int K) {
+LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level) {
   using Path = LinearPath;
   constexpr int kGemvMaxM = CudaLinear::kGemvMaxM, kGemvOnlyMaxM = CudaLinear::kGemvOnlyMaxM,
                 kSmallMA8MaxM = CudaLinear::kSmallMA8MaxM;
@@ -277,6 +308,14 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K) {
   // set). Bench-op, H200, tenth session run 5, M 4096: w4a8 0.70-0.73x cuBLAS bf16 → 1.57-1.77x,
   // w4a8-g128 0.66-0.75x → 0.86-1.10x. PERRY_NO_INT4_EXPAND=1 keeps the int4 kernel (A/B runs).
   static const bool expand = !env_flag("PERRY_NO_INT4_EXPAND");
+  // Two-level w4a8-g128 (quant/two_level_scales.h): the expanded weight is a per-channel int8 one,
+  // so it takes gemm_w8a8_wgmma (1.6-1.9x cuBLAS bf16 at M >= 1024, where the grouped kernel's
+  // fold holds it to 0.9-1.1x) from the per-channel w4a8 crossover.
+  static const bool use_two_level = !env_flag("PERRY_NO_INT4_TWO_LEVEL");
+  static const int two_level_from = env_int("PERRY_INT4_TWO_LEVEL_MIN_M", CudaLinear::kExpandTwoLevelMinM, 1, 1 << 30);
+  if (expand && two_level && use_two_level && mode == pq::QuantMode::W4A8_G128 && M >= two_level_from &&
+      K % 128 == 0)
+    return Path::ExpandTwoLevelWgmma;
   const int expand_from =
       mode == pq::QuantMode::W4A8_G128 ? CudaLinear::kExpandInt4G128MinM : CudaLinear::kExpandInt4MinM;
   if (expand && quant_mode_bits(mode).bits == 4 && M >= expand_from) return Path::ExpandWgmma;
@@ -296,6 +335,15 @@ size_t expanded_int4_splitk_bytes(pq::QuantMode mode, int M, int N, int K) {
   const pq::QuantMode m8 = expanded_mode(mode);
   return m8 == pq::QuantMode::W8A8 ? gemm_w8a8_wgmma_workspace_bytes(M, N, K)
                                    : gemm_quant_wgmma_workspace_bytes(m8, M, N, K);
+}
+
+void run_expanded_int4_two_level(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
+                                 const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
+                                 int K, int8_t* scratch, int32_t* splitk, size_t splitk_bytes, uint32_t* tile_flags,
+                                 cudaStream_t stream) {
+  expand_int4_weight_two_level(qweight, multipliers, 128, N, K, scratch, stream);
+  gemm_w8a8_wgmma(x, sa, scratch, channel_scales, bias, y, out, M, N, K, stream, splitk, splitk_bytes, tile_flags,
+                  /*weights_static=*/false);  // (the expansion just wrote them)
 }
 
 void run_expanded_int4(pq::QuantMode mode, const int8_t* x, const float* sa, const void* qweight, const float* scales,
@@ -326,6 +374,7 @@ std::string linear_path_name(pq::QuantMode qmode, LinearPath path) {
     case Path::WgmmaQuant: return mode + ":gemm_quant_wgmma_tma";
     case Path::ExpandWgmma:
       return mode + (qmode == pq::QuantMode::W4A8 ? ":expand_int4+gemm_w8a8_wgmma_tma" : ":expand_int4+gemm_quant_wgmma_tma");
+    case Path::ExpandTwoLevelWgmma: return mode + ":expand_int4_two_level+gemm_w8a8_wgmma_tma";
     case Path::Fp8Wgmma: return mode + ":quantize_per_token_fp8+gemm_fp8_wgmma_tma";
   }
   return mode;

@@ -41,13 +41,20 @@ struct LinearInput {
 // Which kernels a linear layer runs for M rows (CudaLinear::run has one case per value).
 // ExpandWgmma: int4 W*A8 at prefill sizes — the packed weight expanded to int8 in the dequant
 // scratch, then the int8 wgmma GEMM of the same scales (run_expanded_int4).
+// ExpandTwoLevelWgmma: w4a8-g128 whose group scales are two-level (quant/two_level_scales.h) at
+// prefill sizes — the int4 weight expanded with its multipliers, then the per-channel int8 wgmma
+// GEMM of the channel scales (run_expanded_int4_two_level): no per-group fold.
 enum class LinearPath {
-  CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, ExpandWgmma, Fp8Wgmma
+  CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, ExpandWgmma, ExpandTwoLevelWgmma,
+  Fp8Wgmma
 };
 // The choice for a layer of `mode` with K inputs at M rows: the one place it is made, so that
-// CudaLinear runs and `perry bench-op --device cuda` times the same kernels. The wgmma paths
-// depend on the device (sm_90) and PERRY_NO_WGMMA, both read once, at the first call that asks.
-LinearPath linear_path(quant::QuantMode mode, int M, int K);
+// CudaLinear runs and `perry bench-op --device cuda` times the same kernels. two_level: the
+// layer's int4 group scales factor into channel scales and multipliers (two_level_scales). The
+// wgmma paths depend on the device (sm_90) and PERRY_NO_WGMMA, the two-level one also on
+// PERRY_NO_INT4_TWO_LEVEL (A/B runs: the grouped kernels instead) and PERRY_INT4_TWO_LEVEL_MIN_M
+// (lab: the crossover), all read once, at the first call that asks.
+LinearPath linear_path(quant::QuantMode mode, int M, int K, bool two_level = false);
 // The kernels of a path as logs and bench-op print them ("w8a8:gemm_w8a8_wgmma_tma").
 std::string linear_path_name(quant::QuantMode mode, LinearPath path);
 // LinearPath::ExpandWgmma for a w4a8 / w4a8-g128 layer: expand_int4_weight into `scratch` (N·K
@@ -59,6 +66,13 @@ void run_expanded_int4(quant::QuantMode mode, const int8_t* x, const float* sa, 
                        int8_t* scratch, void* splitk, size_t splitk_bytes, uint32_t* tile_flags,
                        cudaStream_t stream);
 size_t expanded_int4_splitk_bytes(quant::QuantMode mode, int M, int N, int K);
+// LinearPath::ExpandTwoLevelWgmma: expand_int4_weight_two_level (multipliers int8 [N, K/128]) into
+// `scratch`, then gemm_w8a8_wgmma with the channel scales (fp32 [N]) and its split-K workspace
+// (gemm_w8a8_wgmma_workspace_bytes) when it is large enough. Shared by CudaLinear and bench-op.
+void run_expanded_int4_two_level(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
+                                 const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
+                                 int K, int8_t* scratch, int32_t* splitk, size_t splitk_bytes, uint32_t* tile_flags,
+                                 cudaStream_t stream);
 
 // Per-stream state shared by all linears: cuBLAS handle, scratch for dequantized weights.
 struct LinearContext {
@@ -90,8 +104,12 @@ class CudaLinear {
   // pays early; w4a8-g128 runs gemm_quant_wgmma, which at M 512 with N 6144 / 10240 has worse
   // wave quantization than the int4 kernel's 192-row tiles (tenth session, run 5).
   static constexpr int kExpandInt4MinM = 257, kExpandInt4G128MinM = 1024;
+  // w4a8-g128 with two-level scales from this M: expanded (with its multipliers) and run by
+  // gemm_w8a8_wgmma, which like per-channel w4a8 pays for the expansion early.
+  static constexpr int kExpandTwoLevelMinM = 257;
 
-  // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order.
+  // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order. A
+  // w4a8-g128 layer whose every part's scales factor (two_level_scales) also uploads the factors.
   static CudaLinear upload(DevicePool& pool, const std::vector<const model::Linear*>& parts, const std::string& name);
 
   // y[M, N] fp32 = x · Wᵀ (+ bias). x in input_format(mode()).
@@ -108,6 +126,8 @@ class CudaLinear {
   bool decode_fusable() const;
 
   quant::QuantMode mode() const { return mode_; }
+  // Whether the layer has two-level int4 group scales (their factors are on the GPU).
+  bool two_level() const { return multipliers_.get() != nullptr; }
   ActFormat input_format() const { return cuda::input_format(mode_); }
   int rows() const { return n_; }
   int cols() const { return k_; }
@@ -129,7 +149,7 @@ class CudaLinear {
 
  private:
   using Path = LinearPath;
-  Path path(int M) const { return linear_path(mode_, M, k_); }
+  Path path(int M) const { return linear_path(mode_, M, k_, two_level()); }
   void run(const LinearInput& x, int M, void* y, DType out, LinearContext& ctx) const;
   bool a8() const { return input_format() == ActFormat::I8; }
   bool fp8() const { return quant::quant_scheme(mode_).fp8; }
@@ -138,6 +158,7 @@ class CudaLinear {
   size_t weight_bytes_ = 0;
   DeviceBuffer weight_;  // bf16 [N,K] | int8 [N,K] | packed int4 [N, ceil(K/2)]
   DeviceBuffer scales_;  // fp32 [N, n_groups]
+  DeviceBuffer channel_scales_, multipliers_;  // two-level int4 scales: fp32 [N], int8 [N, n_groups] (or empty)
   DeviceBuffer bias_;    // fp32 [N] or empty
   std::string name_;
 };
