@@ -207,9 +207,7 @@ TEST(CudaGemmW8A8, WgmmaSplitKMatchesUnsplitBitForBit) {
     else unsetenv("PERRY_WGMMA_SPLITK");
     const int splits = pc::gemm_w8a8_wgmma_splits(M, N, K);
     EXPECT_GT(splits, 1) << "expected a split-K shape";
-    if (sh[3] == 40) {
-      EXPECT_LE(2 * 8 * splits, 132) << "2 × 8 tiles: one CTA a unit";
-    }
+    if (sh[3] == 40) EXPECT_LE(2 * 8 * splits, 132) << "2 × 8 tiles: one CTA a unit";
     const size_t ws = pc::gemm_w8a8_wgmma_workspace_bytes(M, N, K);
     EXPECT_GT(ws, 0u) << "expected a split-K shape";
     const auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);

@@ -461,8 +461,7 @@ void expanded_int4_gemm(QuantMode mode, const int8_t* x, const float* sa, const 
                         const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
   Dev<int8_t> w8(size_t(N) * K);
   pc::expand_int4_weight(w, N, K, w8.p, stream);
-  if (mode == QuantMode::W4A8)  // (weights_static = false: the expansion just wrote w8, as run_expanded_int4)
-    pc::gemm_w8a8_wgmma(x, sa, w8.p, s, bias, y, out, M, N, K, stream, nullptr, 0, nullptr, false);
+  if (mode == QuantMode::W4A8) pc::gemm_w8a8_wgmma(x, sa, w8.p, s, bias, y, out, M, N, K, stream);
   else pc::gemm_quant_wgmma(QuantMode::W8A8_G128, x, sa, w8.p, s, bias, y, out, M, N, K, stream);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }

@@ -244,8 +244,6 @@ prefill_ab() {
         nowgmma) env+=(PERRY_NO_WGMMA=1) ;;  # no sm_90 int8 wgmma GEMMs (mma.sync at every M)
         nosplitk) env+=(PERRY_WGMMA_SPLITK=0) ;;  # the w8a8 wgmma GEMM never split over K
         splitfixup) env+=(PERRY_WGMMA_SPLITK_FIXUP=1) ;;  # ... its split-K sums added inside the GEMM (not a second kernel)
-        nosplitfixup) env+=(PERRY_WGMMA_SPLITK_FIXUP=0) ;;  # ... by a second kernel
-        nopdl) env+=(PERRY_NO_PDL=1) ;;  # every kernel launched the ordinary way (no programmatic dependent launch)
         nogqsplit) env+=(PERRY_GQ_SPLITK=0) ;;  # ... nor the grouped W*A8 one (gemm_quant_wgmma)
         noexpand) env+=(PERRY_NO_INT4_EXPAND=1) ;;  # int4 W*A8: the int4 GEMM at every M (no int8 expansion)
         grouped) env+=(PERRY_NO_INT4_TWO_LEVEL=1) ;;  # w4a8-g128: the grouped kernels, not the two-level per-channel path

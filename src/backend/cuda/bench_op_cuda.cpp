@@ -530,7 +530,6 @@ void Bench::run_case(int M) {
       const Op op = items[i].op;
       const WFmt f = op_info(op).fmt;
       const int copy = f == WFmt::None ? 0 : pools_.at(f).take();
-      fence_stream(stream_);  // (no overlap with the op before: bench_peers.h)
       PERRY_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream_));
       run_op(op, args(op, copy, M), items[i].quantize, ctx);
       PERRY_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream_));

@@ -353,7 +353,7 @@ void run_expanded_int4(pq::QuantMode mode, const int8_t* x, const float* sa, con
   expand_int4_weight(qweight, N, K, scratch, stream);
   if (m8 == pq::QuantMode::W8A8)
     gemm_w8a8_wgmma(x, sa, scratch, scales, bias, y, out, M, N, K, stream, static_cast<int32_t*>(splitk), splitk_bytes,
-                    tile_flags, /*weights_static=*/false);  // (the expansion just wrote them)
+                    tile_flags);
   else
     gemm_quant_wgmma(m8, x, sa, scratch, scales, bias, y, out, M, N, K, stream, static_cast<float*>(splitk), splitk_bytes);
 }

@@ -16,7 +16,6 @@
 
 #include "kernels/cuda/attention_device.cuh"
 #include "kernels/cuda/device_query.h"
-#include "kernels/cuda/pdl.cuh"
 
 namespace perry::cuda {
 namespace {
@@ -91,8 +90,6 @@ __global__ void __launch_bounds__(kTcThreads)
                       int nkv, int capacity, float scale_log2, void* __restrict__ out) {
   constexpr int kStride = HD + 8, kTile = kBN * kStride, kKS = HD / 16, kDT = HD / 8;
   extern __shared__ __align__(16) uint16_t smem[];  // [stage][K | V][kBN][kStride]
-  pdl::wait();  // (launched programmatically: q and the cache are the kernel before's output)
-  pdl::launch_dependents();
 
   const AttnSeq sq = seqs[blockIdx.z];
   const int i0 = prefill_tile_row0(kBM);
@@ -287,8 +284,6 @@ __global__ void __launch_bounds__(kTcThreads)
   extern __shared__ __align__(16) uint16_t smem[];  // Q [kBM2][kStride] | [stage][K | V][BN][kStride]
   uint16_t* qs = smem;
   uint16_t* kvs = smem + kBM2 * kStride;
-  pdl::wait();  // (launched programmatically: q and the cache are the kernel before's output)
-  pdl::launch_dependents();
 
   const AttnSeq sq = seqs[blockIdx.z];
   const int i0 = prefill_tile_row0(kBM2);
@@ -476,8 +471,9 @@ void launch_prefill(Kernel kernel, int* current, int smem, int rows, const char*
   ensure_smem(reinterpret_cast<const void*>(kernel), smem, current, &mu, name);
   const dim3 grid = prefill_grid(max_new, rows, nh, n_seqs);
   void* out = io.out_bf16 ? static_cast<void*>(io.out_bf16) : static_cast<void*>(io.out);
-  pdl::launch(name, kernel, grid, dim3(kTcThreads), size_t(smem), stream, io.q, io.q_bf16, (long long)io.q_stride, seqs,
-              kc, vc, nh, nkv, capacity, scale_log2, out);
+  kernel<<<grid, kTcThreads, smem, stream>>>(io.q, io.q_bf16, (long long)io.q_stride, seqs, kc, vc, nh, nkv,
+                                              capacity, scale_log2, out);
+  check_launch(name);
 }
 
 template <int HD, bool kBf16Out>

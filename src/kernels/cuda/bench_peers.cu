@@ -211,11 +211,4 @@ void spin_stream(int64_t ns, cudaStream_t stream) {
   check_launch("spin_stream");
 }
 
-__global__ void stream_fence_kernel() {}
-
-void fence_stream(cudaStream_t stream) {
-  stream_fence_kernel<<<1, 32, 0, stream>>>();
-  check_launch("fence_stream");
-}
-
 }  // namespace perry::cuda

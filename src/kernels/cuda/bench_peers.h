@@ -78,11 +78,4 @@ void fill_random_e4m3(uint8_t* p, size_t n, uint64_t seed, float scale, cudaStre
 // host launch latency.
 void spin_stream(int64_t ns, cudaStream_t stream);
 
-// An empty kernel launched the ordinary way (no programmatic serialization): it starts after
-// everything before it on the stream has finished, and a programmatically launched kernel after
-// it cannot start before it ends. bench-op puts one before each timed op's start event, so that
-// no op's early start (pdl.cuh: weights fetched before the wait) overlaps the op timed before
-// it, which would hide part of its time behind the other's.
-void fence_stream(cudaStream_t stream);
-
 }  // namespace perry::cuda

@@ -122,8 +122,6 @@ __device__ __forceinline__ void store_row_multipass(const ActOut& out, int64_t r
 template <int V, int kCache, typename TD>
 __global__ void rms_norm_kernel(float* x, const TD* __restrict__ delta, const float* __restrict__ w,
                                 float eps, int H, ActOut out, bool round_delta) {
-  pdl::wait();  // (launched programmatically: x and delta are the kernels before's output)
-  pdl::launch_dependents();
   const int64_t row = blockIdx.x;
   float* xr = x + row * H;
   const int step = int(blockDim.x) * V;
@@ -191,8 +189,6 @@ __global__ void rms_norm_kernel(float* x, const TD* __restrict__ delta, const fl
 template <int V, int kCache, typename T>
 __global__ void __launch_bounds__(1024, 2)
     swiglu_kernel(const T* __restrict__ gu, int I, ActOut out, bool round_bf16) {
-  pdl::wait();  // (launched programmatically: gu is the gate|up linear's output)
-  pdl::launch_dependents();
   const int64_t row = blockIdx.x;
   const T* g = gu + row * 2 * int64_t(I);
   const T* u = g + I;
@@ -444,13 +440,17 @@ void launch_rms(const char* fn, float* x, const TD* delta, const float* w, float
   if (M == 0) return;
   const bool vec =
       H % 4 == 0 && out_vec && aligned(x, 16) && aligned(w, 16) && (!delta || aligned(delta, 4 * sizeof(TD)));
-  auto run = [&](auto kernel, int t) {
-    pdl::launch(fn, kernel, dim3(unsigned(M)), dim3(unsigned(t)), 0, stream, x, delta, w, eps, H, out, round_delta);
-  };
-  const int t = row_threads(vec ? H / 4 : H);
-  if (vec) cacheable(H / 4, t) ? run(rms_norm_kernel<4, kRowCache, TD>, t) : run(rms_norm_kernel<4, 0, TD>, t);
-  else cacheable(H, t) ? run(rms_norm_kernel<1, kRowCache, TD>, t) : run(rms_norm_kernel<1, 0, TD>, t);
-}
+  if (vec) {
+    const int t = row_threads(H / 4);
+    if (cacheable(H / 4, t)) rms_norm_kernel<4, kRowCache><<<M, t, 0, stream>>>(x, delta, w, eps, H, out, round_delta);
+    else rms_norm_kernel<4, 0><<<M, t, 0, stream>>>(x, delta, w, eps, H, out, round_delta);
+  } else {
+      const int t = row_threads(H);
+      if (cacheable(H, t)) rms_norm_kernel<1, kRowCache><<<M, t, 0, stream>>>(x, delta, w, eps, H, out, round_delta);
+      else rms_norm_kernel<1, 0><<<M, t, 0, stream>>>(x, delta, w, eps, H, out, round_delta);
+    }
+    check_launch(fn);
+  }
 
   }  // namespace
 
@@ -568,13 +568,16 @@ void launch_swiglu(const T* gu, int M, int I, ActOut out, cudaStream_t stream, b
   if (!gu) bad(fn, "null device pointer");
   const bool out_vec = check_out(fn, out);
   if (M == 0) return;
-  const bool vec = I % 4 == 0 && out_vec && aligned(gu, 4 * sizeof(T));
-  auto run = [&](auto kernel, int t) {
-    pdl::launch(fn, kernel, dim3(unsigned(M)), dim3(unsigned(t)), 0, stream, gu, I, out, round_bf16);
-  };
-  const int t = row_threads(vec ? I / 4 : I);
-  if (vec) cacheable(I / 4, t) ? run(swiglu_kernel<4, kRowCache, T>, t) : run(swiglu_kernel<4, 0, T>, t);
-  else cacheable(I, t) ? run(swiglu_kernel<1, kRowCache, T>, t) : run(swiglu_kernel<1, 0, T>, t);
+  if (I % 4 == 0 && out_vec && aligned(gu, 4 * sizeof(T))) {
+    const int t = row_threads(I / 4);
+    if (cacheable(I / 4, t)) swiglu_kernel<4, kRowCache><<<M, t, 0, stream>>>(gu, I, out, round_bf16);
+    else swiglu_kernel<4, 0><<<M, t, 0, stream>>>(gu, I, out, round_bf16);
+  } else {
+    const int t = row_threads(I);
+    if (cacheable(I, t)) swiglu_kernel<1, kRowCache><<<M, t, 0, stream>>>(gu, I, out, round_bf16);
+    else swiglu_kernel<1, 0><<<M, t, 0, stream>>>(gu, I, out, round_bf16);
+  }
+  check_launch(fn);
 }
 }  // namespace
 

@@ -63,19 +63,12 @@ bool gemm_w8a8_wgmma_supported();
 //     them and applies the epilogue.
 // Without a workspace (or when it returns 0) the kernel runs unsplit. Calls that share tile_flags
 // must not run concurrently (one stream).
-// The kernel is a programmatic dependent launch (pdl.cuh): it may start while the kernel before it
-// on the stream still runs, and with weights_static it loads its first weight tiles before
-// waiting for that kernel. Pass weights_static = false where W is written by a kernel just
-// before on the stream (run_expanded_int4's expand_int4_weight scratch); weights uploaded with a
-// copy, or written by kernels that a copy, event or ordinary launch separates from this call,
-// are static.
 constexpr int kGemmW8A8TileFlags = 2048;
 size_t gemm_w8a8_wgmma_workspace_bytes(int M, int N, int K);
 int gemm_w8a8_wgmma_splits(int M, int N, int K);  // 1: unsplit
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
                      const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream,
-                     int32_t* workspace, size_t workspace_bytes, uint32_t* tile_flags = nullptr,
-                     bool weights_static = true);
+                     int32_t* workspace, size_t workspace_bytes, uint32_t* tile_flags = nullptr);
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw,
                      const float* dBias, void* dY, DType out, int M, int N, int K, cudaStream_t stream);
 

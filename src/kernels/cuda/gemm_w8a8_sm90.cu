@@ -41,7 +41,6 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w8a8.h"
-#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/sm90_gemm_common.cuh"
 
 namespace perry::cuda {
@@ -136,8 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
                            const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok,
-                           int splits, int kt_per, int* __restrict__ part, unsigned* __restrict__ flags,
-                           int weights_static) {
+                           int splits, int kt_per, int* __restrict__ part, unsigned* __restrict__ flags) {
 #ifdef PERRY_WGMMA
   static_assert(!(kFp8 && kOut == 2), "e4m3 accumulates in fp32: no int32 output");
   static_assert(!kFixup || (!kFp8 && !kPing), "split-K fixup: int8 sums (exact in any order), cooperative schedule");
@@ -197,48 +195,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       int s = 0;
       uint32_t phase = 0;
       int t, kt0, kt1, slice;
-      // Before the programmatic-launch wait (pdl.cuh): the weight tiles of the first tile's
-      // first stages, each stage's full barrier armed with its whole bytes, so the pipeline
-      // fills while the kernel before still finishes; the activation tiles (that kernel's
-      // output) follow the wait. (The first use of a stage needs no empty-barrier wait.) Only
-      // where the caller says the weights are no output of a kernel still in flight
-      // (weights_static: loaded weights, not expand_int4_weight's scratch).
-      int early = 0;
-      if (weights_static && work(0, t, kt0, kt1, slice)) {
-        int m0, n0;
-        tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
-        early = min(S, kt1 - kt0);
-        for (int j = 0; j < early; ++j) {
-          mbar_arrive_expect_tx(full(j), C::kStageBytes);
-          tma_load_2d(sB + j * C::kTileB, &tmB, (kt0 + j) * kBK, n0, full(j));
-        }
-      }
-      pdl::wait();
-      pdl::launch_dependents();
       for (int i = 0; work(i, t, kt0, kt1, slice); ++i) {
         int m0, n0;
         tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
         for (int kt = kt0; kt < kt1; ++kt) {
-          if (i == 0 && kt - kt0 < early) {
-            tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));  // (s == kt − kt0, phase 0)
-          } else {
-            mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
-            mbar_arrive_expect_tx(full(s), C::kStageBytes);
-            tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
-            tma_load_2d(sB + s * C::kTileB, &tmB, kt * kBK, n0, full(s));
-          }
+          mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
+          mbar_arrive_expect_tx(full(s), C::kStageBytes);
+          tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
+          tma_load_2d(sB + s * C::kTileB, &tmB, kt * kBK, n0, full(s));
           if (++s == S) { s = 0; phase ^= 1; }
         }
       }
-    } else {
-      pdl::wait();  // (the rest of the producer warpgroup: none of it outlives the kernel before)
     }
   } else {
     // ---------------- consumer warpgroups: wgmma + fused epilogue ----------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-    // The epilogue reads the activation scales and writes Y, the fixup reads and writes flags:
-    // all after the kernel before has finished (programmatic launch, pdl.cuh).
-    pdl::wait();
     const int cw = wg - 1;  // cooperative: which 64-row half of the tile; ping-pong: whose turn
     int acc[BN / 2];
 #pragma unroll
@@ -426,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int kOut, int BN, bool kFp8, bool kPing, bool kFixup = false>
 void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
             int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name, int splits = 1,
-            int kt_per = 0, int* part = nullptr, unsigned* flags = nullptr, bool weights_static = true) {
+            int kt_per = 0, int* part = nullptr, unsigned* flags = nullptr) {
   using C = Cfg<BN, kPing>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
@@ -440,9 +411,9 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
   const long long units = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN) * splits;
   const unsigned grid = unsigned(units < sms ? units : sms);
   if (kt_per <= 0) kt_per = (K + kBK - 1) / kBK;
-  pdl::launch(name, gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kFixup>, dim3(grid), dim3(kThreads),
-              C::kSmemBytes, stream, ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, splits, kt_per, part, flags,
-              weights_static ? 1 : 0);
+  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kFixup><<<grid, kThreads, C::kSmemBytes, stream>>>(
+      ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, splits, kt_per, part, flags);
+  check_launch(name);
 }
 
 // Column tile width: 256 unless that leaves clearly more of the last wave idle than 128 does.
@@ -526,31 +497,31 @@ bool pingpong_schedule(int M, int N, int K, int sms, bool wide) {
 template <int kOut, bool kFp8 = false>
 void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
               int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name, int32_t* workspace = nullptr,
-              size_t workspace_bytes = 0, uint32_t* tile_flags = nullptr, bool ws = true) {
+              size_t workspace_bytes = 0, uint32_t* tile_flags = nullptr) {
   const int sms = sm_count();
   const bool wide = pick_bn(M, N, sms) == 256;
   if constexpr (!kFp8) {  // (e4m3 accumulates in fp32: its partial sums would not add exactly)
     int kt_per = 0;
     const int splits = splitk_splits(M, N, K, sms, kt_per);
     if (splits > 1 && tile_flags && fixup_enabled() && workspace && workspace_bytes >= split_workspace_bytes(M, N, splits, wide)) {
-      if (wide) launch<kOut, 256, false, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, splits, kt_per, workspace, tile_flags, ws);
-      else launch<kOut, 128, false, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, splits, kt_per, workspace, tile_flags, ws);
+      if (wide) launch<kOut, 256, false, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, splits, kt_per, workspace, tile_flags);
+      else launch<kOut, 128, false, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, splits, kt_per, workspace, tile_flags);
       return;
     }
     const size_t need = size_t(splits) * size_t(M) * N * 4;
     if (splits > 1 && workspace && workspace_bytes >= need) {
       const int vec_part = N % 2 == 0 ? 1 : 0;  // pair stores into the slices (256-byte aligned workspace)
-      if (wide) launch<2, 256, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per, nullptr, nullptr, ws);
-      else launch<2, 128, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per, nullptr, nullptr, ws);
+      if (wide) launch<2, 256, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
+      else launch<2, 128, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
       int32_splitk_reduce<kOut, false>(workspace, splits, M, N, dSa, dSw, dBias, dY, stream);
       return;
     }
   }
   const bool ping = pingpong_schedule(M, N, K, sms, wide);
-  if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, 1, 0, nullptr, nullptr, ws);
-  else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, 1, 0, nullptr, nullptr, ws);
-  else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, 1, 0, nullptr, nullptr, ws);
-  else launch<kOut, 128, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name, 1, 0, nullptr, nullptr, ws);
+  if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+  else launch<kOut, 128, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
 }
 
 // The argument checks gemm_w8a8_wgmma and gemm_fp8_wgmma share; returns vec_ok (bit 0: pair
@@ -597,7 +568,7 @@ int gemm_w8a8_wgmma_splits(int M, int N, int K) {
 
 void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const float* dSw, const float* dBias,
                      void* dY, DType out, int M, int N, int K, cudaStream_t stream, int32_t* workspace,
-                     size_t workspace_bytes, uint32_t* tile_flags, bool weights_static) {
+                     size_t workspace_bytes, uint32_t* tile_flags) {
   const int vec_ok = check_args("gemm_w8a8_wgmma", dX, dSa, dW, dSw, dY, out, M, N, K);
   if (workspace && reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
     throw Error("gemm_w8a8_wgmma: the split-K workspace must be 16-byte aligned");
@@ -606,15 +577,15 @@ void gemm_w8a8_wgmma(const int8_t* dX, const float* dSa, const int8_t* dW, const
   switch (out) {
     case DType::BF16:
       dispatch<0>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<bf16>", workspace,
-                  workspace_bytes, tile_flags, weights_static);
+                  workspace_bytes, tile_flags);
       return;
     case DType::F32:
       dispatch<1>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<f32>", workspace,
-                  workspace_bytes, tile_flags, weights_static);
+                  workspace_bytes, tile_flags);
       return;
     case DType::I32:
       dispatch<2>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, stream, "gemm_w8a8_wgmma<i32>", workspace,
-                  workspace_bytes, tile_flags, weights_static);
+                  workspace_bytes, tile_flags);
       return;
     default: throw Error("gemm_w8a8_wgmma: output dtype must be BF16, F32 or I32");
   }

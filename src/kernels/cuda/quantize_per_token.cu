@@ -11,7 +11,6 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w8a8.h"
-#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quant_rule.cuh"
 
 namespace perry::cuda {
@@ -63,8 +62,6 @@ __global__ void __launch_bounds__(kQuantThreads)
     if constexpr (kFp8) return quant_one_fp8(v, inv);
     else return uint8_t(quant_one(v, inv));
   };
-  pdl::wait();  // (launched programmatically: X is the kernel before's output)
-  pdl::launch_dependents();
   const int64_t row = blockIdx.x;
   const T* x = X + row * K;
   Q8* q = Q + row * K;
@@ -128,11 +125,12 @@ void launch_quantize(const char* fn, const void* dX, DType in, int M, int K, Q8*
   // Vector path: 8 elements per step, every row start aligned (K % 8 == 0 keeps row starts aligned).
   const bool vec8 = K % 8 == 0 && aligned(dX, 8 * esize) && aligned(dQ, 8);
   if (in == DType::F32)
-    pdl::launch(fn, quantize_per_token_kernel<float, Q8>, dim3(unsigned(M)), dim3(kQuantThreads), 0, stream,
-                static_cast<const float*>(dX), K, vec8, dQ, dScale);
+    quantize_per_token_kernel<float, Q8><<<M, kQuantThreads, 0, stream>>>(static_cast<const float*>(dX), K, vec8, dQ,
+                                                                           dScale);
   else
-    pdl::launch(fn, quantize_per_token_kernel<__nv_bfloat16, Q8>, dim3(unsigned(M)), dim3(kQuantThreads), 0, stream,
-                static_cast<const __nv_bfloat16*>(dX), K, vec8, dQ, dScale);
+    quantize_per_token_kernel<__nv_bfloat16, Q8><<<M, kQuantThreads, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(dX), K, vec8, dQ, dScale);
+  check_launch(fn);
 }
 
 }  // namespace

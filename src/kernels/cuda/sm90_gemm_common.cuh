@@ -15,7 +15,6 @@
 #include <string>
 
 #include "kernels/cuda/bulk_copy.cuh"
-#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/device_query.h"
 
@@ -284,8 +283,6 @@ template <int kOut, bool kWeightScaleFirst>
 __global__ void int32_splitk_reduce_kernel(const int* __restrict__ part, int splits, int M, int N,
                                            const float* __restrict__ Sa, const float* __restrict__ Sw,
                                            const float* __restrict__ bias, void* __restrict__ Y) {
-  pdl::wait();  // (launched programmatically: part is the GEMM's output)
-  pdl::launch_dependents();
   const size_t total = size_t(M) * N;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
     int acc = 0;
@@ -306,8 +303,9 @@ __global__ void int32_splitk_reduce_kernel(const int* __restrict__ part, int spl
 template <int kOut, bool kWeightScaleFirst>
 inline void int32_splitk_reduce(const int* part, int splits, int M, int N, const float* sa, const float* sw,
                                 const float* bias, void* y, cudaStream_t stream) {
-  pdl::launch("int32_splitk_reduce_kernel", int32_splitk_reduce_kernel<kOut, kWeightScaleFirst>,
-              dim3(unsigned(reduce_blocks(M, N))), dim3(256), 0, stream, part, splits, M, N, sa, sw, bias, y);
+  int32_splitk_reduce_kernel<kOut, kWeightScaleFirst><<<reduce_blocks(M, N), 256, 0, stream>>>(part, splits, M, N, sa,
+                                                                                              sw, bias, y);
+  check_launch("int32_splitk_reduce_kernel");
 }
 
 }  // namespace perry::cuda::sm90
