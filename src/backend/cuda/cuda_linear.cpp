@@ -342,8 +342,7 @@ void run_expanded_int4_two_level(const int8_t* x, const float* sa, const void* q
                                  int K, int8_t* scratch, int32_t* splitk, size_t splitk_bytes, uint32_t* tile_flags,
                                  cudaStream_t stream) {
   expand_int4_weight_two_level(qweight, multipliers, 128, N, K, scratch, stream);
-  gemm_w8a8_wgmma(x, sa, scratch, channel_scales, bias, y, out, M, N, K, stream, splitk, splitk_bytes, tile_flags,
-                  /*weights_static=*/false);  // (the expansion just wrote them)
+  gemm_w8a8_wgmma(x, sa, scratch, channel_scales, bias, y, out, M, N, K, stream, splitk, splitk_bytes, tile_flags);
 }
 
 void run_expanded_int4(pq::QuantMode mode, const int8_t* x, const float* sa, const void* qweight, const float* scales,
