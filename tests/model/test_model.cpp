@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "model/quantized_checkpoint.h"
+#include "quant/two_level_scales.h"
 #include "tiny_checkpoint.h"
 
 using namespace perry;
@@ -177,6 +178,10 @@ TEST(QuantizedCheckpoint, SaveAndReloadGivesIdenticalLogits) {
     m->forward({{0, a.data(), 12, false}}, c1, l1);
     back->forward({{0, a.data(), 12, false}}, c2, l2);
     EXPECT_EQ(l1, l2) << quant::quant_mode_name(mode);
+    if (mode == quant::QuantMode::W4A8_G128) {  // the reloaded scales still factor exactly (fp32 in the file)
+      EXPECT_TRUE(quant::two_level_scales(back->lm_head().quantized()->canonical()).has_value());
+      EXPECT_TRUE(quant::two_level_scales(back->layers()[0].down.quantized()->canonical()).has_value());
+    }
     // Asking to convert a quantized checkpoint to another mode is a clear error.
     r.quant = quant::QuantMode::W8A8_G64;
     EXPECT_THROW(Model::load(r), Error);
