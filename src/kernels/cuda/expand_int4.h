@@ -2,7 +2,8 @@
 // int4 weight expanded to int8 codes of one per-channel scale, q8[n, k] = q4[n, k] · m[n, k / gs],
 // so that gemm_w8a8_wgmma runs the grouped layer as a per-channel one (its scale = the channel
 // scale). The products are exact integers (|q8| <= 126), so the GEMM's int32 sums are exactly the
-// grouped kernels' per-group sums times their multipliers, added.
+// grouped kernels' per-group sums times their multipliers, added. (expand_int4.cu also defines
+// gemv_quant.h's plain expand_int4_weight: one kernel for both.)
 #pragma once
 #include <cuda_runtime.h>
 

@@ -327,39 +327,7 @@ void gemv_quant(QuantMode mode, const void* x, const float* sa, const void* qwei
   }
 }
 
-namespace {
-// 16 packed bytes (32 k values, low nibble first) → 32 sign-extended int8 in k order: per byte
-// lane, nibble t → ((t ^ 8) - 8) (SIMD over the word's four bytes), then the low / high values
-// interleaved by byte permutes.
-__global__ void expand_int4_kernel(const uint4* __restrict__ packed, uint4* __restrict__ out, size_t chunks) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < chunks; i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 p = __ldg(packed + i);
-    const uint32_t w[4] = {p.x, p.y, p.z, p.w};
-    uint32_t o[8];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t lo = __vsub4((w[j] & 0x0F0F0F0Fu) ^ 0x08080808u, 0x08080808u);
-      const uint32_t hi = __vsub4(((w[j] >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u, 0x08080808u);
-      o[2 * j] = __byte_perm(lo, hi, 0x5140);
-      o[2 * j + 1] = __byte_perm(lo, hi, 0x7362);
-    }
-    out[2 * i] = make_uint4(o[0], o[1], o[2], o[3]);
-    out[2 * i + 1] = make_uint4(o[4], o[5], o[6], o[7]);
-  }
-}
-}  // namespace
-
-void expand_int4_weight(const void* qweight, int N, int K, int8_t* out, cudaStream_t stream) {
-  const std::string where = "expand_int4_weight(N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")";
-  if (N < 1 || K < 1 || K % 32 != 0) throw Error(where + ": need N >= 1 and K a positive multiple of 32");
-  if (!qweight || !out) throw Error(where + ": null pointer");
-  if (!aligned(qweight, 16) || !aligned(out, 16)) throw Error(where + ": pointers must be 16-byte aligned");
-  const size_t chunks = size_t(N) * size_t(K) / 32;
-  const unsigned blocks = unsigned(std::min<size_t>((chunks + 255) / 256, 132 * 16));
-  expand_int4_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(qweight), reinterpret_cast<uint4*>(out),
-                                                 chunks);
-  check_launch("expand_int4_weight");
-}
+// expand_int4_weight (declared in gemv_quant.h) is in expand_int4.cu, beside its two-level form.
 
 void dequantize_weight_bf16(const void* qweight, const float* scales, int bits, int group_size,
                             int N, int K, uint16_t* out_bf16, cudaStream_t stream) {
