@@ -196,7 +196,7 @@ QuantizedWeight quantize_weight(const float* w, int64_t N, int64_t K, QuantMode 
         q.scales[size_t(n)] = quantize_row_fp8_ref(wr, K, reinterpret_cast<uint8_t*>(q.qweight.data() + n * K));
         continue;
       }
-      if (mode == QuantMode::W4A8_G128) {  // two-level group scales (quant.h)
+      if (mode == QuantMode::W4A8_G128) {  // two-level group scales (two_level_scales.h)
         bool finite = true;
         for (int64_t k = 0; k < K; ++k)
           if (!std::isfinite(wr[k])) note_first(bad, n * K + k), finite = false;

@@ -16,11 +16,14 @@ float round_significand(float x, int bits) {
   return std::ldexp(std::nearbyint(std::ldexp(m, bits)), e - bits);
 }
 
-// Squared error of quantizing w[0, n) with step `step` to [-7, 7] (round half even).
+// Squared error of quantizing w[0, n) with step `step` to [-7, 7] (round half even). For the
+// choice of a multiplier only: w·(1/step) instead of the rule's w/step (a tie may round the other
+// way; the codes written follow the rule).
 double int4_error(const float* w, int64_t n, float step) {
+  const float inv = 1.0f / step;
   double e = 0;
   for (int64_t k = 0; k < n; ++k) {
-    const float q = std::clamp(std::nearbyint(w[k] / step), -7.0f, 7.0f);
+    const float q = std::clamp(std::nearbyint(w[k] * inv), -7.0f, 7.0f);
     const double d = double(w[k]) - double(q) * double(step);
     e += d * d;
   }
