@@ -38,14 +38,16 @@ int multiplier_of(float s, float c) {
 }
 }  // namespace
 
+float two_level_channel_scale(float amax) {
+  const float c = amax / float(7 * kTwoLevelMaxMultiplier);
+  return c >= FLT_MIN ? round_significand(c, 19) : 0.0f;  // 19 bits: c·m (m <= 18, five bits) fits fp32's 24
+}
+
 void detail::quantize_row_two_level(const float* w, int64_t K, int64_t gs, int8_t* q, float* scales) {
   const int G = int((K + gs - 1) / gs);
   float amax = 0;
   for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(w[k]));
-  // 19 significant bits: c·m (m <= 18, five bits) is exact in fp32's 24.
-  const float c = amax / float(7 * kTwoLevelMaxMultiplier) >= FLT_MIN
-                      ? round_significand(amax / float(7 * kTwoLevelMaxMultiplier), 19)
-                      : 0.0f;
+  const float c = two_level_channel_scale(amax);
   for (int g = 0; g < G; ++g) {
     const int64_t k0 = g * gs, n = std::min(K, k0 + gs) - k0;
     const float* wg = w + k0;

@@ -29,6 +29,10 @@ struct TwoLevelScales {
 // computes the same products, so a checkpoint whose scales happen to factor qualifies too.
 std::optional<TwoLevelScales> two_level_scales(const QuantizedWeight& w);
 
+// The channel scale of a row whose largest |w| is amax: amax/126 rounded to 19 significant bits
+// (so c·m is exact in fp32 for every m <= 18); 0 when amax/126 is below FLT_MIN.
+float two_level_channel_scale(float amax);
+
 namespace detail {
 // One row by the two-level rule: channel = amax(row)/126 rounded to 19 significant bits; per
 // group the multiplier among floor(k)−1 .. ceil(k) (within 1..18), k = amax(group)/(7·channel),

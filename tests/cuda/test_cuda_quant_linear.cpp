@@ -543,7 +543,7 @@ void two_level_gemm(QuantMode mode, const int8_t* x, const float* sa, const void
   Dev<float> ch(f->channel);
   Dev<int8_t> mul(f->multiplier), w8(size_t(N) * K);
   pc::expand_int4_weight_two_level(w, mul.p, 128, N, K, w8.p, stream);
-  pc::gemm_w8a8_wgmma(x, sa, w8.p, ch.p, bias, y, out, M, N, K, stream, nullptr, 0, nullptr);
+  pc::gemm_w8a8_wgmma(x, sa, w8.p, ch.p, bias, y, out, M, N, K, stream);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 

@@ -278,18 +278,17 @@ OpArgs Bench::args(Op op, int copy, int M) const {
   return a;
 }
 
-// Scales of the form w4a8-g128's quantizer writes (quant/two_level_scales.h): a random channel scale
-// per row times random multipliers 1..18, exact in fp32 (19-bit channel scales); the factors go to
-// the pool too, for the w4a8-g128 prefill path (run_expanded_int4_two_level).
+// Scales of the form w4a8-g128's quantizer writes (quant/two_level_scales.h): the channel scale of a
+// random row amax times random multipliers 1..18, exact in fp32; the factors go to the pool too,
+// for the w4a8-g128 prefill path (run_expanded_int4_two_level).
 void Bench::fill_two_level_scales(WeightPool& p, int N, int K, DeviceBuffer& scales) {
   const int G = K / 128;
-  std::uniform_real_distribution<float> dc(5e-5f, 1e-3f);
+  std::uniform_real_distribution<float> damax(6e-3f, 0.126f);  // channel scales 5e-5 .. 1e-3
   std::uniform_int_distribution<int> dm(1, pq::kTwoLevelMaxMultiplier);
   std::vector<float> ch(static_cast<size_t>(N)), s(size_t(N) * size_t(G));
   std::vector<int8_t> mul(s.size());
   for (int n = 0; n < N; ++n) {
-    int e = 0;
-    const float c = std::ldexp(std::nearbyint(std::ldexp(std::frexp(dc(rng_), &e), 19)), e - 19);
+    const float c = pq::two_level_channel_scale(damax(rng_));
     ch[size_t(n)] = c;
     for (int g = 0; g < G; ++g) {
       const int m = dm(rng_);

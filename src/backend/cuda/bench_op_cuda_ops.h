@@ -41,8 +41,8 @@ const OpInfo& op_info(Op op);
 // The perry op of a quantized mode (w8a8: Op::W8A8, never the comparison row W8A8Mma).
 Op perry_op(quant::QuantMode mode);
 // The kernels a perry op runs for M rows of K inputs: CudaLinear's own choice,
-// linear_path(mode, M, K; w4a8-g128 with two-level scales), except w8a8-mma (Op::W8A8Mma), which forces gemm_w8a8 (mma.sync): the
-// comparison row for where w8a8 takes the sm_90 wgmma kernel — the same data on the kernel a
+// linear_path(mode, M, K; w4a8-g128 with two-level scales, as bench-op's weights have them),
+// except w8a8-mma (Op::W8A8Mma), which forces gemm_w8a8 (mma.sync): the comparison row for where w8a8 takes the sm_90 wgmma kernel — the same data on the kernel a
 // non-Hopper GPU, or PERRY_NO_WGMMA=1, would run there.
 LinearPath op_path(Op op, int M, int K);
 // Whether `op` has a row at M: all but w8a8-mma, timed only where w8a8 runs wgmma (elsewhere it
