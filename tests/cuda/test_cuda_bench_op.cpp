@@ -19,6 +19,7 @@
 #include "cuda/cuda_test_util.h"
 #include "core/dtype.h"
 #include "kernels/cuda/bench_peers.h"
+#include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/quant.h"
@@ -175,12 +176,16 @@ TEST(CudaBenchOp, LinearPathChoice) {
   // kExpandTwoLevelMinM (K a multiple of 128: whole groups), the int4 GEMM below.
   const int t0 = pc::CudaLinear::kExpandTwoLevelMinM;
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t0 - 1, 4096, true), wg ? LinearPath::WgmmaQuant : LinearPath::GemmQuant);
-  EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t0, 4096, true), wg ? LinearPath::ExpandTwoLevelWgmma : LinearPath::GemmQuant);
+  // (the register-A kernel where it runs, else the expansion pass + the per-channel GEMM)
+  const LinearPath tl =
+      pc::gemm_w4a8_two_level_wgmma_supported() ? LinearPath::TwoLevelWgmma : LinearPath::ExpandTwoLevelWgmma;
+  EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t0, 4096, true), wg ? tl : LinearPath::GemmQuant);
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 4096, 4160, true), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
   EXPECT_EQ(pc::linear_path(QM::W4A8, 4096, 4096, true), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 8, 4096, true), LinearPath::SmallM);
   EXPECT_EQ(pc::linear_path_name(QM::W4A8_G128, LinearPath::ExpandTwoLevelWgmma),
             "w4a8-g128:expand_int4_two_level+gemm_w8a8_wgmma_tma");
+  EXPECT_EQ(pc::linear_path_name(QM::W4A8_G128, LinearPath::TwoLevelWgmma), "w4a8-g128:gemm_w4a8_two_level_wgmma_tma");
   EXPECT_EQ(op_path(Op::W4A8G128, 4096, 4096), pc::linear_path(QM::W4A8_G128, 4096, 4096, true));
   EXPECT_EQ(pc::linear_path_name(QM::W4A8_G128, LinearPath::ExpandWgmma), "w4a8-g128:expand_int4+gemm_quant_wgmma_tma");
   EXPECT_EQ(pc::linear_path_name(QM::W4A8, LinearPath::ExpandWgmma), "w4a8:expand_int4+gemm_w8a8_wgmma_tma");

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "kernels/cuda/expand_int4.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
+#include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/quant.h"
@@ -598,6 +599,103 @@ TEST(CudaGemmQuantWgmma, TwoLevelExpandedMatchesFloat64) {
     run_gemm_case(QuantMode::W4A8_G128, 257, 131, 4096, true, out, g, two_level_gemm, nm);  // odd N
     run_gemm_case(QuantMode::W4A8_G128, 300, 256, 14336, false, out, g, two_level_gemm, nm);  // down_proj's K
   }
+}
+
+// The register-A kernel of the same layer (LinearPath::TwoLevelWgmma, gemm_w4a8_two_level.h): no
+// expansion pass, the codes q4·m built in registers as wgmma's A operand.
+void two_level_rs_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
+                       const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+  QuantizedWeight hw;
+  hw.mode = mode;
+  hw.N = N;
+  hw.K = K;
+  hw.scales.resize(size_t(N) * size_t(K / 128));
+  ASSERT_EQ(cudaMemcpy(hw.scales.data(), s, hw.scales.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  const auto f = perry::quant::two_level_scales(hw);
+  ASSERT_TRUE(f.has_value()) << "the quantizer's w4a8-g128 scales do not factor";
+  Dev<float> ch(f->channel);
+  Dev<int8_t> mul(f->multiplier);
+  pc::gemm_w4a8_two_level_wgmma(x, sa, w, mul.p, ch.p, bias, y, out, M, N, K, stream);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Checked three ways, each tile width (128 and 256 tokens, forced): the int32 sums exactly against
+// the host's Σ x·q4·m on raw nibbles −7..7 and multipliers 0..18 (every product the conversion
+// can meet); F32 / BF16 against the float64 grouped math; and bit for bit against the expansion
+// pass + gemm_w8a8_wgmma, whose epilogue expression the kernel shares.
+TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
+  REQUIRE_SM90();
+  std::mt19937 g(47);
+  ScopedEnv bx("PERRY_TWO_LEVEL_BX", nullptr);
+  for (const char* width : {"128", "256"}) {
+    bx.set(width);
+    // (M, N, K): edges in M and N (partial tiles, rows past N), one group, many groups.
+    for (auto [M, N, K] : {std::tuple{300, 200, 1024}, std::tuple{77, 131, 128}, std::tuple{300, 384, 2048}}) {
+      const int G = K / 128;
+      std::vector<uint8_t> raw(size_t(N) * K / 2);
+      std::vector<int8_t> mult(size_t(N) * G), xq(size_t(M) * K);
+      std::uniform_int_distribution<int> dn(-7, 7), dm(0, 18), dx(-127, 127);
+      for (auto& b : raw) b = uint8_t((dn(g) & 15) | ((dn(g) & 15) << 4));
+      for (auto& m : mult) m = int8_t(dm(g));
+      mult[0] = 18;
+      mult[mult.size() - 1] = 18;
+      for (auto& v : xq) v = int8_t(dx(g));
+      std::vector<int64_t> want(size_t(M) * N, 0);
+      for (int n = 0; n < N; ++n)
+        for (int k = 0; k < K; ++k) {
+          const int nib = k % 2 ? raw[(size_t(n) * K + k) / 2] >> 4 : raw[(size_t(n) * K + k) / 2] & 15;
+          const int64_t q = int64_t((nib ^ 8) - 8) * mult[size_t(n) * G + k / 128];
+          for (int m = 0; m < M; ++m) want[size_t(m) * N + n] += q * xq[size_t(m) * K + k];
+        }
+      Dev<uint8_t> dw(raw);
+      Dev<int8_t> dmul(mult), dx8(xq);
+      Dev<int32_t> y(size_t(M) * N);
+      ASSERT_EQ(cudaMemset(y.p, 0xFF, y.n * 4), cudaSuccess);
+      ASSERT_NO_THROW(pc::gemm_w4a8_two_level_wgmma(dx8.p, nullptr, dw.p, dmul.p, nullptr, nullptr, y.p, DType::I32, M,
+                                                    N, K, nullptr));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = y.get();
+      size_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) bad += int64_t(got[i]) != want[i];
+      EXPECT_EQ(bad, 0u) << "int32 sums, tile width " << width << ", M=" << M << " N=" << N << " K=" << K;
+    }
+    const std::string nm = std::string("gemm_w4a8_two_level_wgmma (") + width + " tokens) ";
+    for (DType out : {DType::F32, DType::BF16}) {
+      run_gemm_case(QuantMode::W4A8_G128, 300, 520, 1024, true, out, g, two_level_rs_gemm, nm.c_str());
+      run_gemm_case(QuantMode::W4A8_G128, 257, 131, 4096, out == DType::BF16, out, g, two_level_rs_gemm, nm.c_str());
+      if (std::string(width) == "256")  // (down_proj's K once: its float64 reference is the slow part)
+        run_gemm_case(QuantMode::W4A8_G128, 300, 256, 14336, false, out, g, two_level_rs_gemm, nm.c_str());
+    }
+    // Bit for bit against the expansion path (f32 and bf16 out, with a bias).
+    for (DType out : {DType::F32, DType::BF16}) {
+      const int M = 600, N = 392, K = 2048;
+      const QuantizedWeight w = make_weight(QuantMode::W4A8_G128, N, K, g);
+      const Act a = make_act(M, K, g);
+      const auto bias = rand_f(size_t(N), g, -1.f, 1.f);
+      DevWeight dw(w);
+      Dev<int8_t> dq(a.q);
+      Dev<float> dsa(a.sa), db(bias);
+      const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
+      Dev<uint8_t> yr(bytes), ye(bytes);
+      two_level_rs_gemm(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, yr.p, out, M, N, K, nullptr);
+      two_level_gemm(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, ye.p, out, M, N, K, nullptr);
+      const auto hr = yr.get(), he = ye.get();
+      EXPECT_EQ(std::memcmp(hr.data(), he.data(), bytes), 0) << nm << "vs the expansion path, out " << int(out);
+    }
+  }
+  // Bad arguments: K not a multiple of 128, null multipliers / channel scales (F32), misaligned x.
+  Dev<int8_t> x(64 * 256), w(64 * 128), m(64 * 2);
+  Dev<float> c(64), sa(64), y(64 * 64);
+  auto call = [&](const int8_t* px, const int8_t* pm, const float* pc_, int K) {
+    pc::gemm_w4a8_two_level_wgmma(px, sa.p, w.p, pm, pc_, nullptr, y.p, DType::F32, 64, 64, K, nullptr);
+  };
+  EXPECT_THROW(call(x.p, m.p, c.p, 192), perry::Error);
+  EXPECT_THROW(call(x.p, m.p, c.p, 0), perry::Error);
+  EXPECT_THROW(call(x.p, nullptr, c.p, 256), perry::Error);
+  EXPECT_THROW(call(x.p, m.p, nullptr, 256), perry::Error);
+  EXPECT_THROW(call(x.p + 1, m.p, c.p, 256), perry::Error);
+  EXPECT_NO_THROW(call(x.p, m.p, c.p, 256));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 TEST(CudaGemmQuantWgmma, BadArgumentsThrow) {

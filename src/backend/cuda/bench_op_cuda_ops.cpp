@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
+#include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_decode.h"
 #include "kernels/cuda/gemv_quant.h"
@@ -224,6 +225,11 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
       run_expanded_int4_two_level(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, DType::F32, M, N, K,
                                   reinterpret_cast<int8_t*>(c.dequant_scratch), c.splitk, c.splitk_bytes,
                                   c.splitk_flags, c.stream);
+      return;
+    case LinearPath::TwoLevelWgmma:
+      PERRY_CHECK(a.multipliers && a.channel_scales, "bench-op: {} needs the two-level scale factors", op_info(op).name);
+      gemm_w4a8_two_level_wgmma(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, DType::F32, M, N, K,
+                                c.stream);
       return;
     case LinearPath::Fp8Wgmma:
       gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K,

@@ -14,6 +14,7 @@
 #include "kernels/cuda/expand_int4.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
+#include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/two_level_scales.h"
 
@@ -251,6 +252,10 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
                                   ctx.dequant_scratch.get<int8_t>(), ctx.splitk.get<int32_t>(), ctx.splitk.bytes(),
                                   ctx.splitk_flags.get<uint32_t>(), ctx.stream);
       return;
+    case Path::TwoLevelWgmma:
+      gemm_w4a8_two_level_wgmma(x.i8, x.scale, weight_.get(), multipliers_.get<int8_t>(), channel_scales_.get<float>(),
+                                bias, y, out, M, n_, k_, ctx.stream);
+      return;
     case Path::Fp8Wgmma:
       PERRY_CHECK(ctx.fp8_act.bytes() >= fp8_act_bytes(M) && ctx.fp8_scale.bytes() >= size_t(M) * 4,
                   "{}: the e4m3 activation scratch holds fewer than {} rows", name_, M);
@@ -313,9 +318,13 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level) {
   // fold holds it to 0.9-1.1x) from the per-channel w4a8 crossover.
   static const bool use_two_level = !env_flag("PERRY_NO_INT4_TWO_LEVEL");
   static const int two_level_from = env_int("PERRY_INT4_TWO_LEVEL_MIN_M", CudaLinear::kExpandTwoLevelMinM, 1, 1 << 30);
+  // The register-A kernel needs no expansion pass (gemm_w4a8_two_level.h); PERRY_INT4_TWO_LEVEL_EXPAND=1
+  // keeps the pass + gemm_w8a8_wgmma for A/B runs.
+  static const bool two_level_expand = env_flag("PERRY_INT4_TWO_LEVEL_EXPAND");
   if (expand && two_level && use_two_level && mode == pq::QuantMode::W4A8_G128 && M >= two_level_from &&
       K % 128 == 0)
-    return Path::ExpandTwoLevelWgmma;
+    return !two_level_expand && gemm_w4a8_two_level_wgmma_supported() ? Path::TwoLevelWgmma
+                                                                       : Path::ExpandTwoLevelWgmma;
   const int expand_from =
       mode == pq::QuantMode::W4A8_G128 ? CudaLinear::kExpandInt4G128MinM : CudaLinear::kExpandInt4MinM;
   if (expand && quant_mode_bits(mode).bits == 4 && M >= expand_from) return Path::ExpandWgmma;
@@ -374,6 +383,7 @@ std::string linear_path_name(pq::QuantMode qmode, LinearPath path) {
     case Path::ExpandWgmma:
       return mode + (qmode == pq::QuantMode::W4A8 ? ":expand_int4+gemm_w8a8_wgmma_tma" : ":expand_int4+gemm_quant_wgmma_tma");
     case Path::ExpandTwoLevelWgmma: return mode + ":expand_int4_two_level+gemm_w8a8_wgmma_tma";
+    case Path::TwoLevelWgmma: return mode + ":gemm_w4a8_two_level_wgmma_tma";
     case Path::Fp8Wgmma: return mode + ":quantize_per_token_fp8+gemm_fp8_wgmma_tma";
   }
   return mode;

@@ -44,16 +44,20 @@ struct LinearInput {
 // ExpandTwoLevelWgmma: w4a8-g128 whose group scales are two-level (quant/two_level_scales.h) at
 // prefill sizes — the int4 weight expanded with its multipliers, then the per-channel int8 wgmma
 // GEMM of the channel scales (run_expanded_int4_two_level): no per-group fold.
+// TwoLevelWgmma: the same layer without the expansion pass — gemm_w4a8_two_level_wgmma converts the
+// packed int4 weight with its multipliers in registers, as wgmma's A operand (the default where the
+// kernel runs; PERRY_INT4_TWO_LEVEL_EXPAND=1 keeps ExpandTwoLevelWgmma for A/B runs).
 enum class LinearPath {
   CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, ExpandWgmma, ExpandTwoLevelWgmma,
-  Fp8Wgmma
+  TwoLevelWgmma, Fp8Wgmma
 };
 // The choice for a layer of `mode` with K inputs at M rows: the one place it is made, so that
 // CudaLinear runs and `perry bench-op --device cuda` times the same kernels. two_level: the
 // layer's int4 group scales factor into channel scales and multipliers (two_level_scales). The
 // wgmma paths depend on the device (sm_90) and PERRY_NO_WGMMA, the two-level one also on
-// PERRY_NO_INT4_TWO_LEVEL (A/B runs: the grouped kernels instead) and PERRY_INT4_TWO_LEVEL_MIN_M
-// (lab: the crossover), all read once, at the first call that asks.
+// PERRY_NO_INT4_TWO_LEVEL (A/B runs: the grouped kernels instead), PERRY_INT4_TWO_LEVEL_EXPAND (the
+// expansion pass instead of the register conversion) and PERRY_INT4_TWO_LEVEL_MIN_M (lab: the
+// crossover), all read once, at the first call that asks.
 LinearPath linear_path(quant::QuantMode mode, int M, int K, bool two_level = false);
 // The kernels of a path as logs and bench-op print them ("w8a8:gemm_w8a8_wgmma_tma").
 std::string linear_path_name(quant::QuantMode mode, LinearPath path);
@@ -139,6 +143,11 @@ class CudaLinear {
   size_t dequant_scratch_bytes() const {
     if (!quant::is_quantized(mode_) || fp8()) return 0;
     if (input_format() == ActFormat::BF16) return size_t(n_) * size_t(k_) * 2;
+    // int4: the expansion (LinearPath::ExpandWgmma), unless the two-level kernel takes every M
+    // the expansion would (it converts in registers: no scratch).
+    if (bits_ == 4 && two_level() &&
+        linear_path(mode_, kExpandInt4G128MinM, k_, true) == LinearPath::TwoLevelWgmma)
+      return 0;
     return bits_ == 4 ? size_t(n_) * size_t(k_) : 0;
   }
   // w8a8-fp8: bytes of the e4m3 copy of M input rows (the backend allocates LinearContext::fp8_act

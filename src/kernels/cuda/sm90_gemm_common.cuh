@@ -138,6 +138,27 @@ __device__ __forceinline__ void wgmma_n256(int (&d)[128], uint64_t da, uint64_t 
   else
     PERRY_WGMMA_ASM("m64n256k32.s32.s8.s8", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%130", "%128, %129", "");
 }
+
+// A from registers (wgmma "RS"): a0..a3 are this thread's A fragment of the 64 × 32 int8 tile —
+// warp w of the warpgroup holds rows 16w..16w+15; lane l: a0 = row 16w + l/4, k 4(l%4)..+3; a1 =
+// row +8, the same k; a2 / a3 = rows as a0 / a1, k 16 + 4(l%4)..+3 (the lower k in the lower
+// byte). B from shared memory (descriptor), s32 accumulators. ptxas keeps a0..a3 live until the
+// wgmma completes only while the caller does (fence the registers after the wait).
+#define PERRY_WGMMA_RS_ASM(SHAPE_TYPES, REGS, OPS, AREGS, DESC, PRED)                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                       \
+               "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {" REGS "}, {" AREGS "}, " DESC ", p;\n}\n" \
+               : OPS                                                                                 \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate))
+__device__ __forceinline__ void wgmma_rs_n128(int (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint64_t db, int accumulate) {
+  PERRY_WGMMA_RS_ASM("m64n128k32.s32.s8.s8", PERRY_WGMMA_REGS64, PERRY_WGMMA_D64, "%64, %65, %66, %67", "%68", "%69");
+}
+__device__ __forceinline__ void wgmma_rs_n256(int (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint64_t db, int accumulate) {
+  PERRY_WGMMA_RS_ASM("m64n256k32.s32.s8.s8", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%128, %129, %130, %131", "%132",
+                     "%133");
+}
+#undef PERRY_WGMMA_RS_ASM
 #undef PERRY_WGMMA_ASM
 #undef PERRY_WGMMA_REGS64
 #undef PERRY_WGMMA_REGS128

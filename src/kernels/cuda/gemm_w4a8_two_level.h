@@ -1,0 +1,31 @@
+// w4a8-g128 with two-level group scales (quant/two_level_scales.h) at prefill sizes on sm_90a
+// (H100/H200), without expanding the weight: gemm_w4a8_two_level_wgmma reads the packed int4
+// weight and its multipliers, builds the int8 codes q4·m of the channel scale in registers and
+// feeds them to wgmma as its A operand (src/kernels/cuda/gemm_w4a8_two_level_sm90.cu; design and
+// measurements in docs/cuda-gemm-w8a8-sm90.md, "Thirtieth session").
+//
+//   x int8 [M, K] row-major, sa fp32 [M] (per-token scales);
+//   qweight: the canonical packed int4 [N, K/2] (low nibble = even k, two's complement, values in
+//     [-7, 7]); multipliers int8 [N, K/128] in [0, 18]; channel_scales fp32 [N]; bias fp32 [N] or null;
+//   out = F32 / BF16: y[m, n] = float(acc)·(sa[m]·c[n]) + bias[n] with acc = Σ_k x[m,k]·q4[n,k]·m[n,k/128]
+//     (exact int32) — the expression of gemm_w8a8_wgmma on the expanded weight, so the outputs
+//     are that path's bits;
+//   out = I32: acc itself, y [M, N] (sa, channel scales and bias are not read).
+// Requirements (checked, perry::Error): an sm_90 device; M, N >= 1; K a positive multiple of 128,
+// at most 65536; x, qweight 16-byte aligned; y aligned to its element; sa / channel scales / bias
+// 4-byte aligned. Asynchronous on `stream`.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace perry::cuda {
+
+bool gemm_w4a8_two_level_wgmma_supported();  // true on an sm_90 device with the sm_90a code built
+void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
+                               const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
+                               int K, cudaStream_t stream);
+
+}  // namespace perry::cuda

@@ -1,0 +1,369 @@
+// sm_90a gemm_w4a8_two_level_wgmma (gemm_w4a8_two_level.h): w4a8-g128 with two-level group scales
+// as one per-channel int8 GEMM, the int4 → int8 conversion in registers (wgmma with A from
+// registers). Design notes and measurements: docs/cuda-gemm-w8a8-sm90.md, "Thirtieth session".
+//
+// Why: with scales c[n]·m[n,g] the codes q4·m are int8 codes of the channel scale (|q4·m| <= 126),
+// so the grouped layer needs no per-group fold. The twenty-ninth session ran that as
+// expand_int4_weight_two_level (a pass over the whole weight: 0.5 B read, 1 B written per weight)
+// followed by gemm_w8a8_wgmma — the pass was 5-30% of the layer. Here the kernel reads the packed
+// weight (0.5 B per weight from L2/HBM) and converts in the consumer warps, so the pass is gone and
+// the weight tile's shared-memory reads by wgmma too (A is in registers).
+//
+//   * Swapped operands (as gemm_quant_sm90's grouped modes): the weight tile is wgmma's A operand
+//     (accumulator rows = output columns n), the activation tile its B operand (accumulator
+//     columns = tokens m). Tile: 128 weight rows (two consumer warpgroups of 64) × kBX tokens (128
+//     or 256: m64n128k32 / m64n256k32), 128 k a stage = one group.
+//   * Producer warp 0 (one thread): TMA loads of the X tile [kBX × 128 B] (128-byte swizzle, the
+//     wgmma B layout) and of the packed weight tile [128 rows × 64 B] with the 64-byte swizzle,
+//     which makes the consumers' 32-bit reads conflict-free (16-byte chunk j of row r lands at
+//     chunk j ^ ((r / 2) % 4); the 8 rows a warp reads per load then hit 8 different chunks of the
+//     two 64-byte row parities: 16 banks, each read by two lanes at one address).
+//   * Consumers: per k32 step a thread's A fragment is rows r, r+8 × k 4tq..+3 and 16+4tq..+3
+//     (tq = lane % 4), i.e. packed bytes 2tq, 2tq+1 and 8+2tq, 9+2tq of the row's 16-byte chunk:
+//     two 32-bit loads a row and one byte permute select them. The nibbles become q·m bytes in
+//     16-bit lanes: t = nibble ^ 8 (so q = t − 8), lane = t·m + (256 − 8m) — positive and below
+//     2^16 (15·18 + 256), so one 32-bit IMAD handles two lanes, and its low byte is q·m mod 256,
+//     the two's-complement int8 code. Four IMADs and four permutes give 8 codes of a row
+//     (~17 integer instructions a row and k32 step; ~30% of the issue slots beside the MMA).
+//   * Pipelining: two register sets of A fragments (a stage's 4 k32 steps × 4 registers each);
+//     stage s+1 is converted into one while stage s's wgmmas (reading the other) run; the
+//     wait_group 1 after issuing stage s completes stage s−1, whose set and shared-memory slot
+//     are then free. The fragments are pinned (fence_frag) past that wait, so ptxas keeps them
+//     live while the asynchronous wgmma may still read them.
+//   * Epilogue: y[m, n] = float(acc)·(sa[m]·c[n]) + bias[n], stored transposed (8 lanes write 8
+//     consecutive n of one token row), the expression of gemm_w8a8_wgmma: the expanded path's bits.
+//   * Persistent grid, grouped tile order, TMA zero fill at the M / N edges (a zero nibble byte
+//     becomes q = 0 whatever m is; rows past N read m = 0).
+// No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (X + packed
+// weight bytes), empty 8 consumer-warp arrives; producer and consumers walk the same
+// (tile, k-stage) sequence.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/gemm_w4a8_two_level.h"
+#include "kernels/cuda/quant_args.h"
+#include "kernels/cuda/sm90_gemm_common.cuh"
+
+namespace perry::cuda {
+namespace {
+using namespace sm90;
+
+constexpr int kWRows = 128;  // weight rows (output columns n) a tile: two consumer warpgroups × 64
+constexpr int kBK = 128;     // k a stage: one g128 group (one multiplier a row)
+constexpr int kGroupTiles = 8;
+
+template <int kBX>
+struct TwoLevelCfg {
+  static constexpr int kThreads = 384;
+  static constexpr int kTileX = kBX * kBK;         // int8 activations, 128-byte swizzle
+  static constexpr int kTileP = kWRows * kBK / 2;  // packed int4 weights, 64-byte swizzle (8 KiB)
+  static constexpr int kStageBytes = kTileX + kTileP;
+  static constexpr int kFit = (224 * 1024) / kStageBytes;
+  static constexpr int kStages = kFit < 8 ? kFit : 8;  // 256 tokens: 5 × 40 KiB; 128: 8 × 24 KiB
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
+  static_assert(kStages >= 3 && kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
+};
+
+#ifdef PERRY_WGMMA
+// Two 32-bit words of a packed row chunk (wa: packed bytes 0-3 or 4-7 of the k32 step's 16; wb:
+// bytes 8-11 or 12-15) → this thread's 8 int8 codes q·m: lo = k 4tq..4tq+3, hi = k 16+4tq..+3.
+// sel picks the thread's two bytes of each word (tq even: bytes 0, 1; odd: 2, 3); cc = (256 − 8m)
+// in both 16-bit lanes.
+__device__ __forceinline__ void int4_times_m(uint32_t wa, uint32_t wb, uint32_t sel, uint32_t m, uint32_t cc,
+                                             uint32_t& lo, uint32_t& hi) {
+  // u = [wa.b, wa.b', wb.b, wb.b']: nibbles k0 k1 | k2 k3 | k16 k17 | k18 k19 (low nibble first).
+  const uint32_t e = __byte_perm(wa, wb, sel) ^ 0x88888888u;  // t = nibble ^ 8: q = t − 8
+  // 16-bit lanes (k_j, k_16+j); t·m + 256 − 8m = q·m + 256 > 0, < 2^16: no carry between lanes.
+  const uint32_t p0 = (e & 0x000F000Fu) * m + cc;
+  const uint32_t p1 = ((e >> 4) & 0x000F000Fu) * m + cc;
+  const uint32_t p2 = ((e >> 8) & 0x000F000Fu) * m + cc;
+  const uint32_t p3 = ((e >> 12) & 0x000F000Fu) * m + cc;
+  const uint32_t q01 = __byte_perm(p0, p1, 0x6240);  // k0 k1 k16 k17 (the lanes' low bytes)
+  const uint32_t q23 = __byte_perm(p2, p3, 0x6240);  // k2 k3 k18 k19
+  lo = __byte_perm(q01, q23, 0x5410);
+  hi = __byte_perm(q01, q23, 0x7632);
+}
+
+// Keeps a register set in program order here (see the file comment: live until its wgmmas are
+// known complete).
+__device__ __forceinline__ void fence_frag(uint32_t (&a)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+template <int kBX>
+__device__ __forceinline__ void wgmma_rs(int (&d)[kBX / 2], const uint32_t (&a)[16], int kk, uint64_t db,
+                                         int accumulate) {
+  if constexpr (kBX == 256)
+    wgmma_rs_n256(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], db, accumulate);
+  else
+    wgmma_rs_n128(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], db, accumulate);
+}
+#endif  // PERRY_WGMMA
+
+// kOut: 0 bf16, 1 f32, 2 i32.
+template <int kBX, int kOut>
+__global__ void __launch_bounds__(384, 1)
+    gemm_w4a8_two_level_kernel(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,
+                               const float* __restrict__ Sa, const int8_t* __restrict__ Mult,
+                               const float* __restrict__ Cn, const float* __restrict__ bias, void* __restrict__ Y,
+                               int M, int N, int K) {
+#ifdef PERRY_WGMMA
+  using C = TwoLevelCfg<kBX>;
+  constexpr int S = C::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint8_t* const gbase = smem_raw + (base - raw);  // the same bytes, as a generic pointer
+  const uint32_t sX = base;                              // S × [kBX × 128 B], 128-byte swizzle
+  const uint32_t sP = sX + S * C::kTileX;                // S × [128 × 64 B], 64-byte swizzle
+  const uint32_t bars = sP + S * C::kTileP;
+  auto full = [&](int s) { return bars + 8u * s; };
+  auto empty = [&](int s) { return bars + 8u * (S + s); };
+
+  const int wg = threadIdx.x / 128;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int tiles_x = (M + kBX - 1) / kBX, tiles_w = (N + kWRows - 1) / kWRows;
+  const int num_tiles = tiles_x * tiles_w;
+  const int ktiles = K / kBK, G = ktiles;
+
+  if (threadIdx.x == 0) {
+#pragma unroll 1
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 8);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (warp == 0 && lane == 0) {
+      prefetch_tensormaps(&tmX, &tmW);
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+        int x0, n0;
+        tile_origin<kBX, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          mbar_wait(empty(s), phase ^ 1);
+          mbar_arrive_expect_tx(full(s), C::kTileX + C::kTileP);
+          tma_load_2d(sX + s * C::kTileX, &tmX, kt * kBK, x0, full(s));
+          tma_load_2d(sP + s * C::kTileP, &tmW, kt * (kBK / 2), n0, full(s));
+          if (++s == S) { s = 0; phase ^= 1; }
+        }
+      }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int cw = wg - 1;
+  const int g = lane >> 2, tq = lane & 3;
+  const int rt = cw * 64 + warp * 16 + g;  // this thread's tile rows rt, rt + 8
+  const uint32_t sel = (tq & 1) ? 0x7632u : 0x5410u;
+  // Byte offsets in a packed row of this thread's two words, before the chunk swizzle.
+  const int wofs = 4 * (tq >> 1);
+  int acc[kBX / 2];
+  uint32_t fa[16], fb[16];
+#pragma unroll
+  for (int i = 0; i < kBX / 2; ++i) acc[i] = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) fa[i] = fb[i] = 0;
+  int s = 0;
+  uint32_t phase = 0;
+  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    int x0, n0;
+    tile_origin<kBX, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
+    const int n_a = n0 + rt, n_b = n_a + 8;  // this thread's output columns
+    const int8_t* const mrow_a = Mult + size_t(n_a < N ? n_a : 0) * G;
+    const int8_t* const mrow_b = Mult + size_t(n_b < N ? n_b : 0) * G;
+    // The multipliers of group kt for rows a, b (0 past N: TMA filled those rows with zeros).
+    auto mult = [&](int kt, uint32_t& ma, uint32_t& mb) {
+      ma = kt < G && n_a < N ? uint32_t(uint8_t(__ldg(mrow_a + kt))) : 0u;
+      mb = kt < G && n_b < N ? uint32_t(uint8_t(__ldg(mrow_b + kt))) : 0u;
+    };
+    // Stage slot `slot` (group kt, multipliers ma, mb) → the A fragments of its 4 k32 steps.
+    auto convert = [&](int slot, uint32_t ma, uint32_t mb, uint32_t (&a)[16]) {
+      const uint8_t* tile = gbase + (sP - base) + slot * C::kTileP;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = rt + 8 * hh;
+        const uint8_t* row = tile + r * 64 + wofs;
+        const int sw = (r >> 1) & 3;
+        const uint32_t m = hh ? mb : ma;
+        const uint32_t cc = (256u - 8u * m) * 0x00010001u;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint8_t* chunk = row + ((kk ^ sw) << 4);
+          const uint32_t wa = *reinterpret_cast<const uint32_t*>(chunk);
+          const uint32_t wb = *reinterpret_cast<const uint32_t*>(chunk + 8);
+          int4_times_m(wa, wb, sel, m, cc, a[4 * kk + hh], a[4 * kk + 2 + hh]);
+        }
+      }
+    };
+    auto issue = [&](int slot, const uint32_t (&a)[16], bool first) {
+      const uint64_t db = make_desc_sw128(sX + slot * C::kTileX);
+      fence_operands(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)  // +32 B along K = +2 in the address field
+        wgmma_rs<kBX>(acc, a, kk, db + 2 * kk, !(first && kk == 0));
+      wgmma_commit();
+    };
+    uint32_t ma, mb, na, nb;
+    mult(0, ma, mb);
+    mult(1, na, nb);
+    mbar_wait(full(s), phase);
+    convert(s, ma, mb, fa);
+    int prev = 0;  // the slot of the stage issued before
+    // Stage kt from set `cur` (converted); after it is issued, the previous stage completes
+    // (wait_group 1) and stage kt+1 is converted into `nxt`, the previous stage's set.
+    auto step = [&](int kt, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
+      issue(s, cur, kt == 0);
+      wgmma_wait<1>();  // (kt == 0: only this stage in flight, returns at once)
+      fence_operands(acc);
+      fence_frag(nxt);  // the previous stage's fragments stayed live until its wgmmas completed
+      if (kt > 0 && lane == 0) mbar_arrive(empty(prev));
+      prev = s;
+      if (++s == S) { s = 0; phase ^= 1; }
+      if (kt + 1 < ktiles) {
+        const uint32_t ua = na, ub = nb;
+        mult(kt + 2, na, nb);
+        mbar_wait(full(s), phase);
+        convert(s, ua, ub, nxt);
+      }
+    };
+    for (int kt = 0; kt < ktiles; kt += 2) {
+      step(kt, fa, fb);
+      if (kt + 1 < ktiles) step(kt + 1, fb, fa);
+    }
+    wgmma_wait<0>();
+    fence_operands(acc);
+    fence_frag(fa);
+    fence_frag(fb);
+    if (lane == 0) mbar_arrive(empty(prev));
+
+    // Epilogue: acc[4j + 2hh + e] is output column n = n_a + 8hh, token m = x0 + 8j + 2tq + e.
+    float cn[2] = {0.f, 0.f}, bn[2] = {0.f, 0.f};
+    if constexpr (kOut != 2) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int n = n_a + 8 * hh;
+        if (n < N) {
+          cn[hh] = __ldg(Cn + n);
+          bn[hh] = bias ? __ldg(bias + n) : 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBX / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = x0 + 8 * j + 2 * tq + e;
+        if (m >= M) continue;
+        const float sam = kOut != 2 ? __ldg(Sa + m) : 0.f;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int n = n_a + 8 * hh;
+          if (n >= N) continue;
+          const size_t o = size_t(m) * N + n;
+          const int v = acc[4 * j + 2 * hh + e];
+          if constexpr (kOut == 2) {
+            static_cast<int*>(Y)[o] = v;
+          } else {
+            const float f = float(v) * (sam * cn[hh]) + bn[hh];
+            if constexpr (kOut == 1) static_cast<float*>(Y)[o] = f;
+            else static_cast<__nv_bfloat16*>(Y)[o] = __float2bfloat16_rn(f);
+          }
+        }
+      }
+  }
+#else
+  __trap();  // built for an architecture without wgmma: the host side never launches this
+#endif
+}
+
+// ---------------------------------------------------------------- host side
+// Tokens a tile: 256 (m64n256: the larger MMA, half the weight-tile loads and conversions a token)
+// unless its tiles fill the SMs' waves worse than 128-token tiles do (short prompts with few
+// weight tiles). PERRY_TWO_LEVEL_BX=128|256 forces one (lab, tests).
+int tile_tokens(int M, int N) {
+  const int forced = split_env("PERRY_TWO_LEVEL_BX");
+  if (forced == 128 || forced == 256) return forced;
+  const int sms = sm_count();
+  auto fill = [&](int bx) {
+    const long long tiles = (long long)((M + bx - 1) / bx) * ((N + kWRows - 1) / kWRows);
+    const long long waves = (tiles + sms - 1) / sms;
+    // useful token rows / rows the waves compute
+    return double(M) * ((N + kWRows - 1) / kWRows) / (double(waves) * sms * bx);
+  };
+  return fill(256) >= 0.9 * fill(128) ? 256 : 128;
+}
+
+template <int kBX, int kOut>
+void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult, const float* cn, const float* bias,
+            void* y, int M, int N, int K, cudaStream_t stream, const char* name) {
+  using C = TwoLevelCfg<kBX>;
+  static std::once_flag once;
+  static cudaError_t attr_err = cudaSuccess;
+  std::call_once(once, [] {
+    attr_err = cudaFuncSetAttribute(gemm_w4a8_two_level_kernel<kBX, kOut>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    C::kSmemBytes);
+  });
+  if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
+  const CUtensorMap tx = make_map(x, M, K, kBK, kBX, CU_TENSOR_MAP_SWIZZLE_128B, name);
+  const CUtensorMap tw = make_map(w, N, K / 2, kBK / 2, kWRows, CU_TENSOR_MAP_SWIZZLE_64B, name);
+  const long long tiles = (long long)((M + kBX - 1) / kBX) * ((N + kWRows - 1) / kWRows);
+  const int sms = sm_count();
+  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
+  gemm_w4a8_two_level_kernel<kBX, kOut><<<grid, C::kThreads, C::kSmemBytes, stream>>>(tx, tw, sa, mult, cn, bias, y,
+                                                                                     M, N, K);
+  check_launch(name);
+}
+
+template <int kBX>
+void launch_out(DType out, const int8_t* x, const float* sa, const void* w, const int8_t* mult, const float* cn,
+                const float* bias, void* y, int M, int N, int K, cudaStream_t s) {
+  switch (out) {
+    case DType::I32: return launch<kBX, 2>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<i32>");
+    case DType::F32: return launch<kBX, 1>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<f32>");
+    default: return launch<kBX, 0>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<bf16>");
+  }
+}
+
+}  // namespace
+
+bool gemm_w4a8_two_level_wgmma_supported() {
+  if (!sm90::device_is_sm90()) return false;
+  static const bool code =
+      sm90::sm90_code_present(reinterpret_cast<const void*>(&gemm_w4a8_two_level_kernel<256, 0>));
+  return code;
+}
+
+void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
+                               const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
+                               int K, cudaStream_t stream) {
+  using quant_args::aligned;
+  const std::string where = "gemm_w4a8_two_level_wgmma(M=" + std::to_string(M) + ", N=" + std::to_string(N) +
+                            ", K=" + std::to_string(K) + ")";
+  if (!gemm_w4a8_two_level_wgmma_supported()) throw Error(where + ": needs an sm_90 device (H100/H200)");
+  if (M < 1 || N < 1 || K < kBK || K % kBK != 0 || K > 65536)
+    throw Error(where + ": need M, N >= 1 and K a multiple of 128, at most 65536");
+  if (!multipliers) throw Error(where + ": null multipliers");
+  if (out != DType::I32 && !channel_scales) throw Error(where + ": null channel scales");
+  if (channel_scales && !aligned(channel_scales, 4)) throw Error(where + ": channel scales misaligned");
+  // (the scales argument of the shared check: the channel scales, read only for F32 / BF16 out)
+  quant_args::check_gemm_pointers(where, x, sa, qweight, channel_scales, bias, y, out);
+  if (tile_tokens(M, N) == 256) launch_out<256>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+  else launch_out<128>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+}
+
+}  // namespace perry::cuda
