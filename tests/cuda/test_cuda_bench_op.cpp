@@ -236,6 +236,13 @@ TEST(CudaBenchOp, StartupCheckCoversPaths) {
   EXPECT_EQ(a8, (std::set<LinearPath>{LinearPath::Gemv, LinearPath::SmallM, gemm}));
   EXPECT_EQ(w16, (std::set<LinearPath>{LinearPath::Gemv, LinearPath::SmallM, LinearPath::DequantCublas}));
   EXPECT_GT(*std::max_element(std::begin(kStartupCheckMs), std::end(kStartupCheckMs)), 128);
+  // ... and, where the wgmma GEMMs run, the int4 prefill paths past their crossover (w4a8-g128 with
+  // the quantizer's two-level scales, as bench-op's weights have them).
+  if (gemm == LinearPath::WgmmaQuant) {
+    std::set<LinearPath> int4;
+    for (int M : kStartupCheckMs) int4.insert(pc::linear_path(pq::QuantMode::W4A8_G128, M, 1024, true));
+    EXPECT_TRUE(int4.count(LinearPath::TwoLevelWgmma) || int4.count(LinearPath::ExpandTwoLevelWgmma));
+  }
 }
 
 TEST(CudaBenchOp, E4M3Decode) {

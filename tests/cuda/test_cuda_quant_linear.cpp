@@ -626,10 +626,9 @@ void two_level_rs_gemm(QuantMode mode, const int8_t* x, const float* sa, const v
 TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
   REQUIRE_SM90();
   std::mt19937 g(47);
-  ScopedEnv bx("PERRY_TWO_LEVEL_BX", nullptr);
-  for (const char* width : {"128", "256"}) {
-    bx.set(width);
-    // (M, N, K): edges in M and N (partial tiles, rows past N), one group, many groups.
+  ScopedEnv bx("PERRY_TWO_LEVEL_BX", nullptr), sets("PERRY_TWO_LEVEL_SETS", nullptr);
+  // (M, N, K): edges in M and N (partial tiles, rows past N), one group, many groups.
+  auto exact_i32 = [&](const std::string& what) {
     for (auto [M, N, K] : {std::tuple{300, 200, 1024}, std::tuple{77, 131, 128}, std::tuple{300, 384, 2048}}) {
       const int G = K / 128;
       std::vector<uint8_t> raw(size_t(N) * K / 2);
@@ -657,8 +656,18 @@ TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
       const auto got = y.get();
       size_t bad = 0;
       for (size_t i = 0; i < got.size(); ++i) bad += int64_t(got[i]) != want[i];
-      EXPECT_EQ(bad, 0u) << "int32 sums, tile width " << width << ", M=" << M << " N=" << N << " K=" << K;
+      EXPECT_EQ(bad, 0u) << "int32 sums, " << what << ", M=" << M << " N=" << N << " K=" << K;
     }
+  };
+  sets.set("3");  // the lab's deeper pipeline: exact sums too
+  for (const char* width : {"128", "256"}) {
+    bx.set(width);
+    exact_i32(std::string("three register sets, tile width ") + width);
+  }
+  sets.set(nullptr);
+  for (const char* width : {"128", "256"}) {
+    bx.set(width);
+    exact_i32(std::string("tile width ") + width);
     const std::string nm = std::string("gemm_w4a8_two_level_wgmma (") + width + " tokens) ";
     for (DType out : {DType::F32, DType::BF16}) {
       run_gemm_case(QuantMode::W4A8_G128, 300, 520, 1024, true, out, g, two_level_rs_gemm, nm.c_str());

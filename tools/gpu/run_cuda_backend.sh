@@ -362,7 +362,7 @@ case "$LEVEL" in
       timeout ${GEMM_NCU_TIMEOUT:-200} "$NCU" --clock-control none --kernel-name "regex:${GEMM_NCU_KERNELS:-wgmma_kernel|sm90_xmma|cutlass|gemm}" \
         --launch-skip ${GEMM_NCU_SKIP:-0} --launch-count ${GEMM_NCU_COUNT:-8} --section SpeedOfLight --section LaunchStats \
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-        --section SchedulerStats "$P" bench-op --device cuda --modes w8a8 --shapes "$GEMM_NCU_SHAPE" -M ${GEMM_NCU_M:-4096} -r 1 \
+        --section SchedulerStats ${GEMM_NCU_EXTRA:-} "$P" bench-op --device cuda --modes ${GEMM_NCU_MODES:-w8a8} --shapes "$GEMM_NCU_SHAPE" -M ${GEMM_NCU_M:-4096} -r 1 \
         > "$OUT/gemm-ncu.txt" 2>&1
       say ""; say "## ncu $GEMM_NCU_SHAPE M ${GEMM_NCU_M:-4096}: exit $? (gemm-ncu.txt)"
       grep -E '^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Grid Size|Cluster Size|Registers Per|Dynamic Shared' "$OUT/gemm-ncu.txt" | head -80 | sed 's/^/    /' | tee -a "$S"

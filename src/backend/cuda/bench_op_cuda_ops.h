@@ -166,8 +166,9 @@ Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& 
 
 // The startup check's row counts: at K = 1024 they reach every path of linear_path — gemv_quant
 // (1, 3), gemm_small_m (5, 16; weight-only also 48), the mma.sync GEMMs (48, 100), dequantize +
-// cuBLAS (100, 200) and, on sm_90, the wgmma GEMMs (200; w8a8-mma's only row).
-inline constexpr int kStartupCheckMs[] = {1, 3, 5, 16, 48, 100, 200};
+// cuBLAS (100, 200) and, on sm_90, the wgmma GEMMs (200; w8a8-mma's only row) and the int4 prefill
+// paths past their crossovers at 257 rows (300: w4a8 expanded, w4a8-g128 two-level).
+inline constexpr int kStartupCheckMs[] = {1, 3, 5, 16, 48, 100, 200, 300};
 // The startup check: every perry op in `ops` at N = 384, K = 1024, M in kStartupCheckMs (where
 // has_row), with weights from quant::quantize_weight (perry's CPU quantizer), against float64 of
 // the mode's math (quant::dequantize_weight, quant::quantize_row_ref; w8a8-fp8: the decoded e4m3 codes of

@@ -91,9 +91,10 @@ __device__ __forceinline__ void int4_times_m(uint32_t wa, uint32_t wb, uint32_t 
 
 // Keeps a register set in program order here (see the file comment: live until its wgmmas are
 // known complete).
-__device__ __forceinline__ void fence_frag(uint32_t (&a)[16]) {
+template <int R>
+__device__ __forceinline__ void fence_frag(uint32_t (&a)[R]) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(a[i])::"memory");
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
 template <int kBX>
@@ -106,13 +107,13 @@ __device__ __forceinline__ void wgmma_rs(int (&d)[kBX / 2], const uint32_t (&a)[
 }
 #endif  // PERRY_WGMMA
 
-// kOut: 0 bf16, 1 f32, 2 i32.
-template <int kBX, int kOut>
+// kOut: 0 bf16, 1 f32, 2 i32; kSets: A-fragment register sets (2 or 3 stages in flight).
+template <int kBX, int kOut, int kSets = 2>
 __global__ void __launch_bounds__(384, 1)
     gemm_w4a8_two_level_kernel(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,
                                const float* __restrict__ Sa, const int8_t* __restrict__ Mult,
                                const float* __restrict__ Cn, const float* __restrict__ bias, void* __restrict__ Y,
-                               int M, int N, int K) {
+                               int M, int N, int K, int lab) {
 #ifdef PERRY_WGMMA
   using C = TwoLevelCfg<kBX>;
   constexpr int S = C::kStages;
@@ -172,12 +173,15 @@ __global__ void __launch_bounds__(384, 1)
   // Byte offsets in a packed row of this thread's two words, before the chunk swizzle.
   const int wofs = 4 * (tq >> 1);
   int acc[kBX / 2];
-  uint32_t fa[16], fb[16];
+  // kSets register sets of A fragments (3: one more stage in flight; lab switch PERRY_TWO_LEVEL_SETS).
+  uint32_t fa[16], fb[16], fc[kSets == 3 ? 16 : 1];
 #pragma unroll
   for (int i = 0; i < kBX / 2; ++i) acc[i] = 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) fa[i] = fb[i] = 0;
-  int s = 0;
+#pragma unroll
+  for (int i = 0; i < (kSets == 3 ? 16 : 1); ++i) fc[i] = 0;
+  int s = 0, r = 0;  // the ring slots of the next stage to issue and the next to release
   uint32_t phase = 0;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
     int x0, n0;
@@ -205,7 +209,12 @@ __global__ void __launch_bounds__(384, 1)
           const uint8_t* chunk = row + ((kk ^ sw) << 4);
           const uint32_t wa = *reinterpret_cast<const uint32_t*>(chunk);
           const uint32_t wb = *reinterpret_cast<const uint32_t*>(chunk + 8);
-          int4_times_m(wa, wb, sel, m, cc, a[4 * kk + hh], a[4 * kk + 2 + hh]);
+          if (lab & 1) {  // lab: the packed words as the codes (wrong outputs; the conversion's cost)
+            a[4 * kk + hh] = wa;
+            a[4 * kk + 2 + hh] = wb;
+          } else {
+            int4_times_m(wa, wb, sel, m, cc, a[4 * kk + hh], a[4 * kk + 2 + hh]);
+          }
         }
       }
     };
@@ -223,16 +232,18 @@ __global__ void __launch_bounds__(384, 1)
     mult(1, na, nb);
     mbar_wait(full(s), phase);
     convert(s, ma, mb, fa);
-    int prev = 0;  // the slot of the stage issued before
-    // Stage kt from set `cur` (converted); after it is issued, the previous stage completes
-    // (wait_group 1) and stage kt+1 is converted into `nxt`, the previous stage's set.
+    // Stage kt from set `cur` (converted); after it is issued, stage kt − (kSets − 1) completes
+    // (wait_group kSets − 1): its slot is released and stage kt+1 is converted into `nxt`, the set
+    // that stage used.
     auto step = [&](int kt, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
       issue(s, cur, kt == 0);
-      wgmma_wait<1>();  // (kt == 0: only this stage in flight, returns at once)
+      wgmma_wait<kSets - 1>();  // (the tile's first stages: fewer in flight, returns at once)
       fence_operands(acc);
-      fence_frag(nxt);  // the previous stage's fragments stayed live until its wgmmas completed
-      if (kt > 0 && lane == 0) mbar_arrive(empty(prev));
-      prev = s;
+      fence_frag(nxt);  // that stage's fragments stayed live until its wgmmas completed
+      if (kt >= kSets - 1) {
+        if (lane == 0) mbar_arrive(empty(r));
+        if (++r == S) r = 0;
+      }
       if (++s == S) { s = 0; phase ^= 1; }
       if (kt + 1 < ktiles) {
         const uint32_t ua = na, ub = nb;
@@ -241,16 +252,35 @@ __global__ void __launch_bounds__(384, 1)
         convert(s, ua, ub, nxt);
       }
     };
-    for (int kt = 0; kt < ktiles; kt += 2) {
-      step(kt, fa, fb);
-      if (kt + 1 < ktiles) step(kt + 1, fb, fa);
+    if constexpr (kSets == 2) {
+      for (int kt = 0; kt < ktiles; kt += 2) {
+        step(kt, fa, fb);
+        if (kt + 1 < ktiles) step(kt + 1, fb, fa);
+      }
+    } else {
+      for (int kt = 0; kt < ktiles; kt += 3) {
+        step(kt, fa, fb);
+        if (kt + 1 < ktiles) step(kt + 1, fb, fc);
+        if (kt + 2 < ktiles) step(kt + 2, fc, fa);
+      }
     }
     wgmma_wait<0>();
     fence_operands(acc);
     fence_frag(fa);
     fence_frag(fb);
-    if (lane == 0) mbar_arrive(empty(prev));
+    fence_frag(fc);
+    for (int i = 0; i < min(ktiles, kSets - 1); ++i) {  // the stages still held, in order
+      if (lane == 0) mbar_arrive(empty(r));
+      if (++r == S) r = 0;
+    }
 
+    if (lab & 2) {  // lab: no stores (wrong outputs; the epilogue's cost) — one, unless the sums are 0
+      int x = 0;
+#pragma unroll
+      for (int i = 0; i < kBX / 2; ++i) x |= acc[i];
+      if (x == 0 && n_a < N && x0 < M) static_cast<char*>(Y)[0] = 0;
+      continue;
+    }
     // Epilogue: acc[4j + 2hh + e] is output column n = n_a + 8hh, token m = x0 + 8j + 2tq + e.
     float cn[2] = {0.f, 0.f}, bn[2] = {0.f, 0.f};
     if constexpr (kOut != 2) {
@@ -308,15 +338,15 @@ int tile_tokens(int M, int N) {
   return fill(256) >= 0.9 * fill(128) ? 256 : 128;
 }
 
-template <int kBX, int kOut>
+template <int kBX, int kOut, int kSets>
 void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult, const float* cn, const float* bias,
             void* y, int M, int N, int K, cudaStream_t stream, const char* name) {
   using C = TwoLevelCfg<kBX>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gemm_w4a8_two_level_kernel<kBX, kOut>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    C::kSmemBytes);
+    attr_err = cudaFuncSetAttribute(gemm_w4a8_two_level_kernel<kBX, kOut, kSets>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   });
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap tx = make_map(x, M, K, kBK, kBX, CU_TENSOR_MAP_SWIZZLE_128B, name);
@@ -324,18 +354,23 @@ void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult,
   const long long tiles = (long long)((M + kBX - 1) / kBX) * ((N + kWRows - 1) / kWRows);
   const int sms = sm_count();
   const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  gemm_w4a8_two_level_kernel<kBX, kOut><<<grid, C::kThreads, C::kSmemBytes, stream>>>(tx, tw, sa, mult, cn, bias, y,
-                                                                                     M, N, K);
+  // PERRY_LAB_TL_FLAGS (lab only, the outputs are wrong): 1 = no int4 conversion (the packed words
+  // go to wgmma as they are), 2 = no epilogue stores — what each costs.
+  const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 3;
+  gemm_w4a8_two_level_kernel<kBX, kOut, kSets><<<grid, C::kThreads, C::kSmemBytes, stream>>>(tx, tw, sa, mult, cn,
+                                                                                            bias, y, M, N, K, lab);
   check_launch(name);
 }
 
-template <int kBX>
+template <int kBX, int kSets>
 void launch_out(DType out, const int8_t* x, const float* sa, const void* w, const int8_t* mult, const float* cn,
                 const float* bias, void* y, int M, int N, int K, cudaStream_t s) {
   switch (out) {
-    case DType::I32: return launch<kBX, 2>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<i32>");
-    case DType::F32: return launch<kBX, 1>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<f32>");
-    default: return launch<kBX, 0>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<bf16>");
+    case DType::I32:
+      return launch<kBX, 2, kSets>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<i32>");
+    case DType::F32:
+      return launch<kBX, 1, kSets>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<f32>");
+    default: return launch<kBX, 0, kSets>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<bf16>");
   }
 }
 
@@ -362,8 +397,14 @@ void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qwe
   if (channel_scales && !aligned(channel_scales, 4)) throw Error(where + ": channel scales misaligned");
   // (the scales argument of the shared check: the channel scales, read only for F32 / BF16 out)
   quant_args::check_gemm_pointers(where, x, sa, qweight, channel_scales, bias, y, out);
-  if (tile_tokens(M, N) == 256) launch_out<256>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
-  else launch_out<128>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+  // PERRY_TWO_LEVEL_SETS=3 (lab): three A-fragment sets, two stages in flight behind the one issued.
+  const bool three = split_env("PERRY_TWO_LEVEL_SETS") == 3;
+  const bool wide = tile_tokens(M, N) == 256;
+  const float* cs = channel_scales;
+  if (wide && three) launch_out<256, 3>(out, x, sa, qweight, multipliers, cs, bias, y, M, N, K, stream);
+  else if (wide) launch_out<256, 2>(out, x, sa, qweight, multipliers, cs, bias, y, M, N, K, stream);
+  else if (three) launch_out<128, 3>(out, x, sa, qweight, multipliers, cs, bias, y, M, N, K, stream);
+  else launch_out<128, 2>(out, x, sa, qweight, multipliers, cs, bias, y, M, N, K, stream);
 }
 
 }  // namespace perry::cuda
