@@ -619,7 +619,8 @@ void two_level_rs_gemm(QuantMode mode, const int8_t* x, const float* sa, const v
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
-// Checked three ways, each tile width (128 and 256 tokens, forced): the int32 sums exactly against
+// Checked three ways, each tile width (128 and 256 tokens, forced; the output through TMA stores
+// where rows are 16-byte multiples, else direct stores; both): the int32 sums exactly against
 // the host's Σ x·q4·m on raw nibbles −7..7 and multipliers 0..18 (every product the conversion
 // can meet); F32 / BF16 against the float64 grouped math; and bit for bit against the expansion
 // pass + gemm_w8a8_wgmma, whose epilogue expression the kernel shares.
@@ -672,8 +673,14 @@ TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
     for (DType out : {DType::F32, DType::BF16}) {
       run_gemm_case(QuantMode::W4A8_G128, 300, 520, 1024, true, out, g, two_level_rs_gemm, nm.c_str());
       run_gemm_case(QuantMode::W4A8_G128, 257, 131, 4096, out == DType::BF16, out, g, two_level_rs_gemm, nm.c_str());
-      if (std::string(width) == "256")  // (down_proj's K once: its float64 reference is the slow part)
+      if (std::string(width) == "256") {  // (down_proj's K once: its float64 reference is the slow part)
         run_gemm_case(QuantMode::W4A8_G128, 300, 256, 14336, false, out, g, two_level_rs_gemm, nm.c_str());
+        run_gemm_case(QuantMode::W4A8_G128, 20, 264, 512, true, out, g, two_level_rs_gemm, nm.c_str());  // M < a chunk
+      }
+      {  // the direct-store epilogue on a shape the TMA store takes (the A/B switch)
+        ScopedEnv direct("PERRY_TWO_LEVEL_DIRECT_STORE", "1");
+        run_gemm_case(QuantMode::W4A8_G128, 300, 520, 1024, true, out, g, two_level_rs_gemm, nm.c_str());
+      }
     }
     // Bit for bit against the expansion path (f32 and bf16 out, with a bias).
     for (DType out : {DType::F32, DType::BF16}) {

@@ -57,15 +57,19 @@ constexpr int kWRows = 128;  // weight rows (output columns n) a tile: two consu
 constexpr int kBK = 128;     // k a stage: one g128 group (one multiplier a row)
 constexpr int kGroupTiles = 8;
 
+constexpr int kOutTokens = 32;  // tokens an output chunk (the TMA store epilogue)
+constexpr int kOutBuf = 64 * kOutTokens * 4;  // one chunk of a warpgroup's 64 columns, fp32 (bf16: half used)
+
 template <int kBX>
 struct TwoLevelCfg {
   static constexpr int kThreads = 384;
   static constexpr int kTileX = kBX * kBK;         // int8 activations, 128-byte swizzle
   static constexpr int kTileP = kWRows * kBK / 2;  // packed int4 weights, 64-byte swizzle (8 KiB)
   static constexpr int kStageBytes = kTileX + kTileP;
-  static constexpr int kFit = (224 * 1024) / kStageBytes;
-  static constexpr int kStages = kFit < 8 ? kFit : 8;  // 256 tokens: 5 × 40 KiB; 128: 8 × 24 KiB
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
+  static constexpr int kOutBytes = 2 * 2 * kOutBuf;  // two output chunk buffers a consumer warpgroup
+  static constexpr int kFit = (224 * 1024 - kOutBytes) / kStageBytes;
+  static constexpr int kStages = kFit < 8 ? kFit : 8;  // 256 tokens: 4 × 40 KiB; 128: 8 × 24 KiB
+  static constexpr int kSmemBytes = kStages * kStageBytes + kOutBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
   static_assert(kStages >= 3 && kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 };
 
@@ -111,6 +115,7 @@ __device__ __forceinline__ void wgmma_rs(int (&d)[kBX / 2], const uint32_t (&a)[
 template <int kBX, int kOut, int kSets = 2>
 __global__ void __launch_bounds__(384, 1)
     gemm_w4a8_two_level_kernel(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,
+                               const __grid_constant__ CUtensorMap tmY, int tma_out,
                                const float* __restrict__ Sa, const int8_t* __restrict__ Mult,
                                const float* __restrict__ Cn, const float* __restrict__ bias, void* __restrict__ Y,
                                int M, int N, int K, int lab) {
@@ -123,7 +128,8 @@ __global__ void __launch_bounds__(384, 1)
   const uint8_t* const gbase = smem_raw + (base - raw);  // the same bytes, as a generic pointer
   const uint32_t sX = base;                              // S × [kBX × 128 B], 128-byte swizzle
   const uint32_t sP = sX + S * C::kTileX;                // S × [128 × 64 B], 64-byte swizzle
-  const uint32_t bars = sP + S * C::kTileP;
+  const uint32_t sO = sP + S * C::kTileP;                // 2 warpgroups × 2 output chunks, 128-byte swizzle
+  const uint32_t bars = sO + C::kOutBytes;
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (S + s); };
 
@@ -293,6 +299,62 @@ __global__ void __launch_bounds__(384, 1)
         }
       }
     }
+    auto value = [&](int j, int e, int hh, float sam) {
+      return float(acc[4 * j + 2 * hh + e]) * (sam * cn[hh]) + bn[hh];
+    };
+    if (kOut != 2 && tma_out) {
+      // Through shared memory and TMA stores, so that the tile's outputs (128 KiB fp32 at 256
+      // tokens) go to memory while the next tile's MMAs run: with direct stores every SM wrote its
+      // tile at once and waited (measured: 30% of the layer at M 4096, N 14336, K 4096). Chunks of
+      // 32 tokens × this warpgroup's 64 columns, two buffers: chunk c is written while chunk c−1's
+      // store may still read the other. The buffers use the 128-byte swizzle (16-byte unit u of
+      // row r at u ^ (r % 8)): a warp's 32 writes then fall in distinct banks (fp32) or pairs of
+      // lanes share a word (bf16). Rows past M and columns past N are clipped by the TMA unit.
+      const bool leader = (threadIdx.x & 127) == 0;
+#pragma unroll
+      for (int c = 0; c < kBX / kOutTokens; ++c) {
+        const uint32_t buf = sO + (2 * cw + (c & 1)) * kOutBuf;
+        if (leader) bulk_wait_read<1>();  // the store of chunk c−2 (this buffer) has read it
+        named_barrier(1 + cw, 128);
+#pragma unroll
+        for (int jj = 0; jj < kOutTokens / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int r = 8 * jj + 2 * tq + e;  // the chunk's token row
+            const int m = x0 + kOutTokens * c + r;
+            const float sam = m < M ? __ldg(Sa + m) : 0.f;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+              const float v = value(kOutTokens / 8 * c + jj, e, hh, sam);
+              const int col = warp * 16 + 8 * hh + g;  // 0..63
+              if constexpr (kOut == 1) {  // two boxes of [32 rows × 32 fp32]
+                const uint32_t unit = ((col & 31) >> 2) ^ (r & 7);
+                const uint32_t a = buf + (col >> 5) * 4096 + r * 128 + unit * 16 + (col & 3) * 4;
+                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+              } else {  // one box of [32 rows × 64 bf16]
+                const uint32_t unit = uint32_t(col >> 3) ^ (r & 7);
+                const uint32_t a = buf + r * 128 + unit * 16 + (col & 7) * 2;
+                const __nv_bfloat16 b = __float2bfloat16_rn(v);
+                asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(a), "h"(*reinterpret_cast<const unsigned short*>(&b))
+                             : "memory");
+              }
+            }
+          }
+        fence_proxy_async_smem();  // the generic writes above, before the TMA unit reads them
+        named_barrier(1 + cw, 128);
+        if (leader) {
+          const int col0 = n0 + cw * 64, row0 = x0 + kOutTokens * c;
+          if constexpr (kOut == 1) {
+            tma_store_2d(&tmY, buf, col0 * 4, row0);
+            tma_store_2d(&tmY, buf + 4096, (col0 + 32) * 4, row0);
+          } else {
+            tma_store_2d(&tmY, buf, col0 * 2, row0);
+          }
+          bulk_commit();
+        }
+      }
+      continue;
+    }
 #pragma unroll
     for (int j = 0; j < kBX / 8; ++j)
 #pragma unroll
@@ -305,17 +367,17 @@ __global__ void __launch_bounds__(384, 1)
           const int n = n_a + 8 * hh;
           if (n >= N) continue;
           const size_t o = size_t(m) * N + n;
-          const int v = acc[4 * j + 2 * hh + e];
           if constexpr (kOut == 2) {
-            static_cast<int*>(Y)[o] = v;
+            static_cast<int*>(Y)[o] = acc[4 * j + 2 * hh + e];
           } else {
-            const float f = float(v) * (sam * cn[hh]) + bn[hh];
+            const float f = value(j, e, hh, sam);
             if constexpr (kOut == 1) static_cast<float*>(Y)[o] = f;
             else static_cast<__nv_bfloat16*>(Y)[o] = __float2bfloat16_rn(f);
           }
         }
       }
   }
+  if ((threadIdx.x & 127) == 0) bulk_wait_all<0>();  // the stores out of shared memory, before exit
 #else
   __trap();  // built for an architecture without wgmma: the host side never launches this
 #endif
@@ -351,14 +413,21 @@ void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult,
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap tx = make_map(x, M, K, kBK, kBX, CU_TENSOR_MAP_SWIZZLE_128B, name);
   const CUtensorMap tw = make_map(w, N, K / 2, kBK / 2, kWRows, CU_TENSOR_MAP_SWIZZLE_64B, name);
+  // The TMA store epilogue needs y 16-byte aligned and 16-byte rows (N % 4 fp32, N % 8 bf16);
+  // otherwise (and for the I32 test output, or PERRY_TWO_LEVEL_DIRECT_STORE=1 in A/B runs) each
+  // thread stores its values.
+  const int es = kOut == 0 ? 2 : 4;
+  const bool tma_out = kOut != 2 && reinterpret_cast<uintptr_t>(y) % 16 == 0 && (size_t(N) * es) % 16 == 0 &&
+                       split_env("PERRY_TWO_LEVEL_DIRECT_STORE") != 1;
+  const CUtensorMap ty = tma_out ? make_map(y, M, N * es, 128, kOutTokens, CU_TENSOR_MAP_SWIZZLE_128B, name) : tx;
   const long long tiles = (long long)((M + kBX - 1) / kBX) * ((N + kWRows - 1) / kWRows);
   const int sms = sm_count();
   const unsigned grid = unsigned(tiles < sms ? tiles : sms);
   // PERRY_LAB_TL_FLAGS (lab only, the outputs are wrong): 1 = no int4 conversion (the packed words
   // go to wgmma as they are), 2 = no epilogue stores — what each costs.
   const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 3;
-  gemm_w4a8_two_level_kernel<kBX, kOut, kSets><<<grid, C::kThreads, C::kSmemBytes, stream>>>(tx, tw, sa, mult, cn,
-                                                                                            bias, y, M, N, K, lab);
+  gemm_w4a8_two_level_kernel<kBX, kOut, kSets><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
+      tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab);
   check_launch(name);
 }
 

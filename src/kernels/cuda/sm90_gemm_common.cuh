@@ -55,6 +55,30 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// ---- TMA stores (shared → global, bulk groups) ----
+// A 2-D box from shared memory to (k0 = the inner coordinate, row0), tracked by this thread's bulk
+// groups: commit after the copies, then wait_read<N> before overwriting their shared memory (at
+// most N groups still reading it) and wait_all<0> before the block exits.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int k0, int row0) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(k0), "r"(row0), "r"(src)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Barrier `id` (1..15; 0 is __syncthreads') over `threads` threads (whole warps).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- wgmma ----
 // Shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format" for wgmma):
 //   bits  0-13 start address >> 4;  16-29 leading byte offset >> 4 (unused for K-major swizzled
