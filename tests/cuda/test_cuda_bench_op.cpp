@@ -180,6 +180,16 @@ TEST(CudaBenchOp, LinearPathChoice) {
   const LinearPath tl =
       pc::gemm_w4a8_two_level_wgmma_supported() ? LinearPath::TwoLevelWgmma : LinearPath::ExpandTwoLevelWgmma;
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t0, 4096, true), wg ? tl : LinearPath::GemmQuant);
+  // Below it the register-A kernel where its tiles fill half the SMs (wide layers, N given), the
+  // grouped kernels (split-K) where they would not.
+  if (wg && tl == LinearPath::TwoLevelWgmma) {
+    EXPECT_TRUE(pc::gemm_w4a8_two_level_wgmma_fills(128, 14336));
+    EXPECT_FALSE(pc::gemm_w4a8_two_level_wgmma_fills(128, 4096));
+    EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 128, 4096, true, 14336), LinearPath::TwoLevelWgmma);
+    EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 128, 14336, true, 4096), LinearPath::WgmmaQuant);
+    EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 128, 4096, false, 14336), LinearPath::WgmmaQuant);  // not two-level
+    EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 16, 4096, true, 14336), LinearPath::SmallM);
+  }
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 4096, 4160, true), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
   EXPECT_EQ(pc::linear_path(QM::W4A8, 4096, 4096, true), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 8, 4096, true), LinearPath::SmallM);

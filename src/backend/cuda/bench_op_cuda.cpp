@@ -361,11 +361,11 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   for (Op op : ops_)
     for (int m : Ms) {
       if (op == Op::W8A8) splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
-      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K)) == LinearPath::WgmmaQuant)
+      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K), int(N)) == LinearPath::WgmmaQuant)
         splitk = std::max(splitk, gemm_quant_wgmma_workspace_bytes(op_info(op).mode, m, int(N), int(K)));
-      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K)) == LinearPath::ExpandWgmma)
+      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K), int(N)) == LinearPath::ExpandWgmma)
         splitk = std::max(splitk, expanded_int4_splitk_bytes(op_info(op).mode, m, int(N), int(K)));
-      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K)) == LinearPath::ExpandTwoLevelWgmma)
+      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K), int(N)) == LinearPath::ExpandTwoLevelWgmma)
         splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
     }
   splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
@@ -568,7 +568,7 @@ void Bench::run_case(int M) {
       print_row(r);
       continue;
     }
-    r.kernel = kernel_name(op, M, K, ctx);
+    r.kernel = kernel_name(op, M, K, ctx, N);
     r.ms = med(op, true);
     r.best_ms = *std::min_element(by.at({op, true})->ms.begin(), by.at({op, true})->ms.end());
     const bool quantizes = quantizes_activations(op) && !decode_kernel_row(op, M, K);

@@ -127,9 +127,9 @@ void sync_or_hang(cudaStream_t stream, double seconds, const std::string& what) 
   }
 }
 
-LinearPath op_path(Op op, int M, int K) {
+LinearPath op_path(Op op, int M, int K, int N) {
   PERRY_CHECK(op_info(op).kind == Kind::Perry, "bench-op: {} is not a perry linear", op_info(op).name);
-  return op == Op::W8A8Mma ? LinearPath::MmaSync : linear_path(op_info(op).mode, M, K, op == Op::W4A8G128);
+  return op == Op::W8A8Mma ? LinearPath::MmaSync : linear_path(op_info(op).mode, M, K, op == Op::W4A8G128, N);
 }
 
 bool decode_kernel_row(Op op, int M, int K) {
@@ -175,7 +175,7 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
   }
   const pq::QuantScheme sc = pq::quant_scheme(mode);
   const bool a8 = sc.int8_activations;
-  const LinearPath path = op_path(op, M, K);
+  const LinearPath path = op_path(op, M, K, N);
   if (quantize && a8) quantize_per_token(a.x, DType::BF16, M, K, a.xq, a.sa, c.stream);
   if (quantize && sc.fp8) quantize_per_token_fp8(a.x, DType::BF16, M, K, a.xf8, a.sf8, c.stream);
   const void* x = a8 ? static_cast<const void*>(a.xq) : static_cast<const void*>(a.x);
@@ -238,7 +238,7 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
   }
 }
 
-std::string kernel_name(Op op, int M, int K, const OpContext& c) {
+std::string kernel_name(Op op, int M, int K, const OpContext& c, int N) {
   switch (op) {
     case Op::Quantize: return "quantize_per_token (bf16 in)";
     case Op::QuantizeFp8: return "quantize_per_token_fp8 (bf16 in)";
@@ -254,7 +254,7 @@ std::string kernel_name(Op op, int M, int K, const OpContext& c) {
   if (decode_kernel_row(op, M, K))
     return pq::quant_scheme(mode).int8_activations ? "gemv_decode (fp32 row quantized in the kernel)"
                                                     : "gemv_decode (fp32 row)";
-  const std::string name = linear_path_name(mode, op_path(op, M, K));
+  const std::string name = linear_path_name(mode, op_path(op, M, K, N));
   return pq::quant_scheme(mode).int8_activations ? "quantize_per_token + " + name : name;
 }
 
@@ -442,7 +442,7 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       StartupCheck c;
       c.op = op_info(op).name;
       c.M = M;
-      c.kernel = kernel_name(op, M, K, ctx);
+      c.kernel = kernel_name(op, M, K, ctx, N);
       try {
         OpArgs a;
         a.w = dw.get();

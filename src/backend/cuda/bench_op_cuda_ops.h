@@ -44,7 +44,8 @@ Op perry_op(quant::QuantMode mode);
 // linear_path(mode, M, K; w4a8-g128 with two-level scales, as bench-op's weights have them),
 // except w8a8-mma (Op::W8A8Mma), which forces gemm_w8a8 (mma.sync): the comparison row for where w8a8 takes the sm_90 wgmma kernel — the same data on the kernel a
 // non-Hopper GPU, or PERRY_NO_WGMMA=1, would run there.
-LinearPath op_path(Op op, int M, int K);
+// N: the layer's outputs (0: unknown; linear_path's short-prompt rule needs it).
+LinearPath op_path(Op op, int M, int K, int N = 0);
 // Whether `op` has a row at M: all but w8a8-mma, timed only where w8a8 runs wgmma (elsewhere it
 // would repeat w8a8's row, or time gemm_w8a8 at an M where the model runs another kernel).
 bool has_row(Op op, int M, int K);
@@ -116,7 +117,7 @@ void sync_or_hang(cudaStream_t stream, double seconds, const std::string& what);
 // activation quantization (the GEMM alone, reading xq / sa or xf8 / sf8 as they are).
 void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& ctx);
 // Which kernels run_op launches for M rows of K inputs (perry ops: linear_path_name's words).
-std::string kernel_name(Op op, int M, int K, const OpContext& ctx);
+std::string kernel_name(Op op, int M, int K, const OpContext& ctx, int N = 0);
 
 // One weight row on the host (copied from the device): the raw row bytes in the op's format and
 // the row's scales (G of them; none for float weights and the peers).

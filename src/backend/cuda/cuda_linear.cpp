@@ -284,7 +284,7 @@ bool CudaLinear::decode_fusable() const {
 
 // Which kernel runs M rows. Crossovers from the H200 measurements in docs/perf/cuda/ (kernel
 // timing prints of test_cuda_small_m and perry bench-op --device cuda).
-LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level) {
+LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) {
   using Path = LinearPath;
   constexpr int kGemvMaxM = CudaLinear::kGemvMaxM, kGemvOnlyMaxM = CudaLinear::kGemvOnlyMaxM,
                 kSmallMA8MaxM = CudaLinear::kSmallMA8MaxM;
@@ -321,10 +321,17 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level) {
   // The register-A kernel needs no expansion pass (gemm_w4a8_two_level.h); PERRY_INT4_TWO_LEVEL_EXPAND=1
   // keeps the pass + gemm_w8a8_wgmma for A/B runs.
   static const bool two_level_expand = env_flag("PERRY_INT4_TWO_LEVEL_EXPAND");
-  if (expand && two_level && use_two_level && mode == pq::QuantMode::W4A8_G128 && M >= two_level_from &&
-      K % 128 == 0)
-    return !two_level_expand && gemm_w4a8_two_level_wgmma_supported() ? Path::TwoLevelWgmma
-                                                                       : Path::ExpandTwoLevelWgmma;
+  if (expand && two_level && use_two_level && mode == pq::QuantMode::W4A8_G128 && K % 128 == 0) {
+    const bool rs = !two_level_expand && gemm_w4a8_two_level_wgmma_supported();
+    if (M >= two_level_from) return rs ? Path::TwoLevelWgmma : Path::ExpandTwoLevelWgmma;
+    // Below the crossover the register-A kernel (no expansion pass to pay) still beats the grouped
+    // kernels where its tiles fill at least half the SMs — wide layers (H100, thirtieth session,
+    // bench-op: M 128 at N 14336 1.68x cuBLAS bf16 vs 1.21x, N 10240 1.23x vs 0.89x); with few
+    // tiles the grouped kernels' split-K wins (N 4096 at K 14336: 0.70x vs 1.42x).
+    static const bool from_forced = std::getenv("PERRY_INT4_TWO_LEVEL_MIN_M") != nullptr;  // (lab: the pure crossover)
+    if (rs && N > 0 && !from_forced && gemm_w4a8_two_level_wgmma_fills(M, N))
+      return Path::TwoLevelWgmma;
+  }
   const int expand_from =
       mode == pq::QuantMode::W4A8_G128 ? CudaLinear::kExpandInt4G128MinM : CudaLinear::kExpandInt4MinM;
   if (expand && quant_mode_bits(mode).bits == 4 && M >= expand_from) return Path::ExpandWgmma;

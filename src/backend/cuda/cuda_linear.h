@@ -58,7 +58,9 @@ enum class LinearPath {
 // PERRY_NO_INT4_TWO_LEVEL (A/B runs: the grouped kernels instead), PERRY_INT4_TWO_LEVEL_EXPAND (the
 // expansion pass instead of the register conversion) and PERRY_INT4_TWO_LEVEL_MIN_M (lab: the
 // crossover), all read once, at the first call that asks.
-LinearPath linear_path(quant::QuantMode mode, int M, int K, bool two_level = false);
+// N (the layer's outputs; 0: not known) lets short prompts take the two-level kernel where its
+// tiles fill the GPU (gemm_w4a8_two_level_wgmma_fills).
+LinearPath linear_path(quant::QuantMode mode, int M, int K, bool two_level = false, int N = 0);
 // The kernels of a path as logs and bench-op print them ("w8a8:gemm_w8a8_wgmma_tma").
 std::string linear_path_name(quant::QuantMode mode, LinearPath path);
 // LinearPath::ExpandWgmma for a w4a8 / w4a8-g128 layer: expand_int4_weight into `scratch` (N·K
@@ -158,7 +160,7 @@ class CudaLinear {
 
  private:
   using Path = LinearPath;
-  Path path(int M) const { return linear_path(mode_, M, k_, two_level()); }
+  Path path(int M) const { return linear_path(mode_, M, k_, two_level(), n_); }
   void run(const LinearInput& x, int M, void* y, DType out, LinearContext& ctx) const;
   bool a8() const { return input_format() == ActFormat::I8; }
   bool fp8() const { return quant::quant_scheme(mode_).fp8; }

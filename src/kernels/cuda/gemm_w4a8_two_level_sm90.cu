@@ -270,6 +270,27 @@ __global__ void __launch_bounds__(384, 1)
         if (kt + 2 < ktiles) step(kt + 2, fc, fa);
       }
     }
+    // The epilogue's scales and chunk 0's token scales, loaded while the last MMAs run (their
+    // latency, once per chunk, was most of what the TMA-store epilogue still cost).
+    float cn[2] = {0.f, 0.f}, bn[2] = {0.f, 0.f}, sa_cur[8], sa_next[8];
+    auto load_sa = [&](int c, float (&v)[8]) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {  // i = 2jj + e: token row 8jj + 2tq + e of chunk c
+        const int m = x0 + kOutTokens * c + 8 * (i >> 1) + 2 * tq + (i & 1);
+        v[i] = kOut != 2 && m < M ? __ldg(Sa + m) : 0.f;
+      }
+    };
+    if constexpr (kOut != 2) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int n = n_a + 8 * hh;
+        if (n < N) {
+          cn[hh] = __ldg(Cn + n);
+          bn[hh] = bias ? __ldg(bias + n) : 0.f;
+        }
+      }
+      if (tma_out) load_sa(0, sa_cur);
+    }
     wgmma_wait<0>();
     fence_operands(acc);
     fence_frag(fa);
@@ -288,17 +309,6 @@ __global__ void __launch_bounds__(384, 1)
       continue;
     }
     // Epilogue: acc[4j + 2hh + e] is output column n = n_a + 8hh, token m = x0 + 8j + 2tq + e.
-    float cn[2] = {0.f, 0.f}, bn[2] = {0.f, 0.f};
-    if constexpr (kOut != 2) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int n = n_a + 8 * hh;
-        if (n < N) {
-          cn[hh] = __ldg(Cn + n);
-          bn[hh] = bias ? __ldg(bias + n) : 0.f;
-        }
-      }
-    }
     auto value = [&](int j, int e, int hh, float sam) {
       return float(acc[4 * j + 2 * hh + e]) * (sam * cn[hh]) + bn[hh];
     };
@@ -314,6 +324,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int c = 0; c < kBX / kOutTokens; ++c) {
         const uint32_t buf = sO + (2 * cw + (c & 1)) * kOutBuf;
+        if (c + 1 < kBX / kOutTokens) load_sa(c + 1, sa_next);  // (in flight through this chunk)
         if (leader) bulk_wait_read<1>();  // the store of chunk c−2 (this buffer) has read it
         named_barrier(1 + cw, 128);
 #pragma unroll
@@ -321,8 +332,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int r = 8 * jj + 2 * tq + e;  // the chunk's token row
-            const int m = x0 + kOutTokens * c + r;
-            const float sam = m < M ? __ldg(Sa + m) : 0.f;
+            const float sam = sa_cur[2 * jj + e];
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
               const float v = value(kOutTokens / 8 * c + jj, e, hh, sam);
@@ -352,6 +362,8 @@ __global__ void __launch_bounds__(384, 1)
           }
           bulk_commit();
         }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sa_cur[i] = sa_next[i];
       }
       continue;
     }
@@ -385,19 +397,22 @@ __global__ void __launch_bounds__(384, 1)
 
 // ---------------------------------------------------------------- host side
 // Tokens a tile: 256 (m64n256: the larger MMA, half the weight-tile loads and conversions a token)
-// unless its tiles fill the SMs' waves worse than 128-token tiles do (short prompts with few
-// weight tiles). PERRY_TWO_LEVEL_BX=128|256 forces one (lab, tests).
+// unless 128-token tiles fill the SMs' waves much better (short prompts with few weight tiles). A
+// 128-token tile does the same conversion work for half the MMAs: measured 25-35% slower per
+// token than 256 at M 4096 (H100, run s30-2), hence the 0.7.
+// PERRY_TWO_LEVEL_BX=128|256 forces one (lab, tests).
+long long tile_count(int M, int N, int bx) {
+  return (long long)((M + bx - 1) / bx) * ((N + kWRows - 1) / kWRows);
+}
 int tile_tokens(int M, int N) {
   const int forced = split_env("PERRY_TWO_LEVEL_BX");
   if (forced == 128 || forced == 256) return forced;
   const int sms = sm_count();
-  auto fill = [&](int bx) {
-    const long long tiles = (long long)((M + bx - 1) / bx) * ((N + kWRows - 1) / kWRows);
-    const long long waves = (tiles + sms - 1) / sms;
-    // useful token rows / rows the waves compute
+  auto fill = [&](int bx) {  // useful token rows / rows the waves compute
+    const long long waves = (tile_count(M, N, bx) + sms - 1) / sms;
     return double(M) * ((N + kWRows - 1) / kWRows) / (double(waves) * sms * bx);
   };
-  return fill(256) >= 0.9 * fill(128) ? 256 : 128;
+  return fill(256) >= 0.7 * fill(128) ? 256 : 128;
 }
 
 template <int kBX, int kOut, int kSets>
@@ -450,6 +465,11 @@ bool gemm_w4a8_two_level_wgmma_supported() {
   static const bool code =
       sm90::sm90_code_present(reinterpret_cast<const void*>(&gemm_w4a8_two_level_kernel<256, 0>));
   return code;
+}
+
+bool gemm_w4a8_two_level_wgmma_fills(int M, int N) {
+  if (M < 1 || N < 1) return false;
+  return tile_count(M, N, tile_tokens(M, N)) * 2 >= sm_count();
 }
 
 void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
