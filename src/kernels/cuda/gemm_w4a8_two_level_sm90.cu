@@ -58,7 +58,7 @@ constexpr int kBK = 128;     // k a stage: one g128 group (one multiplier a row)
 constexpr int kGroupTiles = 8;
 
 constexpr int kOutTokens = 32;  // tokens an output chunk (the TMA store epilogue)
-constexpr int kOutBuf = 64 * kOutTokens * 4;  // one chunk of a warpgroup's 64 columns, fp32 (bf16: half used)
+constexpr int kOutRing = 32 * 1024;  // a consumer warpgroup's ring of output chunks: 4 fp32 or 8 bf16
 
 template <int kBX>
 struct TwoLevelCfg {
@@ -66,7 +66,7 @@ struct TwoLevelCfg {
   static constexpr int kTileX = kBX * kBK;         // int8 activations, 128-byte swizzle
   static constexpr int kTileP = kWRows * kBK / 2;  // packed int4 weights, 64-byte swizzle (8 KiB)
   static constexpr int kStageBytes = kTileX + kTileP;
-  static constexpr int kOutBytes = 2 * 2 * kOutBuf;  // two output chunk buffers a consumer warpgroup
+  static constexpr int kOutBytes = 2 * kOutRing;  // the two consumer warpgroups' output rings
   static constexpr int kFit = (224 * 1024 - kOutBytes) / kStageBytes;
   static constexpr int kStages = kFit < 8 ? kFit : 8;  // 256 tokens: 4 × 40 KiB; 128: 8 × 24 KiB
   static constexpr int kSmemBytes = kStages * kStageBytes + kOutBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
@@ -188,6 +188,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
   for (int i = 0; i < (kSets == 3 ? 16 : 1); ++i) fc[i] = 0;
   int s = 0, r = 0;  // the ring slots of the next stage to issue and the next to release
+  uint32_t oc = 0;    // output chunks this warpgroup has stored (its ring position)
   uint32_t phase = 0;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
     int x0, n0;
@@ -316,16 +317,20 @@ __global__ void __launch_bounds__(384, 1)
       // Through shared memory and TMA stores, so that the tile's outputs (128 KiB fp32 at 256
       // tokens) go to memory while the next tile's MMAs run: with direct stores every SM wrote its
       // tile at once and waited (measured: 30% of the layer at M 4096, N 14336, K 4096). Chunks of
-      // 32 tokens × this warpgroup's 64 columns, two buffers: chunk c is written while chunk c−1's
-      // store may still read the other. The buffers use the 128-byte swizzle (16-byte unit u of
-      // row r at u ^ (r % 8)): a warp's 32 writes then fall in distinct banks (fp32) or pairs of
-      // lanes share a word (bf16). Rows past M and columns past N are clipped by the TMA unit.
+      // 32 tokens × this warpgroup's 64 columns (8 KiB fp32, 4 KiB bf16) in a ring of 32 KiB: a
+      // chunk waits only for the store kNB chunks back to have read its buffer — half a tile back
+      // in fp32, a whole tile in bf16 (two buffers a warpgroup still waited for 3/4 of the tile's
+      // bytes to drain: 15% of the layer, s30-3). The buffers use the 128-byte swizzle (16-byte
+      // unit u of row r at u ^ (r % 8)): a warp's 32 writes then fall in distinct banks (fp32) or
+      // pairs of lanes share a word (bf16). Rows past M and columns past N are clipped by the TMA
+      // unit.
+      constexpr int kChunkBytes = kOut == 1 ? 8192 : 4096, kNB = kOutRing / kChunkBytes;
       const bool leader = (threadIdx.x & 127) == 0;
 #pragma unroll
-      for (int c = 0; c < kBX / kOutTokens; ++c) {
-        const uint32_t buf = sO + (2 * cw + (c & 1)) * kOutBuf;
+      for (int c = 0; c < kBX / kOutTokens; ++c, ++oc) {
+        const uint32_t buf = sO + cw * kOutRing + (oc & (kNB - 1)) * kChunkBytes;
         if (c + 1 < kBX / kOutTokens) load_sa(c + 1, sa_next);  // (in flight through this chunk)
-        if (leader) bulk_wait_read<1>();  // the store of chunk c−2 (this buffer) has read it
+        if (leader) bulk_wait_read<kNB - 1>();  // the store kNB chunks back (this buffer) has read it
         named_barrier(1 + cw, 128);
 #pragma unroll
         for (int jj = 0; jj < kOutTokens / 8; ++jj)
