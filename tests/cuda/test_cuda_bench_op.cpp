@@ -180,6 +180,11 @@ TEST(CudaBenchOp, LinearPathChoice) {
   const LinearPath tl =
       pc::gemm_w4a8_two_level_wgmma_supported() ? LinearPath::TwoLevelWgmma : LinearPath::ExpandTwoLevelWgmma;
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t0, 4096, true), wg ? tl : LinearPath::GemmQuant);
+  // ... the register kernel up to kTwoLevelExpandMinM, the expansion pass from there.
+  const int t1 = pc::CudaLinear::kTwoLevelExpandMinM;
+  EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t1 - 1, 4096, true), wg ? tl : LinearPath::GemmQuant);
+  EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t1, 4096, true),
+            wg ? LinearPath::ExpandTwoLevelWgmma : LinearPath::GemmQuant);
   // Below it the register-A kernel where its tiles fill half the SMs (wide layers, N given), the
   // grouped kernels (split-K) where they would not.
   if (wg && tl == LinearPath::TwoLevelWgmma) {

@@ -249,6 +249,7 @@ prefill_ab() {
         grouped) env+=(PERRY_NO_INT4_TWO_LEVEL=1) ;;  # w4a8-g128: the grouped kernels, not the two-level per-channel path
         tlfrom[0-9]*) env+=(PERRY_INT4_TWO_LEVEL_MIN_M=${sw#tlfrom}) ;;  # ... the two-level path from N rows (lab)
         tlexpand) env+=(PERRY_INT4_TWO_LEVEL_EXPAND=1) ;;  # ... as the expansion pass + gemm_w8a8_wgmma (not the register-A kernel)
+        tlrsall) env+=(PERRY_INT4_TWO_LEVEL_RS_MAX_M=1000000000) ;;  # ... the register-A kernel at every M (no switch to the expansion)
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         attnwgmma)  # the experimental wgmma attention (hd 128, sm_90): only after its test passed

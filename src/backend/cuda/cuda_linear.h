@@ -45,8 +45,9 @@ struct LinearInput {
 // prefill sizes — the int4 weight expanded with its multipliers, then the per-channel int8 wgmma
 // GEMM of the channel scales (run_expanded_int4_two_level): no per-group fold.
 // TwoLevelWgmma: the same layer without the expansion pass — gemm_w4a8_two_level_wgmma converts the
-// packed int4 weight with its multipliers in registers, as wgmma's A operand (the default where the
-// kernel runs; PERRY_INT4_TWO_LEVEL_EXPAND=1 keeps ExpandTwoLevelWgmma for A/B runs).
+// packed int4 weight with its multipliers in registers, as wgmma's A operand (where the kernel runs,
+// below CudaLinear::kTwoLevelExpandMinM rows; PERRY_INT4_TWO_LEVEL_EXPAND=1 keeps
+// ExpandTwoLevelWgmma at every M for A/B runs).
 enum class LinearPath {
   CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, ExpandWgmma, ExpandTwoLevelWgmma,
   TwoLevelWgmma, Fp8Wgmma
@@ -110,9 +111,13 @@ class CudaLinear {
   // pays early; w4a8-g128 runs gemm_quant_wgmma, which at M 512 with N 6144 / 10240 has worse
   // wave quantization than the int4 kernel's 192-row tiles (tenth session, run 5).
   static constexpr int kExpandInt4MinM = 257, kExpandInt4G128MinM = 1024;
-  // w4a8-g128 with two-level scales from this M: expanded (with its multipliers) and run by
-  // gemm_w8a8_wgmma, which like per-channel w4a8 pays for the expansion early.
-  static constexpr int kExpandTwoLevelMinM = 257;
+  // w4a8-g128 with two-level scales from this M: the per-channel int8 GEMM of the channel scales —
+  // gemm_w4a8_two_level_wgmma (the int4 codes converted in registers) below kTwoLevelExpandMinM,
+  // the expansion pass + gemm_w8a8_wgmma from there. Measured in the model (H100, thirtieth
+  // session, Llama-3-8B, bf16 outputs): the register kernel's linears take 7.9 vs 10.6 ms at 512
+  // tokens, 24.9 vs 24.6 at 2048, 49.9 vs 45.6 at 4096 — its epilogue is not overlapped with MMA,
+  // which long prompts feel most, while gemm_w8a8_wgmma's bf16 epilogue is cheap.
+  static constexpr int kExpandTwoLevelMinM = 257, kTwoLevelExpandMinM = 2048;
 
   // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order. A
   // w4a8-g128 layer whose every part's scales factor (two_level_scales) also uploads the factors.
@@ -145,10 +150,11 @@ class CudaLinear {
   size_t dequant_scratch_bytes() const {
     if (!quant::is_quantized(mode_) || fp8()) return 0;
     if (input_format() == ActFormat::BF16) return size_t(n_) * size_t(k_) * 2;
-    // int4: the expansion (LinearPath::ExpandWgmma), unless the two-level kernel takes every M
-    // the expansion would (it converts in registers: no scratch).
+    // int4: the expansion (LinearPath::ExpandWgmma / ExpandTwoLevelWgmma), unless the two-level
+    // register kernel takes every M an expansion would (it needs no scratch).
     if (bits_ == 4 && two_level() &&
-        linear_path(mode_, kExpandInt4G128MinM, k_, true) == LinearPath::TwoLevelWgmma)
+        linear_path(mode_, kExpandInt4G128MinM, k_, true, n_) == LinearPath::TwoLevelWgmma &&
+        linear_path(mode_, 1 << 20, k_, true, n_) == LinearPath::TwoLevelWgmma)
       return 0;
     return bits_ == 4 ? size_t(n_) * size_t(k_) : 0;
   }
