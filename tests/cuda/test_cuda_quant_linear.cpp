@@ -250,6 +250,24 @@ void run_gemm_case(QuantMode mode, int M, int N, int K, bool with_bias, DType ou
   }
 }
 
+// Two GEMMs of one w4a8-g128 layer (the quantizer's weights, a bias) bit for bit, F32 or BF16 out.
+void expect_same_bits(GemmQuantFn a, GemmQuantFn b, int M, int N, int K, DType out, std::mt19937& g,
+                      const std::string& what) {
+  const QuantizedWeight w = make_weight(QuantMode::W4A8_G128, N, K, g);
+  const Act act = make_act(M, K, g);
+  const auto bias = rand_f(size_t(N), g, -1.f, 1.f);
+  DevWeight dw(w);
+  Dev<int8_t> dq(act.q);
+  Dev<float> dsa(act.sa), db(bias);
+  const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
+  Dev<uint8_t> ya(bytes), yb(bytes);
+  a(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, ya.p, out, M, N, K, nullptr);
+  b(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, yb.p, out, M, N, K, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto ha = ya.get(), hb = yb.get();
+  EXPECT_EQ(std::memcmp(ha.data(), hb.data(), bytes), 0) << what << ", out " << int(out);
+}
+
 TEST(CudaGemmQuant, GroupedAndInt4MatchFloat64) {
   REQUIRE_GPU();
   std::mt19937 g(12);
@@ -509,21 +527,9 @@ TEST(CudaGemmQuantWgmma, ExpandedInt4MatchesFloat64AndInt4Kernel) {
     }
   }
   // Bit for bit against the int4 kernel (w4a8-g128, f32 and bf16 out, with a bias).
-  for (DType out : {DType::F32, DType::BF16}) {
-    const int M = 300, N = 520, K = 1024;
-    const QuantizedWeight w = make_weight(QuantMode::W4A8_G128, N, K, g);
-    const Act a = make_act(M, K, g);
-    const auto bias = rand_f(size_t(N), g, -1.f, 1.f);
-    DevWeight dw(w);
-    Dev<int8_t> dq(a.q);
-    Dev<float> dsa(a.sa), db(bias);
-    const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
-    Dev<uint8_t> y4(bytes), y8(bytes);
-    pc::gemm_quant_wgmma(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y4.p, out, M, N, K, nullptr);
-    expanded_int4_gemm(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, y8.p, out, M, N, K, nullptr);
-    const auto h4 = y4.get(), h8 = y8.get();
-    EXPECT_EQ(std::memcmp(h4.data(), h8.data(), bytes), 0) << "expanded vs int4 kernel, out " << int(out);
-  }
+  const GemmQuantFn int4_kernel = pc::gemm_quant_wgmma;  // (the overload without a workspace)
+  for (DType out : {DType::F32, DType::BF16})
+    expect_same_bits(int4_kernel, expanded_int4_gemm, 300, 520, 1024, out, g, "expanded vs int4 kernel");
 }
 
 // The two-level prefill path of w4a8-g128 (LinearPath::ExpandTwoLevelWgmma): the quantizer's scales
@@ -531,18 +537,25 @@ TEST(CudaGemmQuantWgmma, ExpandedInt4MatchesFloat64AndInt4Kernel) {
 // expand_int4_weight_two_level gives q4·m exactly, and gemm_w8a8_wgmma on the expansion with the
 // channel scales gives the float64 result of the grouped math (the same integer products, summed
 // over K before one scale instead of per group: close, not bit for bit).
-void two_level_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
-                    const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
-  QuantizedWeight hw;  // the device scales, factored as CudaLinear::upload factors a checkpoint's
+// The device scales s [N, K/128] factored as CudaLinear::upload factors a checkpoint's.
+void factor_device_scales(QuantMode mode, const float* s, int N, int K, perry::quant::TwoLevelScales& f) {
+  QuantizedWeight hw;
   hw.mode = mode;
   hw.N = N;
   hw.K = K;
   hw.scales.resize(size_t(N) * size_t(K / 128));
   ASSERT_EQ(cudaMemcpy(hw.scales.data(), s, hw.scales.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  const auto f = perry::quant::two_level_scales(hw);
-  ASSERT_TRUE(f.has_value()) << "the quantizer's w4a8-g128 scales do not factor";
-  Dev<float> ch(f->channel);
-  Dev<int8_t> mul(f->multiplier), w8(size_t(N) * K);
+  const auto got = perry::quant::two_level_scales(hw);
+  ASSERT_TRUE(got.has_value()) << "the quantizer's w4a8-g128 scales do not factor";
+  f = *got;
+}
+
+void two_level_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
+                    const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+  perry::quant::TwoLevelScales f;
+  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, s, N, K, f));
+  Dev<float> ch(f.channel);
+  Dev<int8_t> mul(f.multiplier), w8(size_t(N) * K);
   pc::expand_int4_weight_two_level(w, mul.p, 128, N, K, w8.p, stream);
   pc::gemm_w8a8_wgmma(x, sa, w8.p, ch.p, bias, y, out, M, N, K, stream);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -605,16 +618,10 @@ TEST(CudaGemmQuantWgmma, TwoLevelExpandedMatchesFloat64) {
 // expansion pass, the codes q4·m built in registers as wgmma's A operand.
 void two_level_rs_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
                        const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
-  QuantizedWeight hw;
-  hw.mode = mode;
-  hw.N = N;
-  hw.K = K;
-  hw.scales.resize(size_t(N) * size_t(K / 128));
-  ASSERT_EQ(cudaMemcpy(hw.scales.data(), s, hw.scales.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  const auto f = perry::quant::two_level_scales(hw);
-  ASSERT_TRUE(f.has_value()) << "the quantizer's w4a8-g128 scales do not factor";
-  Dev<float> ch(f->channel);
-  Dev<int8_t> mul(f->multiplier);
+  perry::quant::TwoLevelScales f;
+  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, s, N, K, f));
+  Dev<float> ch(f.channel);
+  Dev<int8_t> mul(f.multiplier);
   pc::gemm_w4a8_two_level_wgmma(x, sa, w, mul.p, ch.p, bias, y, out, M, N, K, stream);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
@@ -683,21 +690,8 @@ TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
       }
     }
     // Bit for bit against the expansion path (f32 and bf16 out, with a bias).
-    for (DType out : {DType::F32, DType::BF16}) {
-      const int M = 600, N = 392, K = 2048;
-      const QuantizedWeight w = make_weight(QuantMode::W4A8_G128, N, K, g);
-      const Act a = make_act(M, K, g);
-      const auto bias = rand_f(size_t(N), g, -1.f, 1.f);
-      DevWeight dw(w);
-      Dev<int8_t> dq(a.q);
-      Dev<float> dsa(a.sa), db(bias);
-      const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
-      Dev<uint8_t> yr(bytes), ye(bytes);
-      two_level_rs_gemm(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, yr.p, out, M, N, K, nullptr);
-      two_level_gemm(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, ye.p, out, M, N, K, nullptr);
-      const auto hr = yr.get(), he = ye.get();
-      EXPECT_EQ(std::memcmp(hr.data(), he.data(), bytes), 0) << nm << "vs the expansion path, out " << int(out);
-    }
+    for (DType out : {DType::F32, DType::BF16})
+      expect_same_bits(two_level_rs_gemm, two_level_gemm, 600, 392, 2048, out, g, nm + "vs the expansion path");
   }
   // Bad arguments: K not a multiple of 128, null multipliers / channel scales (F32), misaligned x.
   Dev<int8_t> x(64 * 256), w(64 * 128), m(64 * 2);
