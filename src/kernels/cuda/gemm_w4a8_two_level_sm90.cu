@@ -30,8 +30,10 @@
 //     wait_group 1 after issuing stage s completes stage s−1, whose set and shared-memory slot
 //     are then free. The fragments are pinned (fence_frag) past that wait, so ptxas keeps them
 //     live while the asynchronous wgmma may still read them.
-//   * Epilogue: y[m, n] = float(acc)·(sa[m]·c[n]) + bias[n], stored transposed (8 lanes write 8
-//     consecutive n of one token row), the expression of gemm_w8a8_wgmma: the expanded path's bits.
+//   * Epilogue: y[m, n] = float(acc)·(sa[m]·c[n]) + bias[n], the expression of gemm_w8a8_wgmma
+//     (the expanded path's bits), written to shared memory in 32-token chunks and sent by TMA
+//     stores from a 32 KiB ring a warpgroup, so the tile's outputs drain under the next tile's
+//     MMAs (direct stores from registers remain for rows that are not 16-byte multiples).
 //   * Persistent grid, grouped tile order, TMA zero fill at the M / N edges (a zero nibble byte
 //     becomes q = 0 whatever m is; rows past N read m = 0).
 // No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (X + packed
