@@ -190,7 +190,6 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
   for (int i = 0; i < (kSets == 3 ? 16 : 1); ++i) fc[i] = 0;
   int s = 0, r = 0;  // the ring slots of the next stage to issue and the next to release
-  uint32_t oc = 0;    // output chunks this warpgroup has stored (its ring position)
   uint32_t phase = 0;
   for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
     int x0, n0;
@@ -319,58 +318,68 @@ __global__ void __launch_bounds__(384, 1)
       // Through shared memory and TMA stores, so that the tile's outputs (128 KiB fp32 at 256
       // tokens) go to memory while the next tile's MMAs run: with direct stores every SM wrote its
       // tile at once and waited (measured: 30% of the layer at M 4096, N 14336, K 4096). Chunks of
-      // 32 tokens × this warpgroup's 64 columns (8 KiB fp32, 4 KiB bf16) in a ring of 32 KiB: a
-      // chunk waits only for the store kNB chunks back to have read its buffer — half a tile back
-      // in fp32, a whole tile in bf16 (two buffers a warpgroup still waited for 3/4 of the tile's
-      // bytes to drain: 15% of the layer, s30-3). The buffers use the 128-byte swizzle (16-byte
+      // 32 tokens × this warpgroup's 64 columns (8 KiB fp32, 4 KiB bf16) in 32 KiB a warpgroup:
+      // half a tile in fp32, a whole tile in bf16 (two chunk buffers a warpgroup waited for 3/4 of
+      // the tile's bytes to drain: 15% of the layer, s30-3). The buffers use the 128-byte swizzle (16-byte
       // unit u of row r at u ^ (r % 8)): a warp's 32 writes then fall in distinct banks (fp32) or
       // pairs of lanes share a word (bf16). Rows past M and columns past N are clipped by the TMA
       // unit.
       constexpr int kChunkBytes = kOut == 1 ? 8192 : 4096, kNB = kOutRing / kChunkBytes;
+      constexpr int kChunks = kBX / kOutTokens, kGroup = kNB < kChunks ? kNB : kChunks;
       const bool leader = (threadIdx.x & 127) == 0;
+      // Groups of kGroup chunks (a whole tile in bf16, half in fp32): one wait, one proxy fence and
+      // two barriers a group, not a chunk.
 #pragma unroll
-      for (int c = 0; c < kBX / kOutTokens; ++c, ++oc) {
-        const uint32_t buf = sO + cw * kOutRing + (oc & (kNB - 1)) * kChunkBytes;
-        if (c + 1 < kBX / kOutTokens) load_sa(c + 1, sa_next);  // (in flight through this chunk)
-        if (leader) bulk_wait_read<kNB - 1>();  // the store kNB chunks back (this buffer) has read it
+      for (int c0 = 0; c0 < kChunks; c0 += kGroup) {
+        if (leader) bulk_wait_read<0>();  // every earlier store has read its buffer
         named_barrier(1 + cw, 128);
 #pragma unroll
-        for (int jj = 0; jj < kOutTokens / 8; ++jj)
+        for (int c = c0; c < c0 + kGroup; ++c) {
+          const uint32_t buf = sO + cw * kOutRing + (c - c0) * kChunkBytes;
+          if (c + 1 < kChunks) load_sa(c + 1, sa_next);  // (in flight through this chunk)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int r = 8 * jj + 2 * tq + e;  // the chunk's token row
-            const float sam = sa_cur[2 * jj + e];
+          for (int jj = 0; jj < kOutTokens / 8; ++jj)
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-              const float v = value(kOutTokens / 8 * c + jj, e, hh, sam);
-              const int col = warp * 16 + 8 * hh + g;  // 0..63
-              if constexpr (kOut == 1) {  // two boxes of [32 rows × 32 fp32]
-                const uint32_t unit = ((col & 31) >> 2) ^ (r & 7);
-                const uint32_t a = buf + (col >> 5) * 4096 + r * 128 + unit * 16 + (col & 3) * 4;
-                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
-              } else {  // one box of [32 rows × 64 bf16]
-                const uint32_t unit = uint32_t(col >> 3) ^ (r & 7);
-                const uint32_t a = buf + r * 128 + unit * 16 + (col & 7) * 2;
-                const __nv_bfloat16 b = __float2bfloat16_rn(v);
-                asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(a), "h"(*reinterpret_cast<const unsigned short*>(&b))
-                             : "memory");
+            for (int e = 0; e < 2; ++e) {
+              const int r = 8 * jj + 2 * tq + e;  // the chunk's token row
+              const float sam = sa_cur[2 * jj + e];
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh) {
+                const float v = value(kOutTokens / 8 * c + jj, e, hh, sam);
+                const int col = warp * 16 + 8 * hh + g;  // 0..63
+                if constexpr (kOut == 1) {  // two boxes of [32 rows × 32 fp32]
+                  const uint32_t unit = ((col & 31) >> 2) ^ (r & 7);
+                  const uint32_t a = buf + (col >> 5) * 4096 + r * 128 + unit * 16 + (col & 3) * 4;
+                  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+                } else {  // one box of [32 rows × 64 bf16]
+                  const uint32_t unit = uint32_t(col >> 3) ^ (r & 7);
+                  const uint32_t a = buf + r * 128 + unit * 16 + (col & 7) * 2;
+                  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+                  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(a),
+                               "h"(*reinterpret_cast<const unsigned short*>(&b))
+                               : "memory");
+                }
               }
             }
-          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) sa_cur[i] = sa_next[i];
+        }
         fence_proxy_async_smem();  // the generic writes above, before the TMA unit reads them
         named_barrier(1 + cw, 128);
         if (leader) {
-          const int col0 = n0 + cw * 64, row0 = x0 + kOutTokens * c;
-          if constexpr (kOut == 1) {
-            tma_store_2d(&tmY, buf, col0 * 4, row0);
-            tma_store_2d(&tmY, buf + 4096, (col0 + 32) * 4, row0);
-          } else {
-            tma_store_2d(&tmY, buf, col0 * 2, row0);
+#pragma unroll
+          for (int c = c0; c < c0 + kGroup; ++c) {
+            const uint32_t buf = sO + cw * kOutRing + (c - c0) * kChunkBytes;
+            const int col0 = n0 + cw * 64, row0 = x0 + kOutTokens * c;
+            if constexpr (kOut == 1) {
+              tma_store_2d(&tmY, buf, col0 * 4, row0);
+              tma_store_2d(&tmY, buf + 4096, (col0 + 32) * 4, row0);
+            } else {
+              tma_store_2d(&tmY, buf, col0 * 2, row0);
+            }
           }
           bulk_commit();
         }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) sa_cur[i] = sa_next[i];
       }
       continue;
     }
