@@ -114,10 +114,11 @@ class CudaLinear {
   // w4a8-g128 with two-level scales from this M: the per-channel int8 GEMM of the channel scales —
   // gemm_w4a8_two_level_wgmma (the int4 codes converted in registers) below kTwoLevelExpandMinM,
   // the expansion pass + gemm_w8a8_wgmma from there. Measured in the model (H100, thirtieth
-  // session, Llama-3-8B, bf16 outputs): the register kernel's linears take 7.9 vs 10.6 ms at 512
-  // tokens, 24.9 vs 24.6 at 2048, 49.9 vs 45.6 at 4096 — its epilogue is not overlapped with MMA,
-  // which long prompts feel most, while gemm_w8a8_wgmma's bf16 epilogue is cheap.
-  static constexpr int kExpandTwoLevelMinM = 257, kTwoLevelExpandMinM = 2048;
+  // session, Llama-3-8B, bf16 outputs, runs s30-5/8): the register kernel's linears take 7.9 vs
+  // 10.6 ms at 512 tokens, 24.5 vs 25.2 at 2048, 48.7 vs 45.3 at 4096 — its epilogue is not
+  // overlapped with MMA, which long prompts feel most, while gemm_w8a8_wgmma's bf16 epilogue is
+  // cheap. 3072 lies between the two measured points (s30-9 measures it).
+  static constexpr int kExpandTwoLevelMinM = 257, kTwoLevelExpandMinM = 3072;
 
   // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order. A
   // w4a8-g128 layer whose every part's scales factor (two_level_scales) also uploads the factors.
