@@ -113,8 +113,8 @@ __device__ __forceinline__ void wgmma_rs(int (&d)[kBX / 2], const uint32_t (&a)[
 }
 #endif  // PERRY_WGMMA
 
-// kOut: 0 bf16, 1 f32, 2 i32; kSets: A-fragment register sets (2 or 3 stages in flight).
-template <int kBX, int kOut, int kSets = 2>
+// kOut: 0 bf16, 1 f32, 2 i32.
+template <int kBX, int kOut>
 __global__ void __launch_bounds__(384, 1)
     gemm_w4a8_two_level_kernel(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,
                                const __grid_constant__ CUtensorMap tmY, int tma_out,
@@ -181,14 +181,12 @@ __global__ void __launch_bounds__(384, 1)
   // Byte offsets in a packed row of this thread's two words, before the chunk swizzle.
   const int wofs = 4 * (tq >> 1);
   int acc[kBX / 2];
-  // kSets register sets of A fragments (3: one more stage in flight; lab switch PERRY_TWO_LEVEL_SETS).
-  uint32_t fa[16], fb[16], fc[kSets == 3 ? 16 : 1];
+  // Two register sets of A fragments (a third, one more stage in flight, measured 1-3% slower: s30-2).
+  uint32_t fa[16], fb[16];
 #pragma unroll
   for (int i = 0; i < kBX / 2; ++i) acc[i] = 0;
 #pragma unroll
   for (int i = 0; i < 16; ++i) fa[i] = fb[i] = 0;
-#pragma unroll
-  for (int i = 0; i < (kSets == 3 ? 16 : 1); ++i) fc[i] = 0;
   int s = 0, r = 0;  // the ring slots of the next stage to issue and the next to release
   uint32_t oc = 0;    // fp32 output chunks this warpgroup has stored (its ring position)
   uint32_t phase = 0;
@@ -241,15 +239,15 @@ __global__ void __launch_bounds__(384, 1)
     mult(1, na, nb);
     mbar_wait(full(s), phase);
     convert(s, ma, mb, fa);
-    // Stage kt from set `cur` (converted); after it is issued, stage kt − (kSets − 1) completes
-    // (wait_group kSets − 1): its slot is released and stage kt+1 is converted into `nxt`, the set
+    // Stage kt from set `cur` (converted); after it is issued, stage kt − 1 completes
+    // (wait_group 1): its slot is released and stage kt+1 is converted into `nxt`, the set
     // that stage used.
     auto step = [&](int kt, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
       issue(s, cur, kt == 0);
-      wgmma_wait<kSets - 1>();  // (the tile's first stages: fewer in flight, returns at once)
+      wgmma_wait<1>();  // (a tile's first stage: alone in flight, returns at once)
       fence_operands(acc);
       fence_frag(nxt);  // that stage's fragments stayed live until its wgmmas completed
-      if (kt >= kSets - 1) {
+      if (kt >= 1) {
         if (lane == 0) mbar_arrive(empty(r));
         if (++r == S) r = 0;
       }
@@ -261,17 +259,9 @@ __global__ void __launch_bounds__(384, 1)
         convert(s, ua, ub, nxt);
       }
     };
-    if constexpr (kSets == 2) {
-      for (int kt = 0; kt < ktiles; kt += 2) {
-        step(kt, fa, fb);
-        if (kt + 1 < ktiles) step(kt + 1, fb, fa);
-      }
-    } else {
-      for (int kt = 0; kt < ktiles; kt += 3) {
-        step(kt, fa, fb);
-        if (kt + 1 < ktiles) step(kt + 1, fb, fc);
-        if (kt + 2 < ktiles) step(kt + 2, fc, fa);
-      }
+    for (int kt = 0; kt < ktiles; kt += 2) {
+      step(kt, fa, fb);
+      if (kt + 1 < ktiles) step(kt + 1, fb, fa);
     }
     // The epilogue's scales and chunk 0's token scales, loaded while the last MMAs run (their
     // latency, once per chunk, was most of what the TMA-store epilogue still cost).
@@ -298,11 +288,8 @@ __global__ void __launch_bounds__(384, 1)
     fence_operands(acc);
     fence_frag(fa);
     fence_frag(fb);
-    fence_frag(fc);
-    for (int i = 0; i < min(ktiles, kSets - 1); ++i) {  // the stages still held, in order
-      if (lane == 0) mbar_arrive(empty(r));
-      if (++r == S) r = 0;
-    }
+    if (lane == 0) mbar_arrive(empty(r));  // the last stage, still held
+    if (++r == S) r = 0;
 
     if (lab & 2) {  // lab: no stores (wrong outputs; the epilogue's cost) — one, unless the sums are 0
       int x = 0;
@@ -442,14 +429,14 @@ int tile_tokens(int M, int N) {
   return fill(256) >= 0.7 * fill(128) ? 256 : 128;
 }
 
-template <int kBX, int kOut, int kSets>
+template <int kBX, int kOut>
 void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult, const float* cn, const float* bias,
             void* y, int M, int N, int K, cudaStream_t stream, const char* name) {
   using C = TwoLevelCfg<kBX>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gemm_w4a8_two_level_kernel<kBX, kOut, kSets>,
+    attr_err = cudaFuncSetAttribute(gemm_w4a8_two_level_kernel<kBX, kOut>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   });
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
@@ -468,20 +455,20 @@ void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult,
   // PERRY_LAB_TL_FLAGS (lab only, the outputs are wrong): 1 = no int4 conversion (the packed words
   // go to wgmma as they are), 2 = no epilogue stores — what each costs.
   const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 3;
-  gemm_w4a8_two_level_kernel<kBX, kOut, kSets><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
+  gemm_w4a8_two_level_kernel<kBX, kOut><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
       tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab);
   check_launch(name);
 }
 
-template <int kBX, int kSets>
+template <int kBX>
 void launch_out(DType out, const int8_t* x, const float* sa, const void* w, const int8_t* mult, const float* cn,
                 const float* bias, void* y, int M, int N, int K, cudaStream_t s) {
   switch (out) {
     case DType::I32:
-      return launch<kBX, 2, kSets>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<i32>");
+      return launch<kBX, 2>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<i32>");
     case DType::F32:
-      return launch<kBX, 1, kSets>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<f32>");
-    default: return launch<kBX, 0, kSets>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<bf16>");
+      return launch<kBX, 1>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<f32>");
+    default: return launch<kBX, 0>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<bf16>");
   }
 }
 
@@ -513,14 +500,10 @@ void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qwe
   if (channel_scales && !aligned(channel_scales, 4)) throw Error(where + ": channel scales misaligned");
   // (the scales argument of the shared check: the channel scales, read only for F32 / BF16 out)
   quant_args::check_gemm_pointers(where, x, sa, qweight, channel_scales, bias, y, out);
-  // PERRY_TWO_LEVEL_SETS=3 (lab): three A-fragment sets, two stages in flight behind the one issued.
-  const bool three = split_env("PERRY_TWO_LEVEL_SETS") == 3;
-  const bool wide = tile_tokens(M, N) == 256;
-  const float* cs = channel_scales;
-  if (wide && three) launch_out<256, 3>(out, x, sa, qweight, multipliers, cs, bias, y, M, N, K, stream);
-  else if (wide) launch_out<256, 2>(out, x, sa, qweight, multipliers, cs, bias, y, M, N, K, stream);
-  else if (three) launch_out<128, 3>(out, x, sa, qweight, multipliers, cs, bias, y, M, N, K, stream);
-  else launch_out<128, 2>(out, x, sa, qweight, multipliers, cs, bias, y, M, N, K, stream);
+  if (tile_tokens(M, N) == 256)
+    launch_out<256>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+  else
+    launch_out<128>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
 }
 
 }  // namespace perry::cuda
