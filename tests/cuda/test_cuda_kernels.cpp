@@ -147,7 +147,7 @@ TEST(CudaGemmW8A8, ExactInt32AndFusedEpilogueUnalignedShapes) {
 // int32 vs int64 exactly, epilogues vs float64, with M, N off its 128 × (128|256) tiles, K a
 // multiple of 16 but not of its 128-byte k-tile (TMA zero-fills the rest), and a shape with more
 // tiles than SMs (persistent CTAs loop over tiles: stage/phase bookkeeping across tiles). Run
-// under each column-tile width (PERRY_WGMMA_BN, read per call).
+// under each column-tile width (PERRY_WGMMA_BN, read per call; 160 / 192 / 224: cooperative only).
 TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
   REQUIRE_GPU();
   if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";
@@ -155,9 +155,12 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
   const int shapes[][3] = {{1, 8, 16},     {3, 5, 16},       {7, 130, 48},   {130, 7, 80},
                            {129, 131, 272}, {257, 384, 1024}, {300, 513, 1040}, {200, 1, 32},
                            {1400, 3400, 144}};
-  // Both schedules (cooperative, ping-pong), each tile width.
+  // Both schedules (cooperative, ping-pong), each tile width (the cooperative one's 160 / 192 / 224
+  // too: its widths that fill the SMs' waves).
   for (const char* ping : {"0", "1"})
-    for (const char* bn : {(const char*)nullptr, "128", "256"}) {
+    for (const char* bn : {(const char*)nullptr, "128", "160", "192", "224", "256"}) {
+      const std::string w = bn ? bn : "";
+      if (ping[0] == '1' && (w == "160" || w == "192" || w == "224")) continue;  // (128 / 256 only)
       SCOPED_TRACE(std::string("PERRY_WGMMA_PINGPONG=") + ping + " PERRY_WGMMA_BN=" + (bn ? bn : "(auto)"));
       setenv("PERRY_WGMMA_PINGPONG", ping, 1);
       if (bn) setenv("PERRY_WGMMA_BN", bn, 1);
@@ -185,10 +188,10 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
 
 // Split-K (small M and N: too few tiles for the SMs): the int32 partial sums per k-range give the
 // int64 reference exactly, and the bf16 / f32 outputs are the unsplit kernel's bit for bit (the
-// same epilogue expression) — added by the second kernel (the default), and inside the GEMM by
-// each tile's split 0 (tile flags given, PERRY_WGMMA_SPLITK_FIXUP=1; not yet the default, and
-// this part not yet run on a GPU: see gemm_w8a8_sm90.cu), twice on the same flags (they must come
-// back to zero, or the second call's counts would be wrong). Shapes that split by themselves
+// same epilogue expression) — added by the second kernel (no tile flags, or
+// PERRY_WGMMA_SPLITK_FIXUP=0), and inside the GEMM by each tile's split 0 (tile flags given: the
+// default), twice on the same flags (they must come back to zero, or the second call's counts
+// would be wrong). M 5 / 7 / 33 / 64 leave warps of the tile with no rows (they skip the fixup). Shapes that split by themselves
 // (Llama-3-8B's down_proj and issue 6's 2560 × 10240 at M 128 among them), and forced split counts
 // with K off the 128-byte k-tile, a count that would leave a split empty (16 k-tiles in 5 splits:
 // 4 of 4) and one past the SMs (capped to one CTA a unit).
@@ -217,17 +220,22 @@ TEST(CudaGemmW8A8, WgmmaSplitKMatchesUnsplitBitForBit) {
     Dev<int32_t> dws(ws / 4 + 4);
     for (DType out : {DType::I32, DType::F32, DType::BF16}) {
       const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
-      Dev<int32_t> split(size_t(M) * N), whole(size_t(M) * N), f1(size_t(M) * N), f2(size_t(M) * N);
+      Dev<int32_t> split(size_t(M) * N), s2(size_t(M) * N), whole(size_t(M) * N), f1(size_t(M) * N),
+          f2(size_t(M) * N);
       const float* b = out == DType::F32 ? nullptr : db.p;  // with and without a bias
+      // The second kernel: no tile flags, and with them where the fixup is switched off.
       pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, b, split.p, out, M, N, K, nullptr, dws.p, ws);
+      setenv("PERRY_WGMMA_SPLITK_FIXUP", "0", 1);
+      pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, b, s2.p, out, M, N, K, nullptr, dws.p, ws, flags.p);
+      unsetenv("PERRY_WGMMA_SPLITK_FIXUP");
       pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, b, whole.p, out, M, N, K, nullptr);  // no workspace: unsplit
-      setenv("PERRY_WGMMA_SPLITK_FIXUP", "1", 1);
+      // The fixup inside the kernel (the default with tile flags), twice: the flags return to zero.
       pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, b, f1.p, out, M, N, K, nullptr, dws.p, ws, flags.p);
       pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, b, f2.p, out, M, N, K, nullptr, dws.p, ws, flags.p);
-      unsetenv("PERRY_WGMMA_SPLITK_FIXUP");
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto hs = split.get(), hw = whole.get(), h1 = f1.get(), h2 = f2.get();
+      const auto hs = split.get(), hs2 = s2.get(), hw = whole.get(), h1 = f1.get(), h2 = f2.get();
       EXPECT_EQ(std::memcmp(hs.data(), hw.data(), bytes), 0) << "split-K output differs, out dtype " << int(out);
+      EXPECT_EQ(std::memcmp(hs2.data(), hw.data(), bytes), 0) << "split-K (fixup off) differs, out dtype " << int(out);
       EXPECT_EQ(std::memcmp(h1.data(), hw.data(), bytes), 0) << "in-GEMM fixup output differs, out dtype " << int(out);
       EXPECT_EQ(std::memcmp(h2.data(), hw.data(), bytes), 0) << "second fixup call differs, out dtype " << int(out);
       if (out == DType::I32) {

@@ -17,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/cuda/device_query.h"
 #include "kernels/cuda/expand_int4.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
@@ -667,8 +668,9 @@ TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
       EXPECT_EQ(bad, 0u) << "int32 sums, " << what << ", M=" << M << " N=" << N << " K=" << K;
     }
   };
-  for (const char* width : {"128", "256"}) {
+  for (const char* width : {"128", "160", "192", "224", "256"}) {
     bx.set(width);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_tile_tokens(300, 520), std::atoi(width)) << "PERRY_TWO_LEVEL_BX";
     exact_i32(std::string("tile width ") + width);
     const std::string nm = std::string("gemm_w4a8_two_level_wgmma (") + width + " tokens) ";
     for (DType out : {DType::F32, DType::BF16}) {
@@ -686,6 +688,18 @@ TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
     // Bit for bit against the expansion path (f32 and bf16 out, with a bias).
     for (DType out : {DType::F32, DType::BF16})
       expect_same_bits(two_level_rs_gemm, two_level_gemm, 600, 392, 2048, out, g, nm + "vs the expansion path");
+  }
+  // The default width: the waves' time on 132 SMs (H100 / H200 SXM). 256 where the waves come out
+  // nearly full anyway; narrower where it saves a wave: N 2560 at M 2048 (160 tiles of 256 tokens:
+  // two waves, the second 21% full; 260 of 160: two full ones), M 1024 (80 → 120 tiles: one wave
+  // at 192), and a 200-token prompt (one 224-token tile row, not two of 128).
+  bx.set(nullptr);
+  if (pc::sm_count() == 132) {
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_tile_tokens(4096, 14336), 256);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_tile_tokens(2048, 4096), 256);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_tile_tokens(2048, 2560), 160);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_tile_tokens(1024, 2560), 192);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_tile_tokens(200, 14336), 224);
   }
   // Bad arguments: K not a multiple of 128, null multipliers / channel scales (F32), misaligned x.
   Dev<int8_t> x(64 * 256), w(64 * 128), m(64 * 2);

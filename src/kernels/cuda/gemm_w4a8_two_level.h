@@ -27,6 +27,9 @@ bool gemm_w4a8_two_level_wgmma_supported();  // true on an sm_90 device with the
 // Whether M × N gives the kernel tiles for at least half the SMs (below that, short prompts run
 // faster on the grouped kernels, which split K).
 bool gemm_w4a8_two_level_wgmma_fills(int M, int N);
+// The tokens of the kernel's tiles at M × N (128, 160, 192, 224 or 256: the width whose waves
+// take the least time on this device's SMs; PERRY_TWO_LEVEL_BX forces one).
+int gemm_w4a8_two_level_wgmma_tile_tokens(int M, int N);
 void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
                                const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
                                int K, cudaStream_t stream);

@@ -11,8 +11,9 @@
 //
 //   * Swapped operands (as gemm_quant_sm90's grouped modes): the weight tile is wgmma's A operand
 //     (accumulator rows = output columns n), the activation tile its B operand (accumulator
-//     columns = tokens m). Tile: 128 weight rows (two consumer warpgroups of 64) × kBX tokens (128
-//     or 256: m64n128k32 / m64n256k32), 128 k a stage = one group.
+//     columns = tokens m). Tile: 128 weight rows (two consumer warpgroups of 64) × kBX tokens (128,
+//     160, 192, 224 or 256: m64nBXk32, the width that fills the SMs' waves best: tile_tokens),
+//     128 k a stage = one group.
 //   * Producer warp 0 (one thread): TMA loads of the X tile [kBX × 128 B] (128-byte swizzle, the
 //     wgmma B layout) and of the packed weight tile [128 rows × 64 B] with the 64-byte swizzle,
 //     which makes the consumers' 32-bit reads conflict-free (16-byte chunk j of row r lands at
@@ -70,7 +71,8 @@ struct TwoLevelCfg {
   static constexpr int kStageBytes = kTileX + kTileP;
   static constexpr int kOutBytes = 2 * kOutRing;  // the two consumer warpgroups' output rings
   static constexpr int kFit = (224 * 1024 - kOutBytes) / kStageBytes;
-  static constexpr int kStages = kFit < 8 ? kFit : 8;  // 256 tokens: 4 × 40 KiB; 128: 8 × 24 KiB
+  static constexpr int kStages = kFit < 8 ? kFit : 8;  // 256 tokens: 4 × 40 KiB; 224: 4; 192, 160: 5; 128: 6
+  static_assert(kBX % 32 == 0 && kBX >= 128 && kBX <= 256, "tile widths: 128-256 tokens in output chunks of 32");
   static constexpr int kSmemBytes = kStages * kStageBytes + kOutBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
   static_assert(kStages >= 3 && kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 };
@@ -106,10 +108,12 @@ __device__ __forceinline__ void fence_frag(uint32_t (&a)[R]) {
 template <int kBX>
 __device__ __forceinline__ void wgmma_rs(int (&d)[kBX / 2], const uint32_t (&a)[16], int kk, uint64_t db,
                                          int accumulate) {
-  if constexpr (kBX == 256)
-    wgmma_rs_n256(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], db, accumulate);
-  else
-    wgmma_rs_n128(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], db, accumulate);
+  const uint32_t a0 = a[4 * kk], a1 = a[4 * kk + 1], a2 = a[4 * kk + 2], a3 = a[4 * kk + 3];
+  if constexpr (kBX == 256) wgmma_rs_n256(d, a0, a1, a2, a3, db, accumulate);
+  else if constexpr (kBX == 224) wgmma_rs_n224(d, a0, a1, a2, a3, db, accumulate);
+  else if constexpr (kBX == 192) wgmma_rs_n192(d, a0, a1, a2, a3, db, accumulate);
+  else if constexpr (kBX == 160) wgmma_rs_n160(d, a0, a1, a2, a3, db, accumulate);
+  else wgmma_rs_n128(d, a0, a1, a2, a3, db, accumulate);
 }
 #endif  // PERRY_WGMMA
 
@@ -410,23 +414,34 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 // ---------------------------------------------------------------- host side
-// Tokens a tile: 256 (m64n256: the larger MMA, half the weight-tile loads and conversions a token)
-// unless 128-token tiles fill the SMs' waves much better (short prompts with few weight tiles). A
-// 128-token tile does the same conversion work for half the MMAs: measured 25-35% slower per
-// token than 256 at M 4096 (H100, run s30-2), hence the 0.7.
-// PERRY_TWO_LEVEL_BX=128|256 forces one (lab, tests).
+// Tokens a tile, 128..256 in steps of 32 (m64n128k32 .. m64n256k32), by the time of the waves: a
+// tile costs its tokens plus a fixed share (kTileOverheadTokens: the weight tile's loads and int4
+// conversion, done once a tile whatever its width; 128-token tiles measured 25-35% slower per
+// token than 256-token ones at M 4096, H100 run s30-2, hence ~110), and the persistent grid runs
+// ceil(tiles / SMs) of them on the busiest SM. Wider tiles share that fixed part among more
+// tokens; a narrower one can save a wave: at M 2048 on N 2560 256-token tiles make 160 tiles, two
+// waves with the second one 21% full, while 160-token tiles make 260, two full waves (s31-2).
+// PERRY_TWO_LEVEL_BX=128|160|192|224|256 forces one (lab, tests).
+constexpr int kTileWidths[] = {128, 160, 192, 224, 256};
+constexpr int kTileOverheadTokens = 110;
 long long tile_count(int M, int N, int bx) {
   return (long long)((M + bx - 1) / bx) * ((N + kWRows - 1) / kWRows);
 }
 int tile_tokens(int M, int N) {
   const int forced = split_env("PERRY_TWO_LEVEL_BX");
-  if (forced == 128 || forced == 256) return forced;
-  const int sms = sm_count();
-  auto fill = [&](int bx) {  // useful token rows / rows the waves compute
-    const long long waves = (tile_count(M, N, bx) + sms - 1) / sms;
-    return double(M) * ((N + kWRows - 1) / kWRows) / (double(waves) * sms * bx);
-  };
-  return fill(256) >= 0.7 * fill(128) ? 256 : 128;
+  for (int bx : kTileWidths)
+    if (forced == bx) return bx;
+  const long long sms = sm_count();
+  int best = 256;
+  long long best_cost = -1;
+  for (int bx : kTileWidths) {  // (ties go to the wider tile: fewer tiles, less conversion work)
+    const long long cost = (tile_count(M, N, bx) + sms - 1) / sms * (bx + kTileOverheadTokens);
+    if (best_cost < 0 || cost <= best_cost) {
+      best = bx;
+      best_cost = cost;
+    }
+  }
+  return best;
 }
 
 template <int kBX, int kOut>
@@ -486,6 +501,8 @@ bool gemm_w4a8_two_level_wgmma_fills(int M, int N) {
   return tile_count(M, N, tile_tokens(M, N)) * 2 >= sm_count();
 }
 
+int gemm_w4a8_two_level_wgmma_tile_tokens(int M, int N) { return M < 1 || N < 1 ? 256 : tile_tokens(M, N); }
+
 void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
                                const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
                                int K, cudaStream_t stream) {
@@ -500,10 +517,13 @@ void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qwe
   if (channel_scales && !aligned(channel_scales, 4)) throw Error(where + ": channel scales misaligned");
   // (the scales argument of the shared check: the channel scales, read only for F32 / BF16 out)
   quant_args::check_gemm_pointers(where, x, sa, qweight, channel_scales, bias, y, out);
-  if (tile_tokens(M, N) == 256)
-    launch_out<256>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
-  else
-    launch_out<128>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+  switch (tile_tokens(M, N)) {
+    case 128: return launch_out<128>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+    case 160: return launch_out<160>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+    case 192: return launch_out<192>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+    case 224: return launch_out<224>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+    default: return launch_out<256>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+  }
 }
 
 }  // namespace perry::cuda

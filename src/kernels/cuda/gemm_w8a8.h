@@ -50,15 +50,15 @@ namespace perry::cuda {
 // Throws perry::Error on other devices. Environment (read per call, for the lab and the tests):
 // PERRY_WGMMA_BN=128|256 forces the column tile width, PERRY_WGMMA_PINGPONG=0|1 the schedule,
 // PERRY_WGMMA_SPLITK=0|N split-K off / N splits (at most one CTA a unit),
-// PERRY_WGMMA_SPLITK_FIXUP=1 the split-K sums added inside the kernel (tile flags given).
+// PERRY_WGMMA_SPLITK_FIXUP=0 the split-K sums added by a second kernel even with tile flags.
 bool gemm_w8a8_wgmma_supported();
 // With a workspace of at least gemm_w8a8_wgmma_workspace_bytes(M, N, K) bytes (16-byte aligned),
 // shapes whose tiles would leave most SMs idle (small M and N) run split over K into
 // gemm_w8a8_wgmma_splits(M, N, K) k-ranges — the same outputs bit for bit (int32 partial sums add
 // exactly):
 //   * with tile_flags (kGemmW8A8TileFlags uint32, zeroed by the caller once; every call leaves
-//     them zero) and PERRY_WGMMA_SPLITK_FIXUP=1 (not yet the default: not yet run on a GPU):
-//     each tile's split 0 adds the other splits' sums inside the kernel and stores the tile;
+//     them zero), unless PERRY_WGMMA_SPLITK_FIXUP=0: each tile's split 0 adds the other splits'
+//     sums inside the kernel and stores the tile;
 //   * otherwise: every split stores its int32 sums into the workspace, then a second kernel adds
 //     them and applies the epilogue.
 // Without a workspace (or when it returns 0) the kernel runs unsplit. Calls that share tile_flags

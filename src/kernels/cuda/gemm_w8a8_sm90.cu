@@ -61,7 +61,9 @@ constexpr int kGroupM = 8;       // grouped tile order: 8 row-tiles per group
 template <int BN, bool kPing = false>
 struct Cfg {
   static constexpr int kRows = kPing ? 64 : kBM;    // rows of X per tile (and per stage)
-  static constexpr int kStages = kPing ? (BN == 256 ? 5 : 8) : (BN == 256 ? 4 : 6);
+  // (160 / 192 / 224 columns, cooperative only: as many stages as fit, 6 / 5 / 5.)
+  static constexpr int kStages = kPing ? (BN == 256 ? 5 : 8)
+                                       : (BN == 256 ? 4 : BN == 128 ? 6 : (220 * 1024) / (kRows * kBK + BN * kBK));
   static constexpr int kTileA = kRows * kBK;        // 16 KiB (8 ping-pong)
   static constexpr int kTileB = BN * kBK;           // 32 or 16 KiB
   static constexpr int kStageBytes = kTileA + kTileB;
@@ -93,10 +95,14 @@ __device__ __forceinline__ float acc_value(int a) {
 // [BN/2 registers][32 lanes] int32: each register's stores are 128 contiguous bytes. What it
 // replaces — a second kernel reading every split's whole partial sums — cost its launch and a
 // pass over splits·M·N int32 after this kernel's tail.
+// live = false: the warp's 16 rows are all past M (M = 64 fills half a tile): no unit stores or
+// waits for them (the flag stays 0), and the owner's epilogue skips the rows — measured at M 64,
+// N 2560, K 10240, those dead slots made the fixup 10% slower than the second kernel (s31-1).
 template <int BN>
-__device__ __forceinline__ bool splitk_fixup(int (&acc)[BN / 2], int v0, int v1, int t, int wpos, int lane,
+__device__ __forceinline__ bool splitk_fixup(int (&acc)[BN / 2], int v0, int v1, int t, int wpos, int lane, bool live,
                                              int* __restrict__ part, unsigned* __restrict__ flags) {
   if (v1 == v0) return true;
+  if (!live) return int(blockIdx.x) == v0;
   constexpr int kVals = BN / 2;
   auto slot = [&](int v) { return part + (size_t(v) * 8 + size_t(wpos)) * size_t(kVals * 32) + lane; };
   unsigned* f = flags + 8 * size_t(t) + size_t(wpos);
@@ -268,7 +274,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
       }
       if constexpr (kFixup) {
-        if (!splitk_fixup<BN>(acc, t * splits, t * splits + splits - 1, t, cw * 4 + warp, lane, part, flags))
+        const bool live = m0 + cw * 64 + warp * 16 < M;
+        if (!splitk_fixup<BN>(acc, t * splits, t * splits + splits - 1, t, cw * 4 + warp, lane, live, part, flags))
           continue;  // the tile's owner adds these sums and stores it
       }
 
@@ -329,6 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int jj = 0; jj < kJC; ++jj) {
           sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
+          if (j0 + jj >= BN / 8) continue;  // (160 / 224 columns: a partial last chunk)
           if constexpr (kOut != 2) {
             const int c = n0 + 8 * (j0 + jj) + 2 * tq;
             const int ca = min(c, N - 1), cb = min(c + 1, N - 1);
@@ -343,6 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int jj = 0; jj < kJC; ++jj) {
           const int j = j0 + jj;
+          if (j >= BN / 8) continue;
           const int c = n0 + 8 * j + 2 * tq;
           if (c >= N) continue;
           const bool pair = c + 1 < N;
@@ -416,8 +425,9 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
   check_launch(name);
 }
 
-// Column tile width: 256 unless that leaves clearly more of the last wave idle than 128 does.
-// PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments only).
+// Column tile width of the ping-pong, split-K and e4m3 kernels: 256 unless that leaves clearly
+// more of the last wave idle than 128 does (the cooperative int8 kernel: cooperative_bn below).
+// PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments and tests).
 int pick_bn(int M, int N, int sms) {
   const char* e = std::getenv("PERRY_WGMMA_BN");  // read per call: the lab and tests switch it
   const int forced = e ? std::atoi(e) : 0;
@@ -428,6 +438,33 @@ int pick_bn(int M, int N, int sms) {
     return double(t) / double(waves * sms);
   };
   return eff(128) > 1.1 * eff(256) ? 128 : 256;
+}
+
+// The cooperative int8 schedule's column tile width, 128..256 in steps of 32, by the time of its
+// waves: a tile costs its columns plus a fixed share (kTileFixedColumns: the X tile each consumer
+// warpgroup's wgmmas read again for every column tile; 32 matches the 10% pick_bn gives 256 over
+// 128) and the persistent grid runs ceil(tiles / SMs) of them on the busiest SM. At M 1024,
+// N 2560 (K 10240), 256-wide tiles make 80 tiles, 0.6 of a wave; 160-wide ones make 128 (s31-2).
+// PERRY_WGMMA_BN=128|160|192|224|256 forces one; PERRY_WGMMA_COOP_WIDTHS=0 (A/B runs) takes
+// pick_bn's 128 or 256 as before.
+constexpr int kTileFixedColumns = 32;
+int cooperative_bn(int M, int N, int sms) {
+  const char* e = std::getenv("PERRY_WGMMA_BN");  // read per call: the lab and tests switch it
+  const int forced = e ? std::atoi(e) : 0;
+  if (forced == 128 || forced == 160 || forced == 192 || forced == 224 || forced == 256) return forced;
+  if (split_env("PERRY_WGMMA_COOP_WIDTHS") == 0) return pick_bn(M, N, sms);
+  const long long tm = (M + kBM - 1) / kBM;
+  int best = 256;
+  long long best_cost = -1;
+  for (int bn : {128, 160, 192, 224, 256}) {  // (ties go to the wider tile)
+    const long long tiles = tm * ((N + bn - 1) / bn);
+    const long long cost = (tiles + sms - 1) / sms * (bn + kTileFixedColumns);
+    if (best_cost < 0 || cost <= best_cost) {
+      best = bn;
+      best_cost = cost;
+    }
+  }
+  return best;
 }
 
 // Split-K of the int8 GEMM where its tiles would leave most SMs idle (small M with small N: at
@@ -460,13 +497,13 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
   return splits;
 }
 
-// Split-K's fixup inside the kernel (splitk_fixup) where the caller gives tile flags and
-// PERRY_WGMMA_SPLITK_FIXUP=1 (read per call). Not yet the default: written in the twenty-eighth
-// session, whose GPU call with it did not come back (the device machine stopped answering), so
-// it has not run on a GPU; its test (the fixup half of WgmmaSplitKMatchesUnsplitBitForBit) and bench-op A/B
-// (variant PERRY_WGMMA_SPLITK_FIXUP=1) come first. The same wait protocol ran and passed there
-// inside the stream-K version that preceded it (docs/perf/cuda/s28-run1-2-stream-k.md).
-bool fixup_enabled() { return split_env("PERRY_WGMMA_SPLITK_FIXUP") == 1; }
+// Split-K's fixup inside the kernel (splitk_fixup) wherever the caller gives tile flags (the
+// model and bench-op do); PERRY_WGMMA_SPLITK_FIXUP=0 (read per call) takes the second kernel
+// instead. Written in the twenty-eighth session, first GPU-run in the thirty-first (s31-1, H100,
+// bench-op `gemm ms`, the same binary): N 4096 × K 14336 at M 128 / 256 36.9 → 34.7 / 41.6 →
+// 35.2 µs, N 2560 × K 10240 at M 256 26.5 → 22.8; the unsplit shapes unchanged; at M 64 on
+// N 2560 it lost 10% (20.5 → 22.6) until the warps of rows past M skipped their slots.
+bool fixup_enabled() { return split_env("PERRY_WGMMA_SPLITK_FIXUP") != 0; }
 // The split-K workspace: a slot of 128 × BN int32 a unit — the fixup's slots, and (whole tiles
 // cover M × N) at least the second kernel's splits·M·N slices.
 size_t split_workspace_bytes(int M, int N, int splits, bool wide) {
@@ -518,6 +555,15 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
     }
   }
   const bool ping = pingpong_schedule(M, N, K, sms, wide);
+  if constexpr (!kFp8) {
+    if (!ping) switch (cooperative_bn(M, N, sms)) {  // the cooperative int8 kernel: the width that fills the waves best
+      case 128: return launch<kOut, 128, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+      case 160: return launch<kOut, 160, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+      case 192: return launch<kOut, 192, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+      case 224: return launch<kOut, 224, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+      default: return launch<kOut, 256, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+    }
+  }
   if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);

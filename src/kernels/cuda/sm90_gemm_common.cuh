@@ -110,12 +110,32 @@ __device__ __forceinline__ void fence_operands(int (&d)[R]) {
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define PERRY_WGMMA_REGS128 \
-  PERRY_WGMMA_REGS64 ", " \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// 16 more accumulators at a time: the m64n160 / n192 / n224 / n256 lists (the register-A kernel's
+// tile widths).
+#define PERRY_WGMMA_R64 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define PERRY_WGMMA_R80 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define PERRY_WGMMA_R96 \
+  "%96, %97, %98, %99, %100, %101, %102, %103, " \
+  "%104, %105, %106, %107, %108, %109, %110, %111"
+#define PERRY_WGMMA_R112 \
+  "%112, %113, %114, %115, %116, %117, %118, %119, " \
+  "%120, %121, %122, %123, %124, %125, %126, %127"
+#define PERRY_WGMMA_DR64 \
+  "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]), \
+  "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79])
+#define PERRY_WGMMA_DR80 \
+  "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]), \
+  "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95])
+#define PERRY_WGMMA_DR96 \
+  "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]), \
+  "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111])
+#define PERRY_WGMMA_DR112 \
+  "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), \
+  "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+#define PERRY_WGMMA_REGS80 PERRY_WGMMA_REGS64 ", " PERRY_WGMMA_R64
+#define PERRY_WGMMA_REGS96 PERRY_WGMMA_REGS80 ", " PERRY_WGMMA_R80
+#define PERRY_WGMMA_REGS112 PERRY_WGMMA_REGS96 ", " PERRY_WGMMA_R96
+#define PERRY_WGMMA_REGS128 PERRY_WGMMA_REGS112 ", " PERRY_WGMMA_R112
 #define PERRY_WGMMA_D64 \
   "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), \
   "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), \
@@ -125,16 +145,10 @@ __device__ __forceinline__ void fence_operands(int (&d)[R]) {
   "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), \
   "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), \
   "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-#define PERRY_WGMMA_D128 \
-  PERRY_WGMMA_D64, \
-  "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]), \
-  "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]), \
-  "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]), \
-  "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]), \
-  "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]), \
-  "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]), \
-  "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), \
-  "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+#define PERRY_WGMMA_D80 PERRY_WGMMA_D64, PERRY_WGMMA_DR64
+#define PERRY_WGMMA_D96 PERRY_WGMMA_D80, PERRY_WGMMA_DR80
+#define PERRY_WGMMA_D112 PERRY_WGMMA_D96, PERRY_WGMMA_DR96
+#define PERRY_WGMMA_D128 PERRY_WGMMA_D112, PERRY_WGMMA_DR112
 
 // One wgmma.mma_async with the scale-d predicate from `accumulate` (PRED: its operand number).
 #define PERRY_WGMMA_ASM(SHAPE_TYPES, REGS, OPS, PRED, DESCS, TAIL)                                       \
@@ -163,6 +177,18 @@ __device__ __forceinline__ void wgmma_n256(int (&d)[128], uint64_t da, uint64_t 
     PERRY_WGMMA_ASM("m64n256k32.s32.s8.s8", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%130", "%128, %129", "");
 }
 
+// D[64xN] (+)= A[64x32]·B[Nx32]ᵀ, int8 only, for the widths between (gemm_w8a8_wgmma's
+// cooperative tiles of 160, 192 and 224 columns: tile widths that fill the SMs' waves).
+__device__ __forceinline__ void wgmma_n160(int (&d)[80], uint64_t da, uint64_t db, int accumulate) {
+  PERRY_WGMMA_ASM("m64n160k32.s32.s8.s8", PERRY_WGMMA_REGS80, PERRY_WGMMA_D80, "%82", "%80, %81", "");
+}
+__device__ __forceinline__ void wgmma_n192(int (&d)[96], uint64_t da, uint64_t db, int accumulate) {
+  PERRY_WGMMA_ASM("m64n192k32.s32.s8.s8", PERRY_WGMMA_REGS96, PERRY_WGMMA_D96, "%98", "%96, %97", "");
+}
+__device__ __forceinline__ void wgmma_n224(int (&d)[112], uint64_t da, uint64_t db, int accumulate) {
+  PERRY_WGMMA_ASM("m64n224k32.s32.s8.s8", PERRY_WGMMA_REGS112, PERRY_WGMMA_D112, "%114", "%112, %113", "");
+}
+
 // A from registers (wgmma "RS"): a0..a3 are this thread's A fragment of the 64 × 32 int8 tile —
 // warp w of the warpgroup holds rows 16w..16w+15; lane l: a0 = row 16w + l/4, k 4(l%4)..+3; a1 =
 // row +8, the same k; a2 / a3 = rows as a0 / a1, k 16 + 4(l%4)..+3 (the lower k in the lower
@@ -182,19 +208,48 @@ __device__ __forceinline__ void wgmma_rs_n256(int (&d)[128], uint32_t a0, uint32
   PERRY_WGMMA_RS_ASM("m64n256k32.s32.s8.s8", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%128, %129, %130, %131", "%132",
                      "%133");
 }
+__device__ __forceinline__ void wgmma_rs_n160(int (&d)[80], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint64_t db, int accumulate) {
+  PERRY_WGMMA_RS_ASM("m64n160k32.s32.s8.s8", PERRY_WGMMA_REGS80, PERRY_WGMMA_D80, "%80, %81, %82, %83", "%84", "%85");
+}
+__device__ __forceinline__ void wgmma_rs_n192(int (&d)[96], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint64_t db, int accumulate) {
+  PERRY_WGMMA_RS_ASM("m64n192k32.s32.s8.s8", PERRY_WGMMA_REGS96, PERRY_WGMMA_D96, "%96, %97, %98, %99", "%100", "%101");
+}
+__device__ __forceinline__ void wgmma_rs_n224(int (&d)[112], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint64_t db, int accumulate) {
+  PERRY_WGMMA_RS_ASM("m64n224k32.s32.s8.s8", PERRY_WGMMA_REGS112, PERRY_WGMMA_D112, "%112, %113, %114, %115", "%116",
+                     "%117");
+}
 #undef PERRY_WGMMA_RS_ASM
 #undef PERRY_WGMMA_ASM
 #undef PERRY_WGMMA_REGS64
+#undef PERRY_WGMMA_REGS80
+#undef PERRY_WGMMA_REGS96
+#undef PERRY_WGMMA_REGS112
 #undef PERRY_WGMMA_REGS128
 #undef PERRY_WGMMA_D64
+#undef PERRY_WGMMA_D80
+#undef PERRY_WGMMA_D96
+#undef PERRY_WGMMA_D112
 #undef PERRY_WGMMA_D128
+#undef PERRY_WGMMA_R64
+#undef PERRY_WGMMA_R80
+#undef PERRY_WGMMA_R96
+#undef PERRY_WGMMA_R112
+#undef PERRY_WGMMA_DR64
+#undef PERRY_WGMMA_DR80
+#undef PERRY_WGMMA_DR96
+#undef PERRY_WGMMA_DR112
 
 template <int BN, bool kFp8 = false>
 __device__ __forceinline__ void wgmma_tile(int (&d)[BN / 2], uint64_t da, uint64_t db, int accumulate) {
-  if constexpr (BN == 256)
-    wgmma_n256<kFp8>(d, da, db, accumulate);
-  else
-    wgmma_n128<kFp8>(d, da, db, accumulate);
+  static_assert(BN == 128 || BN == 256 || !kFp8, "e4m3 tiles: 128 or 256 columns");
+  if constexpr (BN == 256) wgmma_n256<kFp8>(d, da, db, accumulate);
+  else if constexpr (BN == 224) wgmma_n224(d, da, db, accumulate);
+  else if constexpr (BN == 192) wgmma_n192(d, da, db, accumulate);
+  else if constexpr (BN == 160) wgmma_n160(d, da, db, accumulate);
+  else wgmma_n128<kFp8>(d, da, db, accumulate);
 }
 #endif  // PERRY_WGMMA
 
