@@ -5,6 +5,7 @@
 
 #include "bench/bench_op.h"
 #include "cli/common.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #ifdef PERRY_HAVE_CUDA
@@ -32,6 +33,7 @@ Command register_bench_op(CLI::App& root) {
   auto* device = new std::string("cpu");
   auto* shapes = new std::vector<std::string>();
   auto* no_wgmma = new bool(false);
+  auto* out_type = new std::string("bf16");
   CLI::App* app = root.add_subcommand(
       "bench-op", "Linear-layer latency of every mode vs bf16/fp32 and oneDNN/OpenBLAS (or, --device cuda, cuBLAS/cuBLASLt)");
   app->add_option("--modes", o->modes, "Quantized modes to measure (default: all; --device cpu runs w8a8-fp8 only when named)");
@@ -44,8 +46,13 @@ Command register_bench_op(CLI::App& root) {
   app->add_option("-t,--threads", *threads, "CPU threads (default: all cores)");
   app->add_option("--device", *device, "cpu (default) or cuda[:N]: perry's CUDA kernels vs cuBLAS / cuBLASLt");
   app->add_flag("--no-wgmma", *no_wgmma, "--device cuda: run the layers as PERRY_NO_WGMMA=1 does (no sm_90 int8 wgmma GEMMs)");
-  return {app, [o, threads, device, shapes, no_wgmma]() -> int {
+  app->add_option("--out-type", *out_type,
+                  "--device cuda: what perry's layers write, bf16 (default: as the model's linears and the cuBLAS "
+                  "bf16 baseline do) or f32");
+  return {app, [o, threads, device, shapes, no_wgmma, out_type]() -> int {
     for (const auto& s : *shapes) o->shapes.push_back(parse_shape(s));
+    if (*out_type != "bf16" && *out_type != "f32") fail("bench-op --out-type {}: expected bf16 or f32", *out_type);
+    [[maybe_unused]] const DType float_out = *out_type == "bf16" ? DType::BF16 : DType::F32;
     const std::optional<int> dev = parse_device(*device);
     if (!dev) fail("--device {}: expected cpu, cuda or cuda:N", *device);
     if (*dev >= 0) {
@@ -54,6 +61,7 @@ Command register_bench_op(CLI::App& root) {
       co.common = *o;
       co.device = *dev;
       co.wgmma = !*no_wgmma;
+      co.float_out = float_out;
       return cuda::run_bench_op_cuda(co);
 #else
       fail("bench-op --device {}: this perry binary was built without the CUDA backend (nvcc was not found at "

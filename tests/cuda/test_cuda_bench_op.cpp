@@ -316,8 +316,28 @@ TEST(CudaBenchOp, LtPeers) {
   cublasLtDestroy(lt);
 }
 
-// A tiny end-to-end run: every row (every perry mode, the peers, the quantizations) passes its
-// output check and gets a time, and the files are written. On sm_90 that includes w8a8-fp8 and
+// What each row writes: the peers their own dtype; perry's layers the run's choice (bf16 by
+// default, as the model's linears and the cuBLAS bf16 baseline), except the kernels that write
+// fp32 only — the decode step's (M = 1: it adds to y), gemm_small_m and gemv_quant.
+TEST(CudaBenchOp, OutputDtypeFollowsTheLayer) {
+  REQUIRE_GPU();
+  using perry::DType;
+  EXPECT_EQ(pc::CudaBenchOpOptions{}.float_out, DType::BF16);
+  EXPECT_EQ(output_dtype(Op::CublasBf16, 4096, 4096, 4096, DType::F32), DType::BF16);
+  EXPECT_EQ(output_dtype(Op::LtI8I32, 4096, 4096, 4096, DType::BF16), DType::I32);
+  for (Op op : {Op::Bf16, Op::W8A8, Op::W8A8G128, Op::W4A8G128, Op::W8A16}) {
+    EXPECT_EQ(output_dtype(op, 4096, 4096, 4096, DType::BF16), DType::BF16) << op_info(op).name;
+    EXPECT_EQ(output_dtype(op, 4096, 4096, 4096, DType::F32), DType::F32) << op_info(op).name;
+    EXPECT_EQ(output_dtype(op, 1, 4096, 4096, DType::BF16), DType::F32) << op_info(op).name << " at M = 1";
+    const pc::LinearPath p = op_path(op, 16, 4096, 4096);
+    const bool fp32_only = p == pc::LinearPath::SmallM || p == pc::LinearPath::Gemv;
+    EXPECT_EQ(output_dtype(op, 16, 4096, 4096, DType::BF16), fp32_only ? DType::F32 : DType::BF16)
+        << op_info(op).name << " at M = 16";
+  }
+}
+
+// A tiny end-to-end run (perry's layers writing bf16, the default): every row (every perry mode,
+// the peers, the quantizations) passes its output check and gets a time, and the files are written. On sm_90 that includes w8a8-fp8 and
 // quantize-fp8 (default modes), and their startup checks. M = 1, 16 and 200 take the GEMV, the
 // small-M kernel and the large-M GEMMs (sm_90: wgmma, plus the w8a8-mma comparison row), and each
 // perry row names the kernels CudaLinear would run.

@@ -349,7 +349,7 @@ case "$LEVEL" in
       hung test_cuda_kernels && [[ $envs == *WGMMA* ]] && { say "- $name skipped: test_cuda_kernels hung"; continue; }
       timeout ${GEMM_TIMEOUT:-150} env ${envs//,/ } "$P" bench-op --device cuda --modes ${GEMM_MODES:-w8a8} \
         --shapes ${GEMM_SHAPES:-14336x4096 4096x14336 6144x4096 10240x2560 2560x10240} -M ${GEMM_MS:-1024 2048 4096 8192} \
-        -r ${GEMM_REPEATS:-10} -o "$OUT/bench-op-$name" > "$T/bench-op-$name.log" 2>&1
+        -r ${GEMM_REPEATS:-10} ${GEMM_OUT_TYPE:+--out-type $GEMM_OUT_TYPE} -o "$OUT/bench-op-$name" > "$T/bench-op-$name.log" 2>&1
       say ""; say "## bench-op $name ($envs): exit $?"
       grep '^\[gemm_w8a8_wgmma\]' "$T/bench-op-$name.log" | sort -u | head -16 | sed 's/^/    /' | tee -a "$S"
       grep -E '^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (w8a8|w8a8-fp8|w8a8-g128|w8a8-g64|w4a8|w4a8-g128|cublas-bf16|cublaslt-i8-i32) \|' "$OUT/bench-op-$name.md" 2>/dev/null |

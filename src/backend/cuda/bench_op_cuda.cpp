@@ -449,7 +449,8 @@ Verdict Bench::check_op(Op op, int M, const HostActs& h, const OpContext& ctx) {
                          ms.size() * size_t(K + 1), fp8 ? "quantize_row_fp8_ref" : "quantize_row_ref");
     return v;
   }
-  const size_t es = dtype_bits(output_dtype(op)) / 8;
+  const DType out = output_dtype(op, M, K, N, ctx.float_out);
+  const size_t es = dtype_bits(out) / 8;
   const float alpha = ctx.lt_i8_i8 ? ctx.lt_i8_i8->alpha() : 1.0f;
   std::vector<double> got, ref;
   for (size_t i = 0; i < ms.size(); ++i) {
@@ -459,7 +460,7 @@ Verdict Bench::check_op(Op op, int M, const HostActs& h, const OpContext& ctx) {
       const WFmt f = op_info(op).fmt;
       HostRow w{host_w_.at(f)[j].data(), nullptr};
       if (has_weight_scales(op)) w.scales = host_s_.at({f, scale_group(op)})[j].data();
-      got.push_back(output_value(op, yrow.data(), ns_[j]));
+      got.push_back(output_value(out, yrow.data(), ns_[j]));
       ref.push_back(reference(op, w, act, K, alpha));
     }
   }
@@ -488,7 +489,7 @@ void Bench::run_case(int M) {
                                 lte = make_lt(Op::LtE4M3, LtGemmKind::E4M3_BF16, 1.0f);
   const OpContext ctx{stream_,   blas_,     scratch_.get<uint16_t>(), lt_ws_.get(), lt32.get(),
                       lt8.get(), lte.get(), splitk_.get<int32_t>(),   splitk_.bytes(),
-                      flags_.get<uint32_t>()};
+                      flags_.get<uint32_t>(), o_.float_out};
   std::vector<Op> ops;
   for (Op op : ops_) {
     if (!has_row(op, M, K)) continue;
@@ -620,13 +621,15 @@ void Bench::write(const std::string& aborted) const {
       fmt::format("CUDA events around each call, median of {} rounds after {} warm-up rounds; ops interleaved "
                   "within a round behind a spin kernel (no host launch latency in a timing); weights rotated over "
                   "copies > 4x L2 ({} MiB) per format, so never L2-resident; fresh random data; perry rows run "
-                  "the kernels CudaLinear picks at each M (linear_path), w8a8-mma the mma.sync GEMM where w8a8 "
+                  "the kernels CudaLinear picks at each M (linear_path), writing {} (cuBLAS bf16: bf16; "
+                  "gemm_small_m, gemv_quant and the decode kernel: fp32), w8a8-mma the mma.sync GEMM where w8a8 "
                   "picks wgmma, and at M = 1 the decode step's kernel (gemv_decode as o_proj runs it: fp32 row "
                   "in, its quantization inside, the product added to y); W*A8 rows include "
                   "quantize_per_token of the bf16 activation, w8a8-fp8 quantize_per_token_fp8 (gemm ms: without "
                   "it); every op's output checked on 8x8 "
                   "samples against a host reference (float rows: max |err| / rms <= {:.0e}; int rows exact / +-1)",
-                  reps_, warmup_, prop_.l2CacheSize >> 20, kErrLimit);
+                  reps_, warmup_, prop_.l2CacheSize >> 20, o_.float_out == DType::BF16 ? "bf16" : "fp32",
+                  kErrLimit);
   nlohmann::json j;
   j["device"] = device_line_;
   j["copy_bandwidth_gbs"] = copy_gbs_;

@@ -4,6 +4,7 @@
 // checked against a host reference. Method and output: bench_op_cuda.cpp.
 #pragma once
 #include "bench/bench_op.h"
+#include "core/dtype.h"
 
 namespace perry::cuda {
 
@@ -13,6 +14,9 @@ struct CudaBenchOpOptions {
   // false: time perry's layers as the model runs them with PERRY_NO_WGMMA=1 (mma.sync instead of the
   // sm_90 wgmma GEMMs; no w8a8-mma rows) — sets that variable for the process.
   bool wgmma = true;
+  // What perry's layers write (F32 or BF16): bf16 by default, as the model's linears and the cuBLAS
+  // bf16 baseline do; F32 is the convention of the runs before the thirty-first session.
+  DType float_out = DType::BF16;
 };
 
 // Prints the table, writes <out>.md / <out>.json; returns 0 when every check passed, 1 when some

@@ -106,6 +106,12 @@ DType output_dtype(Op op) {
   }
 }
 
+DType output_dtype(Op op, int M, int K, int N, DType float_out) {
+  if (op_info(op).kind != Kind::Perry || float_out == DType::F32 || decode_kernel_row(op, M, K)) return output_dtype(op);
+  const LinearPath path = op_path(op, M, K, N);
+  return path == LinearPath::SmallM || path == LinearPath::Gemv ? DType::F32 : float_out;
+}
+
 size_t weight_row_bytes(WFmt fmt, int K) {
   switch (fmt) {
     case WFmt::BF16: return size_t(K) * 2;
@@ -176,63 +182,67 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
   const pq::QuantScheme sc = pq::quant_scheme(mode);
   const bool a8 = sc.int8_activations;
   const LinearPath path = op_path(op, M, K, N);
+  const DType out = output_dtype(op, M, K, N, c.float_out);
   if (quantize && a8) quantize_per_token(a.x, DType::BF16, M, K, a.xq, a.sa, c.stream);
   if (quantize && sc.fp8) quantize_per_token_fp8(a.x, DType::BF16, M, K, a.xf8, a.sf8, c.stream);
   const void* x = a8 ? static_cast<const void*>(a.xq) : static_cast<const void*>(a.x);
   const float* sa = a8 ? a.sa : nullptr;
-  float* y = static_cast<float*>(a.y);
+  void* y = a.y;
   switch (path) {
     case LinearPath::CublasBf16:
-      cublas_gemm_bf16(c.blas, static_cast<const uint16_t*>(a.w), a.x, y, DType::F32, M, N, K);
+      cublas_gemm_bf16(c.blas, static_cast<const uint16_t*>(a.w), a.x, y, out, M, N, K);
       return;
-    case LinearPath::SmallM: gemm_small_m(mode, x, sa, a.w, a.scales, nullptr, y, M, N, K, c.stream); return;
+    case LinearPath::SmallM:  // (fp32 out only)
+      gemm_small_m(mode, x, sa, a.w, a.scales, nullptr, static_cast<float*>(y), M, N, K, c.stream);
+      return;
     case LinearPath::Gemv:
       for (int m0 = 0; m0 < M; m0 += CudaLinear::kGemvMaxM) {  // blocks of at most 8 rows
         const int mb = std::min(CudaLinear::kGemvMaxM, M - m0);
         const void* xp = a8 ? static_cast<const void*>(a.xq + size_t(m0) * K)
                             : static_cast<const void*>(a.x + size_t(m0) * K);
-        gemv_quant(mode, xp, a8 ? sa + m0 : nullptr, a.w, a.scales, nullptr, y + size_t(m0) * N, mb, N, K, c.stream);
+        gemv_quant(mode, xp, a8 ? sa + m0 : nullptr, a.w, a.scales, nullptr, static_cast<float*>(y) + size_t(m0) * N,
+                   mb, N, K, c.stream);  // (fp32 out only)
       }
       return;
     case LinearPath::DequantCublas:
       PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the dequantization scratch", op_info(op).name);
       dequantize_weight_bf16(a.w, a.scales, sc.weight_bits, sc.group_size, N, K, c.dequant_scratch, c.stream);
-      cublas_gemm_bf16(c.blas, c.dequant_scratch, a.x, y, DType::F32, M, N, K);
+      cublas_gemm_bf16(c.blas, c.dequant_scratch, a.x, y, out, M, N, K);
       return;
     case LinearPath::Wgmma:
-      gemm_w8a8_wgmma(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream,
+      gemm_w8a8_wgmma(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, out, M, N, K, c.stream,
                       c.splitk, c.splitk_bytes, c.splitk_flags);
       return;
     case LinearPath::MmaSync:
-      gemm_w8a8(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
+      gemm_w8a8(a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, out, M, N, K, c.stream);
       return;
     case LinearPath::GemmQuant:
-      gemm_quant(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K, c.stream);
+      gemm_quant(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, out, M, N, K, c.stream);
       return;
     case LinearPath::WgmmaQuant:
-      gemm_quant_wgmma(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K, c.stream,
+      gemm_quant_wgmma(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, out, M, N, K, c.stream,
                        reinterpret_cast<float*>(c.splitk), c.splitk_bytes);
       return;
     case LinearPath::ExpandWgmma:
       PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the expansion scratch", op_info(op).name);
-      run_expanded_int4(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, DType::F32, M, N, K,
+      run_expanded_int4(mode, a.xq, a.sa, a.w, a.scales, nullptr, y, out, M, N, K,
                         reinterpret_cast<int8_t*>(c.dequant_scratch), c.splitk, c.splitk_bytes, c.splitk_flags,
                         c.stream);
       return;
     case LinearPath::ExpandTwoLevelWgmma:
       PERRY_CHECK(c.dequant_scratch != nullptr && a.multipliers && a.channel_scales,
                   "bench-op: {} needs the expansion scratch and the two-level scale factors", op_info(op).name);
-      run_expanded_int4_two_level(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, DType::F32, M, N, K,
+      run_expanded_int4_two_level(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, out, M, N, K,
                                   reinterpret_cast<int8_t*>(c.dequant_scratch), c.splitk, c.splitk_bytes,
                                   c.splitk_flags, c.stream);
       return;
     case LinearPath::TwoLevelWgmma:
       PERRY_CHECK(a.multipliers && a.channel_scales, "bench-op: {} needs the two-level scale factors", op_info(op).name);
-      gemm_w4a8_two_level_wgmma(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, DType::F32, M, N, K,
+      gemm_w4a8_two_level_wgmma(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, out, M, N, K,
                                 c.stream);
       return;
     case LinearPath::Fp8Wgmma:
-      gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, DType::F32, M, N, K,
+      gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, out, M, N, K,
                      c.stream);
       return;
   }
@@ -305,8 +315,8 @@ double reference(Op op, const HostRow& w, const HostAct& x, int K, float lt_alph
   return a8 ? s * double(x.sa) : s;
 }
 
-double output_value(Op op, const void* row, int n) {
-  switch (output_dtype(op)) {
+double output_value(DType out, const void* row, int n) {
+  switch (out) {
     case DType::F32: return static_cast<const float*>(row)[n];
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(row)[n]);
     case DType::I32: return static_cast<const int32_t*>(row)[n];

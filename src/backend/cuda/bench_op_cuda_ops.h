@@ -64,7 +64,11 @@ Op quantize_op(Op op);
 // Group size of the op's weight scales: 0 = per channel (w8a8-fp8) or no scales (float weights,
 // the fp8 peer).
 int scale_group(Op op);
+// The output of op's call: the peers' own (cuBLAS bf16: bf16; cuBLASLt: int32, int8, bf16), perry's
+// layers OpContext::float_out (F32 below, for ops that take no context) — except where the layer's
+// kernel writes fp32 only: the decode step's kernel (M = 1, it adds to y), gemm_small_m, gemv_quant.
 DType output_dtype(Op op);
+DType output_dtype(Op op, int M, int K, int N, DType float_out);
 // Bytes of the weight row of `fmt` for K inputs.
 size_t weight_row_bytes(WFmt fmt, int K);
 
@@ -102,6 +106,9 @@ struct OpContext {
   int32_t* splitk = nullptr;  // sm_90: the split-K partial sums of gemm_w8a8_wgmma / gemm_quant_wgmma, as CudaLinear
   size_t splitk_bytes = 0;
   uint32_t* splitk_flags = nullptr;  // gemm_w8a8_wgmma's split-K tile counters (zeroed), as CudaLinear
+  // perry's layers' output (F32 or BF16; see output_dtype): bf16 is what the model's linears write,
+  // and what the cuBLAS bf16 baseline writes.
+  DType float_out = DType::F32;
 };
 
 // Waits for `stream` like cudaStreamSynchronize, but gives up after `seconds`: a kernel that
@@ -142,7 +149,7 @@ struct HostAct {
 double reference(Op op, const HostRow& w, const HostAct& x, int K, float lt_alpha);
 double e4m3_to_double(uint8_t b);
 // Element n of a downloaded output row of output_dtype(op).
-double output_value(Op op, const void* row, int n);
+double output_value(DType out, const void* row, int n);  // element n of a row of that dtype
 
 // Output check: err = max |got − ref| / rms(ref) over the compared elements (NaN/inf → inf).
 // Integer outputs must match exactly (int32) or within 1 (int8, rounding mode); float outputs

@@ -414,16 +414,19 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 // ---------------------------------------------------------------- host side
-// Tokens a tile, 128..256 in steps of 32 (m64n128k32 .. m64n256k32), by the time of the waves: a
-// tile costs its tokens plus a fixed share (kTileOverheadTokens: the weight tile's loads and int4
-// conversion, done once a tile whatever its width; 128-token tiles measured 25-35% slower per
-// token than 256-token ones at M 4096, H100 run s30-2, hence ~110), and the persistent grid runs
-// ceil(tiles / SMs) of them on the busiest SM. Wider tiles share that fixed part among more
-// tokens; a narrower one can save a wave: at M 2048 on N 2560 256-token tiles make 160 tiles, two
-// waves with the second one 21% full, while 160-token tiles make 260, two full waves (s31-2).
+// Tokens a tile, 128..256 in steps of 32 (m64n128k32 .. m64n256k32), by the time of the waves: the
+// persistent grid runs ceil(tiles / SMs) tiles on the busiest SM, and a tile costs its tokens plus
+// a fixed share, kTileOverheadTokens, which is large: per k-stage the weight tile's TMA load and
+// int4 conversion cost the same whatever the width, and they, not the MMAs, set a stage's time
+// (s31-2, H100, 256-token tiles against the chosen ones, the same wave counts: 2560 × 10240 at
+// M 512, 1024, 2048 took 0.83, 0.91, 0.85 of the time with 128, 192, 160 tokens — a fixed share
+// of 400-500 tokens; 6144 × 4096 at M 3072 lost 5% with 192 for 6 waves of 5.1 against 5 of
+// 256, which a share of 110 had chosen). So a narrower tile pays where it saves a wave or a
+// partial one (M 2048 on N 2560: 160 tiles of 256 tokens, two waves the second 21% full; 260 of
+// 160, two full ones), seldom otherwise.
 // PERRY_TWO_LEVEL_BX=128|160|192|224|256 forces one (lab, tests).
 constexpr int kTileWidths[] = {128, 160, 192, 224, 256};
-constexpr int kTileOverheadTokens = 110;
+constexpr int kTileOverheadTokens = 400;
 long long tile_count(int M, int N, int bx) {
   return (long long)((M + bx - 1) / bx) * ((N + kWRows - 1) / kWRows);
 }

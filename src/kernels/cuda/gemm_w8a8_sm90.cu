@@ -61,9 +61,7 @@ constexpr int kGroupM = 8;       // grouped tile order: 8 row-tiles per group
 template <int BN, bool kPing = false>
 struct Cfg {
   static constexpr int kRows = kPing ? 64 : kBM;    // rows of X per tile (and per stage)
-  // (160 / 192 / 224 columns, cooperative only: as many stages as fit, 6 / 5 / 5.)
-  static constexpr int kStages = kPing ? (BN == 256 ? 5 : 8)
-                                       : (BN == 256 ? 4 : BN == 128 ? 6 : (220 * 1024) / (kRows * kBK + BN * kBK));
+  static constexpr int kStages = kPing ? (BN == 256 ? 5 : 8) : (BN == 256 ? 4 : 6);
   static constexpr int kTileA = kRows * kBK;        // 16 KiB (8 ping-pong)
   static constexpr int kTileB = BN * kBK;           // 32 or 16 KiB
   static constexpr int kStageBytes = kTileA + kTileB;
@@ -336,7 +334,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int jj = 0; jj < kJC; ++jj) {
           sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
-          if (j0 + jj >= BN / 8) continue;  // (160 / 224 columns: a partial last chunk)
           if constexpr (kOut != 2) {
             const int c = n0 + 8 * (j0 + jj) + 2 * tq;
             const int ca = min(c, N - 1), cb = min(c + 1, N - 1);
@@ -351,7 +348,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int jj = 0; jj < kJC; ++jj) {
           const int j = j0 + jj;
-          if (j >= BN / 8) continue;
           const int c = n0 + 8 * j + 2 * tq;
           if (c >= N) continue;
           const bool pair = c + 1 < N;
@@ -425,9 +421,11 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
   check_launch(name);
 }
 
-// Column tile width of the ping-pong, split-K and e4m3 kernels: 256 unless that leaves clearly
-// more of the last wave idle than 128 does (the cooperative int8 kernel: cooperative_bn below).
-// PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments and tests).
+// Column tile width: 256 unless that leaves clearly more of the last wave idle than 128 does.
+// PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments and tests). Widths in between (160 /
+// 192 / 224 cooperative tiles chosen by the waves' time) measured no faster at M 64-2048 on the
+// five issue-6 shapes (s31-2: within ±2%, e.g. M 1024 N 2560 K 10240 41.1 vs 41.6 µs with 128
+// tiles of 160 columns in one wave against 80 of 256): the layer is not wave-bound there.
 int pick_bn(int M, int N, int sms) {
   const char* e = std::getenv("PERRY_WGMMA_BN");  // read per call: the lab and tests switch it
   const int forced = e ? std::atoi(e) : 0;
@@ -438,33 +436,6 @@ int pick_bn(int M, int N, int sms) {
     return double(t) / double(waves * sms);
   };
   return eff(128) > 1.1 * eff(256) ? 128 : 256;
-}
-
-// The cooperative int8 schedule's column tile width, 128..256 in steps of 32, by the time of its
-// waves: a tile costs its columns plus a fixed share (kTileFixedColumns: the X tile each consumer
-// warpgroup's wgmmas read again for every column tile; 32 matches the 10% pick_bn gives 256 over
-// 128) and the persistent grid runs ceil(tiles / SMs) of them on the busiest SM. At M 1024,
-// N 2560 (K 10240), 256-wide tiles make 80 tiles, 0.6 of a wave; 160-wide ones make 128 (s31-2).
-// PERRY_WGMMA_BN=128|160|192|224|256 forces one; PERRY_WGMMA_COOP_WIDTHS=0 (A/B runs) takes
-// pick_bn's 128 or 256 as before.
-constexpr int kTileFixedColumns = 32;
-int cooperative_bn(int M, int N, int sms) {
-  const char* e = std::getenv("PERRY_WGMMA_BN");  // read per call: the lab and tests switch it
-  const int forced = e ? std::atoi(e) : 0;
-  if (forced == 128 || forced == 160 || forced == 192 || forced == 224 || forced == 256) return forced;
-  if (split_env("PERRY_WGMMA_COOP_WIDTHS") == 0) return pick_bn(M, N, sms);
-  const long long tm = (M + kBM - 1) / kBM;
-  int best = 256;
-  long long best_cost = -1;
-  for (int bn : {128, 160, 192, 224, 256}) {  // (ties go to the wider tile)
-    const long long tiles = tm * ((N + bn - 1) / bn);
-    const long long cost = (tiles + sms - 1) / sms * (bn + kTileFixedColumns);
-    if (best_cost < 0 || cost <= best_cost) {
-      best = bn;
-      best_cost = cost;
-    }
-  }
-  return best;
 }
 
 // Split-K of the int8 GEMM where its tiles would leave most SMs idle (small M with small N: at
@@ -555,15 +526,6 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
     }
   }
   const bool ping = pingpong_schedule(M, N, K, sms, wide);
-  if constexpr (!kFp8) {
-    if (!ping) switch (cooperative_bn(M, N, sms)) {  // the cooperative int8 kernel: the width that fills the waves best
-      case 128: return launch<kOut, 128, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-      case 160: return launch<kOut, 160, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-      case 192: return launch<kOut, 192, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-      case 224: return launch<kOut, 224, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-      default: return launch<kOut, 256, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
-    }
-  }
   if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);

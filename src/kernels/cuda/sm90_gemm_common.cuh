@@ -110,7 +110,7 @@ __device__ __forceinline__ void fence_operands(int (&d)[R]) {
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-// 16 more accumulators at a time: the m64n160 / n192 / n224 / n256 lists (the register-A kernel's
+// 16 more accumulators at a time: the m64n160 / n192 / n224 / n256 lists (gemm_w4a8_two_level's
 // tile widths).
 #define PERRY_WGMMA_R64 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
 #define PERRY_WGMMA_R80 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
@@ -177,18 +177,6 @@ __device__ __forceinline__ void wgmma_n256(int (&d)[128], uint64_t da, uint64_t 
     PERRY_WGMMA_ASM("m64n256k32.s32.s8.s8", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%130", "%128, %129", "");
 }
 
-// D[64xN] (+)= A[64x32]·B[Nx32]ᵀ, int8 only, for the widths between (gemm_w8a8_wgmma's
-// cooperative tiles of 160, 192 and 224 columns: tile widths that fill the SMs' waves).
-__device__ __forceinline__ void wgmma_n160(int (&d)[80], uint64_t da, uint64_t db, int accumulate) {
-  PERRY_WGMMA_ASM("m64n160k32.s32.s8.s8", PERRY_WGMMA_REGS80, PERRY_WGMMA_D80, "%82", "%80, %81", "");
-}
-__device__ __forceinline__ void wgmma_n192(int (&d)[96], uint64_t da, uint64_t db, int accumulate) {
-  PERRY_WGMMA_ASM("m64n192k32.s32.s8.s8", PERRY_WGMMA_REGS96, PERRY_WGMMA_D96, "%98", "%96, %97", "");
-}
-__device__ __forceinline__ void wgmma_n224(int (&d)[112], uint64_t da, uint64_t db, int accumulate) {
-  PERRY_WGMMA_ASM("m64n224k32.s32.s8.s8", PERRY_WGMMA_REGS112, PERRY_WGMMA_D112, "%114", "%112, %113", "");
-}
-
 // A from registers (wgmma "RS"): a0..a3 are this thread's A fragment of the 64 × 32 int8 tile —
 // warp w of the warpgroup holds rows 16w..16w+15; lane l: a0 = row 16w + l/4, k 4(l%4)..+3; a1 =
 // row +8, the same k; a2 / a3 = rows as a0 / a1, k 16 + 4(l%4)..+3 (the lower k in the lower
@@ -244,12 +232,10 @@ __device__ __forceinline__ void wgmma_rs_n224(int (&d)[112], uint32_t a0, uint32
 
 template <int BN, bool kFp8 = false>
 __device__ __forceinline__ void wgmma_tile(int (&d)[BN / 2], uint64_t da, uint64_t db, int accumulate) {
-  static_assert(BN == 128 || BN == 256 || !kFp8, "e4m3 tiles: 128 or 256 columns");
-  if constexpr (BN == 256) wgmma_n256<kFp8>(d, da, db, accumulate);
-  else if constexpr (BN == 224) wgmma_n224(d, da, db, accumulate);
-  else if constexpr (BN == 192) wgmma_n192(d, da, db, accumulate);
-  else if constexpr (BN == 160) wgmma_n160(d, da, db, accumulate);
-  else wgmma_n128<kFp8>(d, da, db, accumulate);
+  if constexpr (BN == 256)
+    wgmma_n256<kFp8>(d, da, db, accumulate);
+  else
+    wgmma_n128<kFp8>(d, da, db, accumulate);
 }
 #endif  // PERRY_WGMMA
 
