@@ -165,10 +165,6 @@ __global__ void __launch_bounds__(384, 1)
         int x0, n0;
         tile_origin<kBX, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
         for (int kt = 0; kt < ktiles; ++kt) {
-          if ((lab & 4) && (kt & 1) == 0 && kt + 1 < ktiles) {  // lab: two stages' loads back to back
-            const int s2 = s + 1 == S ? 0 : s + 1;
-            mbar_wait(empty(s2), (s + 1 == S ? phase ^ 1u : phase) ^ 1u);
-          }
           mbar_wait(empty(s), phase ^ 1);
           mbar_arrive_expect_tx(full(s), C::kTileX + C::kTileP);
           tma_load_2d(sX + s * C::kTileX, &tmX, kt * kBK, x0, full(s));
@@ -474,10 +470,9 @@ void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult,
   const long long tiles = (long long)((M + kBX - 1) / kBX) * ((N + kWRows - 1) / kWRows);
   const int sms = sm_count();
   const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  // PERRY_LAB_TL_FLAGS (lab only): 1 = no int4 conversion (the packed words go to wgmma as they
-  // are), 2 = no epilogue stores — what each costs (wrong outputs); 4 = the producer issues two
-  // stages' loads back to back (128 contiguous bytes of every packed weight row).
-  const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 7;
+  // PERRY_LAB_TL_FLAGS (lab only, the outputs are wrong): 1 = no int4 conversion (the packed words
+  // go to wgmma as they are), 2 = no epilogue stores — what each costs.
+  const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 3;
   gemm_w4a8_two_level_kernel<kBX, kOut><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
       tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab);
   check_launch(name);

@@ -139,8 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
                            const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int vec_ok,
-                           int splits, int kt_per, int* __restrict__ part, unsigned* __restrict__ flags,
-                           int pair_loads) {
+                           int splits, int kt_per, int* __restrict__ part, unsigned* __restrict__ flags) {
 #ifdef PERRY_WGMMA
   static_assert(!(kFp8 && kOut == 2), "e4m3 accumulates in fp32: no int32 output");
   static_assert(!kFixup || (!kFp8 && !kPing), "split-K fixup: int8 sums (exact in any order), cooperative schedule");
@@ -204,12 +203,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         int m0, n0;
         tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
         for (int kt = kt0; kt < kt1; ++kt) {
-          if (pair_loads && ((kt - kt0) & 1) == 0 && kt + 1 < kt1) {
-            // Lab (PERRY_LAB_PAIR_LOADS=1): wait for the next slot as well, so that two k-tiles'
-            // loads (256 contiguous bytes of every weight row) go out back to back.
-            const int s2 = s + 1 == S ? 0 : s + 1;
-            mbar_wait(empty(s2), (s + 1 == S ? phase ^ 1u : phase) ^ 1u);
-          }
           mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
           mbar_arrive_expect_tx(full(s), C::kStageBytes);
           tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
@@ -423,9 +416,8 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
   const long long units = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN) * splits;
   const unsigned grid = unsigned(units < sms ? units : sms);
   if (kt_per <= 0) kt_per = (K + kBK - 1) / kBK;
-  const int pair_loads = split_env("PERRY_LAB_PAIR_LOADS") == 1 ? 1 : 0;
   gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kFixup><<<grid, kThreads, C::kSmemBytes, stream>>>(
-      ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, splits, kt_per, part, flags, pair_loads);
+      ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, splits, kt_per, part, flags);
   check_launch(name);
 }
 
