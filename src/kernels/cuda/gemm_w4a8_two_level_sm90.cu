@@ -105,15 +105,11 @@ __device__ __forceinline__ void fence_frag(uint32_t (&a)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
+// The k32 step kk of a stage: its four A-fragment registers of `a`.
 template <int kBX>
-__device__ __forceinline__ void wgmma_rs(int (&d)[kBX / 2], const uint32_t (&a)[16], int kk, uint64_t db,
-                                         int accumulate) {
-  const uint32_t a0 = a[4 * kk], a1 = a[4 * kk + 1], a2 = a[4 * kk + 2], a3 = a[4 * kk + 3];
-  if constexpr (kBX == 256) wgmma_rs_n256(d, a0, a1, a2, a3, db, accumulate);
-  else if constexpr (kBX == 224) wgmma_rs_n224(d, a0, a1, a2, a3, db, accumulate);
-  else if constexpr (kBX == 192) wgmma_rs_n192(d, a0, a1, a2, a3, db, accumulate);
-  else if constexpr (kBX == 160) wgmma_rs_n160(d, a0, a1, a2, a3, db, accumulate);
-  else wgmma_rs_n128(d, a0, a1, a2, a3, db, accumulate);
+__device__ __forceinline__ void wgmma_step(int (&d)[kBX / 2], const uint32_t (&a)[16], int kk, uint64_t db,
+                                           int accumulate) {
+  sm90::wgmma_rs<kBX>(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], db, accumulate);
 }
 #endif  // PERRY_WGMMA
 
@@ -235,7 +231,7 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)  // +32 B along K = +2 in the address field
-        wgmma_rs<kBX>(acc, a, kk, db + 2 * kk, !(first && kk == 0));
+        wgmma_step<kBX>(acc, a, kk, db + 2 * kk, !(first && kk == 0));
       wgmma_commit();
     };
     uint32_t ma, mb, na, nb;

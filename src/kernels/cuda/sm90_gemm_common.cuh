@@ -111,44 +111,25 @@ __device__ __forceinline__ void fence_operands(int (&d)[R]) {
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 // 16 more accumulators at a time: the m64n160 / n192 / n224 / n256 lists (gemm_w4a8_two_level's
-// tile widths).
+// tile widths). The operand names must be literals; the operands themselves are expressions.
 #define PERRY_WGMMA_R64 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
 #define PERRY_WGMMA_R80 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define PERRY_WGMMA_R96 \
-  "%96, %97, %98, %99, %100, %101, %102, %103, " \
-  "%104, %105, %106, %107, %108, %109, %110, %111"
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111"
 #define PERRY_WGMMA_R112 \
-  "%112, %113, %114, %115, %116, %117, %118, %119, " \
-  "%120, %121, %122, %123, %124, %125, %126, %127"
-#define PERRY_WGMMA_DR64 \
-  "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]), \
-  "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79])
-#define PERRY_WGMMA_DR80 \
-  "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]), \
-  "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95])
-#define PERRY_WGMMA_DR96 \
-  "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]), \
-  "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111])
-#define PERRY_WGMMA_DR112 \
-  "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), \
-  "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define PERRY_WGMMA_REGS80 PERRY_WGMMA_REGS64 ", " PERRY_WGMMA_R64
 #define PERRY_WGMMA_REGS96 PERRY_WGMMA_REGS80 ", " PERRY_WGMMA_R80
 #define PERRY_WGMMA_REGS112 PERRY_WGMMA_REGS96 ", " PERRY_WGMMA_R96
 #define PERRY_WGMMA_REGS128 PERRY_WGMMA_REGS112 ", " PERRY_WGMMA_R112
-#define PERRY_WGMMA_D64 \
-  "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), \
-  "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), \
-  "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), \
-  "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), \
-  "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), \
-  "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), \
-  "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), \
-  "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-#define PERRY_WGMMA_D80 PERRY_WGMMA_D64, PERRY_WGMMA_DR64
-#define PERRY_WGMMA_D96 PERRY_WGMMA_D80, PERRY_WGMMA_DR80
-#define PERRY_WGMMA_D112 PERRY_WGMMA_D96, PERRY_WGMMA_DR96
-#define PERRY_WGMMA_D128 PERRY_WGMMA_D112, PERRY_WGMMA_DR112
+// d[b] .. d[b + 15] as read-write register operands.
+#define PERRY_WGMMA_D4(b) "+r"(d[b]), "+r"(d[(b) + 1]), "+r"(d[(b) + 2]), "+r"(d[(b) + 3])
+#define PERRY_WGMMA_D16(b) PERRY_WGMMA_D4(b), PERRY_WGMMA_D4((b) + 4), PERRY_WGMMA_D4((b) + 8), PERRY_WGMMA_D4((b) + 12)
+#define PERRY_WGMMA_D64 PERRY_WGMMA_D16(0), PERRY_WGMMA_D16(16), PERRY_WGMMA_D16(32), PERRY_WGMMA_D16(48)
+#define PERRY_WGMMA_D80 PERRY_WGMMA_D64, PERRY_WGMMA_D16(64)
+#define PERRY_WGMMA_D96 PERRY_WGMMA_D80, PERRY_WGMMA_D16(80)
+#define PERRY_WGMMA_D112 PERRY_WGMMA_D96, PERRY_WGMMA_D16(96)
+#define PERRY_WGMMA_D128 PERRY_WGMMA_D112, PERRY_WGMMA_D16(112)
 
 // One wgmma.mma_async with the scale-d predicate from `accumulate` (PRED: its operand number).
 #define PERRY_WGMMA_ASM(SHAPE_TYPES, REGS, OPS, PRED, DESCS, TAIL)                                       \
@@ -187,27 +168,24 @@ __device__ __forceinline__ void wgmma_n256(int (&d)[128], uint64_t da, uint64_t 
                "wgmma.mma_async.sync.aligned." SHAPE_TYPES " {" REGS "}, {" AREGS "}, " DESC ", p;\n}\n" \
                : OPS                                                                                 \
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate))
-__device__ __forceinline__ void wgmma_rs_n128(int (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint64_t db, int accumulate) {
-  PERRY_WGMMA_RS_ASM("m64n128k32.s32.s8.s8", PERRY_WGMMA_REGS64, PERRY_WGMMA_D64, "%64, %65, %66, %67", "%68", "%69");
-}
-__device__ __forceinline__ void wgmma_rs_n256(int (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint64_t db, int accumulate) {
-  PERRY_WGMMA_RS_ASM("m64n256k32.s32.s8.s8", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%128, %129, %130, %131", "%132",
-                     "%133");
-}
-__device__ __forceinline__ void wgmma_rs_n160(int (&d)[80], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint64_t db, int accumulate) {
-  PERRY_WGMMA_RS_ASM("m64n160k32.s32.s8.s8", PERRY_WGMMA_REGS80, PERRY_WGMMA_D80, "%80, %81, %82, %83", "%84", "%85");
-}
-__device__ __forceinline__ void wgmma_rs_n192(int (&d)[96], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint64_t db, int accumulate) {
-  PERRY_WGMMA_RS_ASM("m64n192k32.s32.s8.s8", PERRY_WGMMA_REGS96, PERRY_WGMMA_D96, "%96, %97, %98, %99", "%100", "%101");
-}
-__device__ __forceinline__ void wgmma_rs_n224(int (&d)[112], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint64_t db, int accumulate) {
-  PERRY_WGMMA_RS_ASM("m64n224k32.s32.s8.s8", PERRY_WGMMA_REGS112, PERRY_WGMMA_D112, "%112, %113, %114, %115", "%116",
-                     "%117");
+// D[64xN] (+)= A·B[Nx32]ᵀ, N = 128, 160, 192, 224 or 256 (gemm_w4a8_two_level's tile widths).
+template <int N>
+__device__ __forceinline__ void wgmma_rs(int (&d)[N / 2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint64_t db, int accumulate) {
+  static_assert(N == 128 || N == 160 || N == 192 || N == 224 || N == 256, "wgmma_rs: N = 128..256 in steps of 32");
+  if constexpr (N == 128)
+    PERRY_WGMMA_RS_ASM("m64n128k32.s32.s8.s8", PERRY_WGMMA_REGS64, PERRY_WGMMA_D64, "%64, %65, %66, %67", "%68", "%69");
+  else if constexpr (N == 160)
+    PERRY_WGMMA_RS_ASM("m64n160k32.s32.s8.s8", PERRY_WGMMA_REGS80, PERRY_WGMMA_D80, "%80, %81, %82, %83", "%84", "%85");
+  else if constexpr (N == 192)
+    PERRY_WGMMA_RS_ASM("m64n192k32.s32.s8.s8", PERRY_WGMMA_REGS96, PERRY_WGMMA_D96, "%96, %97, %98, %99", "%100",
+                       "%101");
+  else if constexpr (N == 224)
+    PERRY_WGMMA_RS_ASM("m64n224k32.s32.s8.s8", PERRY_WGMMA_REGS112, PERRY_WGMMA_D112, "%112, %113, %114, %115",
+                       "%116", "%117");
+  else
+    PERRY_WGMMA_RS_ASM("m64n256k32.s32.s8.s8", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%128, %129, %130, %131",
+                       "%132", "%133");
 }
 #undef PERRY_WGMMA_RS_ASM
 #undef PERRY_WGMMA_ASM
@@ -225,10 +203,8 @@ __device__ __forceinline__ void wgmma_rs_n224(int (&d)[112], uint32_t a0, uint32
 #undef PERRY_WGMMA_R80
 #undef PERRY_WGMMA_R96
 #undef PERRY_WGMMA_R112
-#undef PERRY_WGMMA_DR64
-#undef PERRY_WGMMA_DR80
-#undef PERRY_WGMMA_DR96
-#undef PERRY_WGMMA_DR112
+#undef PERRY_WGMMA_D4
+#undef PERRY_WGMMA_D16
 
 template <int BN, bool kFp8 = false>
 __device__ __forceinline__ void wgmma_tile(int (&d)[BN / 2], uint64_t da, uint64_t db, int accumulate) {
