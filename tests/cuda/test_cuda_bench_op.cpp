@@ -337,8 +337,9 @@ TEST(CudaBenchOp, OutputDtypeFollowsTheLayer) {
 }
 
 // A tiny end-to-end run (perry's layers writing bf16, the default): every row (every perry mode,
-// the peers, the quantizations) passes its output check and gets a time, and the files are written. On sm_90 that includes w8a8-fp8 and
-// quantize-fp8 (default modes), and their startup checks. M = 1, 16 and 200 take the GEMV, the
+// the peers, the quantizations) passes its output check and gets a time, and the files are
+// written. On sm_90 that includes w8a8-fp8 and quantize-fp8 (default modes), and their startup
+// checks. M = 1, 16 and 200 take the GEMV, the
 // small-M kernel and the large-M GEMMs (sm_90: wgmma, plus the w8a8-mma comparison row), and each
 // perry row names the kernels CudaLinear would run.
 TEST(CudaBenchOp, TinyRunPasses) {

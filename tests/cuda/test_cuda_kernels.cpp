@@ -190,9 +190,8 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
 // default), twice on the same flags (they must come back to zero, or the second call's counts
 // would be wrong); at M 5 / 7 / 33 / 64 warps of the tile have no rows (they skip the fixup).
 // Shapes that split by themselves (Llama-3-8B's down_proj and issue 6's 2560 × 10240 at M 128
-// among them), and forced split counts
-// with K off the 128-byte k-tile, a count that would leave a split empty (16 k-tiles in 5 splits:
-// 4 of 4) and one past the SMs (capped to one CTA a unit).
+// among them), and forced split counts with K off the 128-byte k-tile, a count that would leave a
+// split empty (16 k-tiles in 5 splits: 4 of 4) and one past the SMs (capped to one CTA a unit).
 TEST(CudaGemmW8A8, WgmmaSplitKMatchesUnsplitBitForBit) {
   REQUIRE_GPU();
   if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";

@@ -245,7 +245,6 @@ prefill_ab() {
         nosplitk) env+=(PERRY_WGMMA_SPLITK=0) ;;  # the w8a8 wgmma GEMM never split over K
         splitfixup) env+=(PERRY_WGMMA_SPLITK_FIXUP=1) ;;  # ... its split-K sums added inside the GEMM (the default since s31)
         splitkernel) env+=(PERRY_WGMMA_SPLITK_FIXUP=0) ;;  # ... added by the second kernel (before s31)
-        coop128) env+=(PERRY_WGMMA_COOP_WIDTHS=0) ;;  # ... cooperative tiles 128 or 256 wide only (before s31)
         tl256) env+=(PERRY_TWO_LEVEL_BX=256) ;;  # w4a8-g128's register-A kernel: 256-token tiles only (s30's choice at M >= 1024)
         nogqsplit) env+=(PERRY_GQ_SPLITK=0) ;;  # ... nor the grouped W*A8 one (gemm_quant_wgmma)
         noexpand) env+=(PERRY_NO_INT4_EXPAND=1) ;;  # int4 W*A8: the int4 GEMM at every M (no int8 expansion)

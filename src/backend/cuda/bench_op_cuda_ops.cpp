@@ -106,10 +106,17 @@ DType output_dtype(Op op) {
   }
 }
 
-DType output_dtype(Op op, int M, int K, int N, DType float_out) {
-  if (op_info(op).kind != Kind::Perry || float_out == DType::F32 || decode_kernel_row(op, M, K)) return output_dtype(op);
-  const LinearPath path = op_path(op, M, K, N);
+namespace {
+// What a perry layer on `path` writes when the run asks for float_out: gemm_small_m and gemv_quant
+// write fp32 only.
+DType path_output(LinearPath path, DType float_out) {
   return path == LinearPath::SmallM || path == LinearPath::Gemv ? DType::F32 : float_out;
+}
+}  // namespace
+
+DType output_dtype(Op op, int M, int K, int N, DType float_out) {
+  if (op_info(op).kind != Kind::Perry || decode_kernel_row(op, M, K)) return output_dtype(op);
+  return path_output(op_path(op, M, K, N), float_out);
 }
 
 size_t weight_row_bytes(WFmt fmt, int K) {
@@ -182,7 +189,7 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
   const pq::QuantScheme sc = pq::quant_scheme(mode);
   const bool a8 = sc.int8_activations;
   const LinearPath path = op_path(op, M, K, N);
-  const DType out = output_dtype(op, M, K, N, c.float_out);
+  const DType out = path_output(path, c.float_out);
   if (quantize && a8) quantize_per_token(a.x, DType::BF16, M, K, a.xq, a.sa, c.stream);
   if (quantize && sc.fp8) quantize_per_token_fp8(a.x, DType::BF16, M, K, a.xf8, a.sf8, c.stream);
   const void* x = a8 ? static_cast<const void*>(a.xq) : static_cast<const void*>(a.x);

@@ -148,8 +148,8 @@ struct HostAct {
 // over the decoded codes).
 double reference(Op op, const HostRow& w, const HostAct& x, int K, float lt_alpha);
 double e4m3_to_double(uint8_t b);
-// Element n of a downloaded output row of output_dtype(op).
-double output_value(DType out, const void* row, int n);  // element n of a row of that dtype
+// Element n of a downloaded output row of dtype `out` (output_dtype(op, M, K, N, float_out)).
+double output_value(DType out, const void* row, int n);
 
 // Output check: err = max |got − ref| / rms(ref) over the compared elements (NaN/inf → inf).
 // Integer outputs must match exactly (int32) or within 1 (int8, rounding mode); float outputs

@@ -324,9 +324,10 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   if (expand && two_level && use_two_level && mode == pq::QuantMode::W4A8_G128 && K % 128 == 0) {
     const bool rs = !two_level_expand && gemm_w4a8_two_level_wgmma_supported();
     // PERRY_INT4_TWO_LEVEL_RS_MAX_M: where long prompts switch to the expansion pass (lab).
-    static const int expand_from =
+    static const int two_level_expand_from =
         env_int("PERRY_INT4_TWO_LEVEL_RS_MAX_M", CudaLinear::kTwoLevelExpandMinM, 1, 1 << 30);
-    if (M >= two_level_from) return rs && M < expand_from ? Path::TwoLevelWgmma : Path::ExpandTwoLevelWgmma;
+    if (M >= two_level_from)
+      return rs && M < two_level_expand_from ? Path::TwoLevelWgmma : Path::ExpandTwoLevelWgmma;
     // Below the crossover the register-A kernel (no expansion pass to pay) still beats the grouped
     // kernels where its tiles fill at least half the SMs — wide layers (H100, thirtieth session,
     // bench-op: M 128 at N 14336 1.68x cuBLAS bf16 vs 1.21x, N 10240 1.23x vs 0.89x); with few

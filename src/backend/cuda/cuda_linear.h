@@ -117,7 +117,8 @@ class CudaLinear {
   // session, Llama-3-8B, bf16 outputs, runs s30-5/8): the register kernel's linears take 7.9 vs
   // 10.6 ms at 512 tokens, 24.5 vs 25.2 at 2048, 48.7 vs 45.3 at 4096 — its epilogue is not
   // overlapped with MMA, which long prompts feel most, while gemm_w8a8_wgmma's bf16 epilogue is
-  // cheap. 3072 lies between the two measured points (s30-9 measures it).
+  // cheap. At 3072 tokens (thirty-first session, run s31-1) the prefill took 51.3 ms on the
+  // register kernel and 50.7 on the expansion, so the switch is there.
   static constexpr int kExpandTwoLevelMinM = 257, kTwoLevelExpandMinM = 3072;
 
   // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order. A
