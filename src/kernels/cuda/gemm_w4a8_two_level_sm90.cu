@@ -21,11 +21,14 @@
 //     two 64-byte row parities: 16 banks, each read by two lanes at one address).
 //   * Consumers: per k32 step a thread's A fragment is rows r, r+8 × k 4tq..+3 and 16+4tq..+3
 //     (tq = lane % 4), i.e. packed bytes 2tq, 2tq+1 and 8+2tq, 9+2tq of the row's 16-byte chunk:
-//     two 32-bit loads a row and one byte permute select them. The nibbles become q·m bytes in
-//     16-bit lanes: t = nibble ^ 8 (so q = t − 8), lane = t·m + (256 − 8m) — positive and below
-//     2^16 (15·18 + 256), so one 32-bit IMAD handles two lanes, and its low byte is q·m mod 256,
-//     the two's-complement int8 code. Four IMADs and four permutes give 8 codes of a row
-//     (~17 integer instructions a row and k32 step; ~30% of the issue slots beside the MMA).
+//     two 32-bit loads a row and one byte permute select them. The nibbles become q·m bytes four
+//     at a time: t = nibble ^ 8 (so q = t − 8) in each byte, then one 32-bit IMAD
+//     t·m + (128 − 8m)·0x01010101 whose every byte is q·m + 128 — in [0, 255] for every code
+//     the two-level factoring admits (q·m >= −128: two_level_scales.h), so the packed sum is
+//     exactly those bytes whatever carries its partial terms make — and an XOR of 0x80 a byte
+//     gives the two's-complement code. Two IMADs, two permutes back into k order and two XORs give
+//     8 codes of a row: 10 integer instructions a row and k32 step (the thirtieth session's 16-bit
+//     lanes took 17, ~30% of the issue slots beside the MMA; lab bit 4 runs them for A/B).
 //   * Pipelining: two register sets of A fragments (a stage's 4 k32 steps × 4 registers each);
 //     stage s+1 is converted into one while stage s's wgmmas (reading the other) run; the
 //     wait_group 1 after issuing stage s completes stage s−1, whose set and shared-memory slot
@@ -80,11 +83,25 @@ struct TwoLevelCfg {
 #ifdef PERRY_WGMMA
 // Two 32-bit words of a packed row chunk (wa: packed bytes 0-3 or 4-7 of the k32 step's 16; wb:
 // bytes 8-11 or 12-15) → this thread's 8 int8 codes q·m: lo = k 4tq..4tq+3, hi = k 16+4tq..+3.
-// sel picks the thread's two bytes of each word (tq even: bytes 0, 1; odd: 2, 3); cc = (256 − 8m)
-// in both 16-bit lanes.
-__device__ __forceinline__ void int4_times_m(uint32_t wa, uint32_t wb, uint32_t sel, uint32_t m, uint32_t cc,
+// sel picks the thread's two bytes of each word (tq even: bytes 0, 1; odd: 2, 3); cb =
+// (128 − 8m)·0x01010101 mod 2^32, the row's group constant.
+__device__ __forceinline__ void int4_times_m(uint32_t wa, uint32_t wb, uint32_t sel, uint32_t m, uint32_t cb,
                                              uint32_t& lo, uint32_t& hi) {
   // u = [wa.b, wa.b', wb.b, wb.b']: nibbles k0 k1 | k2 k3 | k16 k17 | k18 k19 (low nibble first).
+  const uint32_t u = __byte_perm(wa, wb, sel);
+  const uint32_t te = (u ^ 0x08080808u) & 0x0F0F0F0Fu;         // t of k0 k2 k16 k18, a byte each
+  const uint32_t to = ((u >> 4) ^ 0x08080808u) & 0x0F0F0F0Fu;  // t of k1 k3 k17 k19
+  // Byte i of t·m + cb is t_i·m − 8m + 128 = q_i·m + 128 in [0, 255]: the sum of the bytes'
+  // values times 256^i is the integer the IMAD computes, with no carry into a neighbour.
+  const uint32_t pe = te * m + cb, po = to * m + cb;
+  lo = __byte_perm(pe, po, 0x5140) ^ 0x80808080u;  // k0 k1 k2 k3
+  hi = __byte_perm(pe, po, 0x7362) ^ 0x80808080u;  // k16 k17 k18 k19
+}
+
+// The thirtieth session's conversion (16-bit lanes, 17 instructions for 8 codes), lab bit 4: the
+// A/B of the one above in the same binary. cc = (256 − 8m) in both 16-bit lanes.
+__device__ __forceinline__ void int4_times_m_lanes16(uint32_t wa, uint32_t wb, uint32_t sel, uint32_t m,
+                                                     uint32_t cc, uint32_t& lo, uint32_t& hi) {
   const uint32_t e = __byte_perm(wa, wb, sel) ^ 0x88888888u;  // t = nibble ^ 8: q = t − 8
   // 16-bit lanes (k_j, k_16+j); t·m + 256 − 8m = q·m + 256 > 0, < 2^16: no carry between lanes.
   const uint32_t p0 = (e & 0x000F000Fu) * m + cc;
@@ -210,6 +227,7 @@ __global__ void __launch_bounds__(384, 1)
         const uint8_t* row = tile + r * 64 + wofs;
         const int sw = (r >> 1) & 3;
         const uint32_t m = hh ? mb : ma;
+        const uint32_t cb = 0x80808080u - m * 0x08080808u;  // (128 − 8m) a byte, as one integer
         const uint32_t cc = (256u - 8u * m) * 0x00010001u;
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
@@ -219,8 +237,10 @@ __global__ void __launch_bounds__(384, 1)
           if (lab & 1) {  // lab: the packed words as the codes (wrong outputs; the conversion's cost)
             a[4 * kk + hh] = wa;
             a[4 * kk + 2 + hh] = wb;
+          } else if (lab & 4) {
+            int4_times_m_lanes16(wa, wb, sel, m, cc, a[4 * kk + hh], a[4 * kk + 2 + hh]);
           } else {
-            int4_times_m(wa, wb, sel, m, cc, a[4 * kk + hh], a[4 * kk + 2 + hh]);
+            int4_times_m(wa, wb, sel, m, cb, a[4 * kk + hh], a[4 * kk + 2 + hh]);
           }
         }
       }
@@ -466,9 +486,10 @@ void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult,
   const long long tiles = (long long)((M + kBX - 1) / kBX) * ((N + kWRows - 1) / kWRows);
   const int sms = sm_count();
   const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  // PERRY_LAB_TL_FLAGS (lab only, the outputs are wrong): 1 = no int4 conversion (the packed words
-  // go to wgmma as they are), 2 = no epilogue stores — what each costs.
-  const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 3;
+  // PERRY_LAB_TL_FLAGS (lab): 1 = no int4 conversion (the packed words go to wgmma as they are), 2 =
+  // no epilogue stores — what each costs (the outputs are wrong); 4 = the thirtieth session's
+  // conversion in 16-bit lanes (the same outputs: an A/B in one binary).
+  const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 7;
   gemm_w4a8_two_level_kernel<kBX, kOut><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
       tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab);
   check_launch(name);
