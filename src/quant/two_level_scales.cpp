@@ -111,7 +111,8 @@ std::optional<TwoLevelScales> two_level_scales(const QuantizedWeight& w) {
   const QuantScheme sc = quant_scheme(w.mode);
   if (sc.fp8 || !sc.int8_activations || sc.weight_bits != 4 || sc.group_size == 0) return std::nullopt;
   const int G = w.n_groups();
-  if (int64_t(w.scales.size()) != w.N * G) return std::nullopt;
+  // (The codes are read too: code_below_int8.)
+  if (int64_t(w.scales.size()) != w.N * G || int64_t(w.qweight.size()) != w.N * w.row_bytes()) return std::nullopt;
   TwoLevelScales f;
   f.channel.assign(size_t(w.N), 0.0f);
   f.multiplier.assign(size_t(w.N) * size_t(G), 0);

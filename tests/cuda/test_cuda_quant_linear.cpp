@@ -538,13 +538,17 @@ TEST(CudaGemmQuantWgmma, ExpandedInt4MatchesFloat64AndInt4Kernel) {
 // expand_int4_weight_two_level gives q4·m exactly, and gemm_w8a8_wgmma on the expansion with the
 // channel scales gives the float64 result of the grouped math (the same integer products, summed
 // over K before one scale instead of per group: close, not bit for bit).
-// The device scales s [N, K/128] factored as CudaLinear::upload factors a checkpoint's.
-void factor_device_scales(QuantMode mode, const float* s, int N, int K, perry::quant::TwoLevelScales& f) {
+// The device weight w (packed int4 [N, K/2]) and scales s [N, K/128] factored as CudaLinear::upload
+// factors a checkpoint's.
+void factor_device_scales(QuantMode mode, const void* w, const float* s, int N, int K,
+                          perry::quant::TwoLevelScales& f) {
   QuantizedWeight hw;
   hw.mode = mode;
   hw.N = N;
   hw.K = K;
+  hw.qweight.resize(size_t(N) * size_t(hw.row_bytes()));
   hw.scales.resize(size_t(N) * size_t(K / 128));
+  ASSERT_EQ(cudaMemcpy(hw.qweight.data(), w, hw.qweight.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(hw.scales.data(), s, hw.scales.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   const auto got = perry::quant::two_level_scales(hw);
   ASSERT_TRUE(got.has_value()) << "the quantizer's w4a8-g128 scales do not factor";
@@ -554,7 +558,7 @@ void factor_device_scales(QuantMode mode, const float* s, int N, int K, perry::q
 void two_level_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
                     const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
   perry::quant::TwoLevelScales f;
-  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, s, N, K, f));
+  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, w, s, N, K, f));
   Dev<float> ch(f.channel);
   Dev<int8_t> mul(f.multiplier), w8(size_t(N) * K);
   pc::expand_int4_weight_two_level(w, mul.p, 128, N, K, w8.p, stream);
@@ -620,7 +624,7 @@ TEST(CudaGemmQuantWgmma, TwoLevelExpandedMatchesFloat64) {
 void two_level_rs_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
                        const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
   perry::quant::TwoLevelScales f;
-  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, s, N, K, f));
+  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, w, s, N, K, f));
   Dev<float> ch(f.channel);
   Dev<int8_t> mul(f.multiplier);
   pc::gemm_w4a8_two_level_wgmma(x, sa, w, mul.p, ch.p, bias, y, out, M, N, K, stream);

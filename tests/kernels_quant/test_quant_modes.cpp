@@ -319,6 +319,10 @@ TEST(TwoLevelScales, FactorsOnlyWhatFactors) {
   EXPECT_FALSE(pq::two_level_scales(w).has_value());
   w.scales[1] = 19 * c;  // a multiplier past 18 (the int8 range)
   EXPECT_FALSE(pq::two_level_scales(w).has_value());
+  w.scales[1] = 5 * c;
+  ASSERT_TRUE(pq::two_level_scales(w).has_value());
+  w.qweight.pop_back();  // codes that do not match N × K: nothing to check them by
+  EXPECT_FALSE(pq::two_level_scales(w).has_value());
 }
 
 // A checkpoint's int4 code may be -8; times a multiplier of 17 or 18 it is no int8 code, so such a
