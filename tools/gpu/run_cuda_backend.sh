@@ -340,13 +340,16 @@ case "$LEVEL" in
   ops) bench_op ;;
   # `gemmvar`: bench-op (w8a8 + peers, GEMM_SHAPES x GEMM_MS) once per GEMM_VARIANTS entry
   # "name:VAR=v,VAR=v" (environment of that run, e.g. PERRY_WGMMA_PINGPONG=0); one bench-op-NAME.md
-  # each, the w8a8 rows of all of them in summary.md.
+  # each, the w8a8 rows of all of them in summary.md. A name starting with "alt" runs bin/perry-alt
+  # (the bundle's ALT_REV build): two commits' kernels in one call.
   gemmvar)
     for v in ${GEMM_VARIANTS:-base:}; do
       name=${v%%:*}; envs=${v#*:}
+      bin="$P"; [[ $name == alt* ]] && bin="$T/bin/perry-alt"
+      [ -x "$bin" ] || { say "- $name skipped: no $bin (make_bundle.sh with ALT_REV)"; continue; }
       # A variant of the wgmma GEMM whose kernel test hung would hang here too.
       hung test_cuda_kernels && [[ $envs == *WGMMA* ]] && { say "- $name skipped: test_cuda_kernels hung"; continue; }
-      timeout ${GEMM_TIMEOUT:-150} env ${envs//,/ } "$P" bench-op --device cuda --modes ${GEMM_MODES:-w8a8} \
+      timeout ${GEMM_TIMEOUT:-150} env ${envs//,/ } "$bin" bench-op --device cuda --modes ${GEMM_MODES:-w8a8} \
         --shapes ${GEMM_SHAPES:-14336x4096 4096x14336 6144x4096 10240x2560 2560x10240} -M ${GEMM_MS:-1024 2048 4096 8192} \
         -r ${GEMM_REPEATS:-10} ${GEMM_OUT_TYPE:+--out-type $GEMM_OUT_TYPE} -o "$OUT/bench-op-$name" > "$T/bench-op-$name.log" 2>&1
       say ""; say "## bench-op $name ($envs): exit $?"

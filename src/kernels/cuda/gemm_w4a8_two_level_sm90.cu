@@ -39,7 +39,7 @@
 //     stores from a 32 KiB ring a warpgroup, so the tile's outputs drain under the next tile's
 //     MMAs (direct stores from registers remain for rows that are not 16-byte multiples).
 //   * Persistent grid, grouped tile order, TMA zero fill at the M / N edges (a zero nibble byte
-//     becomes q = 0 whatever m is; rows past N read m = 0).
+//     becomes q = 0 whatever m is, so rows past N may read any row's multipliers).
 // No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (X + packed
 // weight bytes), empty 8 consumer-warp arrives; producer and consumers walk the same
 // (tile, k-stage) sequence.
@@ -81,6 +81,13 @@ struct TwoLevelCfg {
 };
 
 #ifdef PERRY_WGMMA
+// (a ^ x) & m as one LOP3: written as C, ptxas gave two (it puts one constant in an instruction).
+__device__ __forceinline__ uint32_t xor_and(uint32_t a, uint32_t x, uint32_t m) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x28;" : "=r"(d) : "r"(a), "r"(x), "r"(m));  // 0x28 = (0xF0 ^ 0xCC) & 0xAA
+  return d;
+}
+
 // Two 32-bit words of a packed row chunk (wa: packed bytes 0-3 or 4-7 of the k32 step's 16; wb:
 // bytes 8-11 or 12-15) → this thread's 8 int8 codes q·m: lo = k 4tq..4tq+3, hi = k 16+4tq..+3.
 // sel picks the thread's two bytes of each word (tq even: bytes 0, 1; odd: 2, 3); cb =
@@ -89,8 +96,8 @@ __device__ __forceinline__ void int4_times_m(uint32_t wa, uint32_t wb, uint32_t 
                                              uint32_t& lo, uint32_t& hi) {
   // u = [wa.b, wa.b', wb.b, wb.b']: nibbles k0 k1 | k2 k3 | k16 k17 | k18 k19 (low nibble first).
   const uint32_t u = __byte_perm(wa, wb, sel);
-  const uint32_t te = (u ^ 0x08080808u) & 0x0F0F0F0Fu;         // t of k0 k2 k16 k18, a byte each
-  const uint32_t to = ((u >> 4) ^ 0x08080808u) & 0x0F0F0F0Fu;  // t of k1 k3 k17 k19
+  const uint32_t te = xor_and(u, 0x08080808u, 0x0F0F0F0Fu);       // t of k0 k2 k16 k18, a byte each
+  const uint32_t to = xor_and(u >> 4, 0x08080808u, 0x0F0F0F0Fu);  // t of k1 k3 k17 k19
   // Byte i of t·m + cb is t_i·m − 8m + 128 = q_i·m + 128 in [0, 255]: the sum of the bytes'
   // values times 256^i is the integer the IMAD computes, with no carry into a neighbour.
   const uint32_t pe = te * m + cb, po = to * m + cb;
@@ -211,38 +218,60 @@ __global__ void __launch_bounds__(384, 1)
     int x0, n0;
     tile_origin<kBX, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
     const int n_a = n0 + rt, n_b = n_a + 8;  // this thread's output columns
-    const int8_t* const mrow_a = Mult + size_t(n_a < N ? n_a : 0) * G;
-    const int8_t* const mrow_b = Mult + size_t(n_b < N ? n_b : 0) * G;
-    // The multipliers of group kt for rows a, b (0 past N: TMA filled those rows with zeros).
+    // Rows past N read row 0's multipliers: their packed bytes are TMA's zero fill, code 0, and
+    // 0 · m is 0 whatever m is.
+    const uint8_t* const mrow_a = reinterpret_cast<const uint8_t*>(Mult) + size_t(n_a < N ? n_a : 0) * G;
+    const uint8_t* const mrow_b = reinterpret_cast<const uint8_t*>(Mult) + size_t(n_b < N ? n_b : 0) * G;
+    // The multipliers of group kt for rows a, b: plain zero-extending loads, no condition on the
+    // value (a select on it made ptxas wait for the load where it was issued, a stage early).
     auto mult = [&](int kt, uint32_t& ma, uint32_t& mb) {
-      ma = kt < G && n_a < N ? uint32_t(uint8_t(__ldg(mrow_a + kt))) : 0u;
-      mb = kt < G && n_b < N ? uint32_t(uint8_t(__ldg(mrow_b + kt))) : 0u;
+      const int g = kt < G ? kt : G - 1;
+      ma = __ldg(mrow_a + g);
+      mb = __ldg(mrow_b + g);
     };
-    // Stage slot `slot` (group kt, multipliers ma, mb) → the A fragments of its 4 k32 steps.
+    // Stage slot `slot` (group kt, multipliers ma, mb) → the A fragments of its 4 k32 steps. The
+    // 16 shared-memory words are loaded first and the lab's choice is made once a stage: with it
+    // inside the loop (a branch a word) each word's conversion waited for its own loads, in
+    // series (s32-2: Nsight Compute's stall samples).
     auto convert = [&](int slot, uint32_t ma, uint32_t mb, uint32_t (&a)[16]) {
       const uint8_t* tile = gbase + (sP - base) + slot * C::kTileP;
+      uint32_t w[2][4][2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = rt + 8 * hh;
         const uint8_t* row = tile + r * 64 + wofs;
         const int sw = (r >> 1) & 3;
-        const uint32_t m = hh ? mb : ma;
-        const uint32_t cb = 0x80808080u - m * 0x08080808u;  // (128 − 8m) a byte, as one integer
-        const uint32_t cc = (256u - 8u * m) * 0x00010001u;
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
           const uint8_t* chunk = row + ((kk ^ sw) << 4);
-          const uint32_t wa = *reinterpret_cast<const uint32_t*>(chunk);
-          const uint32_t wb = *reinterpret_cast<const uint32_t*>(chunk + 8);
-          if (lab & 1) {  // lab: the packed words as the codes (wrong outputs; the conversion's cost)
-            a[4 * kk + hh] = wa;
-            a[4 * kk + 2 + hh] = wb;
-          } else if (lab & 4) {
-            int4_times_m_lanes16(wa, wb, sel, m, cc, a[4 * kk + hh], a[4 * kk + 2 + hh]);
-          } else {
-            int4_times_m(wa, wb, sel, m, cb, a[4 * kk + hh], a[4 * kk + 2 + hh]);
+          w[hh][kk][0] = *reinterpret_cast<const uint32_t*>(chunk);
+          w[hh][kk][1] = *reinterpret_cast<const uint32_t*>(chunk + 8);
+        }
+      }
+      if (__builtin_expect(lab & 5, 0)) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const uint32_t m = hh ? mb : ma;
+          const uint32_t cc = (256u - 8u * m) * 0x00010001u;
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            if (lab & 1) {  // lab: the packed words as the codes (wrong outputs; the conversion's cost)
+              a[4 * kk + hh] = w[hh][kk][0];
+              a[4 * kk + 2 + hh] = w[hh][kk][1];
+            } else {
+              int4_times_m_lanes16(w[hh][kk][0], w[hh][kk][1], sel, m, cc, a[4 * kk + hh], a[4 * kk + 2 + hh]);
+            }
           }
         }
+        return;
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t m = hh ? mb : ma;
+        const uint32_t cb = 0x80808080u - m * 0x08080808u;  // (128 − 8m) a byte, as one integer
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          int4_times_m(w[hh][kk][0], w[hh][kk][1], sel, m, cb, a[4 * kk + hh], a[4 * kk + 2 + hh]);
       }
     };
     auto issue = [&](int slot, const uint32_t (&a)[16], bool first) {
