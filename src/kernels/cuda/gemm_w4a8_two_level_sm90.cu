@@ -229,15 +229,13 @@ __global__ void __launch_bounds__(384, 1)
       ma = __ldg(mrow_a + g);
       mb = __ldg(mrow_b + g);
     };
-    // Stage slot `slot` → its 16 packed words for this thread (rows rt, rt + 8 × the 4 k32 steps),
-    // then (convert) the words with the group's multipliers ma, mb → the A fragments of the 4 k32
-    // steps. The loads are issued before the wait for the previous stage's MMAs, so their latency
-    // is spent there (the conversion's first instruction waited on them: 17% of the stall
-    // samples, s32-3); the lab's choice is made once a stage, not a word (a branch a word
-    // serialized the words' conversions: s32-2).
-    using Words = uint32_t[2][4][2];
-    auto load_words = [&](int slot, Words& w) {
+    // Stage slot `slot` (group kt, multipliers ma, mb) → the A fragments of its 4 k32 steps. The
+    // 16 shared-memory words are loaded first and the lab's choice is made once a stage: with it
+    // inside the loop (a branch a word) each word's conversion waited for its own loads, in
+    // series (s32-2: Nsight Compute's stall samples).
+    auto convert = [&](int slot, uint32_t ma, uint32_t mb, uint32_t (&a)[16]) {
       const uint8_t* tile = gbase + (sP - base) + slot * C::kTileP;
+      uint32_t w[2][4][2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = rt + 8 * hh;
@@ -250,8 +248,6 @@ __global__ void __launch_bounds__(384, 1)
           w[hh][kk][1] = *reinterpret_cast<const uint32_t*>(chunk + 8);
         }
       }
-    };
-    auto convert = [&](const Words& w, uint32_t ma, uint32_t mb, uint32_t (&a)[16]) {
       if (__builtin_expect(lab & 5, 0)) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
@@ -290,21 +286,13 @@ __global__ void __launch_bounds__(384, 1)
     uint32_t ma, mb, na, nb;
     mult(0, ma, mb);
     mult(1, na, nb);
-    Words w;
     mbar_wait(full(s), phase);
-    load_words(s, w);
-    convert(w, ma, mb, fa);
-    // Stage kt from set `cur` (converted); after it is issued, stage kt+1's words are loaded and
-    // stage kt − 1 completes (wait_group 1): its slot is released and stage kt+1 is converted
-    // into `nxt`, the set that stage used. (Stage kt+1's slot is not kt − 1's: S >= 3.)
+    convert(s, ma, mb, fa);
+    // Stage kt from set `cur` (converted); after it is issued, stage kt − 1 completes
+    // (wait_group 1): its slot is released and stage kt+1 is converted into `nxt`, the set
+    // that stage used.
     auto step = [&](int kt, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
       issue(s, cur, kt == 0);
-      if (++s == S) { s = 0; phase ^= 1; }
-      const bool more = kt + 1 < ktiles;
-      if (more) {
-        mbar_wait(full(s), phase);
-        load_words(s, w);
-      }
       wgmma_wait<1>();  // (a tile's first stage: alone in flight, returns at once)
       fence_operands(acc);
       fence_frag(nxt);  // that stage's fragments stayed live until its wgmmas completed
@@ -312,10 +300,12 @@ __global__ void __launch_bounds__(384, 1)
         if (lane == 0) mbar_arrive(empty(r));
         if (++r == S) r = 0;
       }
-      if (more) {
+      if (++s == S) { s = 0; phase ^= 1; }
+      if (kt + 1 < ktiles) {
         const uint32_t ua = na, ub = nb;
         mult(kt + 2, na, nb);
-        convert(w, ua, ub, nxt);
+        mbar_wait(full(s), phase);
+        convert(s, ua, ub, nxt);
       }
     };
     for (int kt = 0; kt < ktiles; kt += 2) {
