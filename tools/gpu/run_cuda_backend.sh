@@ -252,6 +252,7 @@ prefill_ab() {
         tlfrom[0-9]*) env+=(PERRY_INT4_TWO_LEVEL_MIN_M=${sw#tlfrom}) ;;  # ... the two-level path from N rows (lab)
         tlexpand) env+=(PERRY_INT4_TWO_LEVEL_EXPAND=1) ;;  # ... as the expansion pass + gemm_w8a8_wgmma (not the register-A kernel)
         tlrsall) env+=(PERRY_INT4_TWO_LEVEL_RS_MAX_M=1000000000) ;;  # ... the register-A kernel at every M (no switch to the expansion)
+        tlrsmax[0-9]*) env+=(PERRY_INT4_TWO_LEVEL_RS_MAX_M=${sw#tlrsmax}) ;;  # ... the register-A kernel below N rows, the expansion from N
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         attnwgmma)  # the experimental wgmma attention (hd 128, sm_90): only after its test passed

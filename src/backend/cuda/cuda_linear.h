@@ -118,8 +118,11 @@ class CudaLinear {
   // 10.6 ms at 512 tokens, 24.5 vs 25.2 at 2048, 48.7 vs 45.3 at 4096 — its epilogue is not
   // overlapped with MMA, which long prompts feel most, while gemm_w8a8_wgmma's bf16 epilogue is
   // cheap. At 3072 tokens (thirty-first session, run s31-1) the prefill took 51.3 ms on the
-  // register kernel and 50.7 on the expansion, so the switch is there.
-  static constexpr int kExpandTwoLevelMinM = 257, kTwoLevelExpandMinM = 3072;
+  // register kernel and 50.7 on the expansion. The thirty-second session made the register
+  // kernel's conversion 5-15% faster (s32-3/4): the prefill then took 48.8 vs 50.0 ms at 3072 tokens
+  // and 66.6 vs 67.2 at 4096 on it, and bench-op's layers at M 8192 were still 5-7% faster on the
+  // expansion, so the switch moved to 6144.
+  static constexpr int kExpandTwoLevelMinM = 257, kTwoLevelExpandMinM = 6144;
 
   // Uploads `parts` (same mode and K) as one layer whose rows are the parts' rows in order. A
   // w4a8-g128 layer whose every part's scales factor (two_level_scales) also uploads the factors.
