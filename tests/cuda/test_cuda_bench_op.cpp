@@ -357,7 +357,7 @@ TEST(CudaBenchOp, TinyRunPasses) {
   EXPECT_EQ(j["failures"], 0);
   EXPECT_GT(j["copy_bandwidth_gbs"].get<double>(), 100.0);
   const bool wgmma = pc::linear_path(pq::QuantMode::W8A8, 200, K) == pc::LinearPath::Wgmma;
-  int rows = 0, fp8_rows = 0, fp8_startup = 0, mma_rows = 0, mma_startup = 0;
+  int rows = 0, fp8_rows = 0, fp8_startup = 0, mma_rows = 0, mma_startup = 0, chained = 0;
   for (const auto& c : j["startup_checks"]) {
     fp8_startup += c["variant"] == "w8a8-fp8";
     mma_startup += c["variant"] == "w8a8-mma";
@@ -371,6 +371,16 @@ TEST(CudaBenchOp, TinyRunPasses) {
     if (r["kind"] != "peer") {
       EXPECT_GT(r["ms"].get<double>(), 0.0) << r.dump();
     }
+    // M = 1 back to back: the decode kernel's rows and cuBLAS bf16, with a time and a ratio; no
+    // other row.
+    const bool decode_row = r["M"] == 1 && r["kernel"].get<std::string>().rfind("gemv_decode", 0) == 0;
+    if (decode_row || (r["M"] == 1 && r["variant"] == "cublas-bf16")) {
+      ++chained;
+      EXPECT_GT(r["chain_ms"].get<double>(), 0.0) << r.dump();
+      EXPECT_GT(r["chain_vs_cublas_bf16"].get<double>(), 0.0) << r.dump();
+    } else {
+      EXPECT_LT(r["chain_ms"].get<double>(), 0.0) << r.dump();
+    }
     if (r["kind"] == "perry") {  // the kernels of linear_path (w8a8-mma: gemm_w8a8), as CudaLinear names them
       const std::string v = r["variant"];
       const auto q = pq::parse_quant_mode(v);
@@ -382,6 +392,7 @@ TEST(CudaBenchOp, TinyRunPasses) {
     }
   }
   EXPECT_GE(rows, 3 * 12);  // quantize + 8 perry modes + >= 3 peers, at every M
+  EXPECT_GE(chained, 8 + 1);  // bf16, w8a16, w4a16, the five int8 modes on the decode kernel; cuBLAS bf16
   const auto n_ms = int(std::size(kStartupCheckMs));
   if (pc::gemm_w8a8_wgmma_supported()) {
     EXPECT_EQ(fp8_rows, 3 * 2);

@@ -63,7 +63,14 @@ struct Row {
   bool ok = true;
   double ms = -1, gemm_ms = -1, quant_ms = -1, best_ms = -1;
   double tops = 0, gbs = 0, copy_frac = 0, vs_bf16 = 0, gemm_vs_bf16 = 0, err = -1;
+  // M = 1, the decode kernel and cuBLAS bf16: the median time a call of kChainCalls back to back
+  // (each on the next rotated weight copy, no event between them), as a decode step runs its
+  // GEMVs; its bandwidth and that time against cuBLAS bf16's chained time.
+  double chain_ms = -1, chain_gbs = 0, chain_copy_frac = 0, chain_vs_bf16 = 0;
 };
+
+// Calls a chained timing runs back to back (Row::chain_ms).
+constexpr int kChainCalls = 8;
 
 int n_groups(int group, int K) { return group == 0 ? 1 : (K + group - 1) / group; }
 
@@ -543,6 +550,31 @@ void Bench::run_case(int M) {
       for (size_t i = 0; i < items.size(); ++i) items[i].ms.push_back(ev.ms(2 * i, 2 * i + 1));
   }
 
+  // M = 1: the GEMVs also back to back. Isolated, a call pays its launch, its prologue (the decode
+  // kernel reads and quantizes the whole input row before its first product) and its ramp and
+  // tail; in a decode step each GEMV's start overlaps the one before it (programmatic dependent
+  // launch), which a chain of calls on rotated weights measures: what the weights stream at.
+  std::map<Op, std::vector<double>> chain;
+  if (M == 1) {
+    std::vector<Op> cops;
+    for (Op op : ops)
+      if (op == Op::CublasBf16 || (op_info(op).kind == Kind::Perry && decode_kernel_row(op, M, K))) cops.push_back(op);
+    Events cev(2 * cops.size());
+    for (int r = 0; r < warmup_ + reps_; ++r) {
+      spin_stream(spin_ns_, stream_);
+      for (size_t i = 0; i < cops.size(); ++i) {
+        const Op op = cops[i];
+        PERRY_CUDA_CHECK(cudaEventRecord(cev[2 * i], stream_));
+        for (int c = 0; c < kChainCalls; ++c) run_op(op, args(op, pools_.at(op_info(op).fmt).take(), M), true, ctx);
+        PERRY_CUDA_CHECK(cudaEventRecord(cev[2 * i + 1], stream_));
+      }
+      sync_or_hang(stream_, 60, fmt::format("a chained timing round at N={} K={} M=1", N, K));
+      if (r >= warmup_)
+        for (size_t i = 0; i < cops.size(); ++i) chain[cops[i]].push_back(cev.ms(2 * i, 2 * i + 1) / kChainCalls);
+    }
+  }
+  const double chain_bf16 = chain.count(Op::CublasBf16) ? median(chain.at(Op::CublasBf16)) : -1.0;
+
   // Rows: medians, ratios, checks.
   std::map<std::pair<Op, bool>, const Item*> by;
   for (const Item& it : items) by[{it.op, it.quantize}] = &it;
@@ -589,6 +621,12 @@ void Bench::run_case(int M) {
     // The GEMM alone against cuBLAS bf16: what a model layer pays where the kernel producing the
     // activation (RMSNorm, SwiGLU) already wrote it quantized — perry's CudaLinear path.
     r.gemm_vs_bf16 = t_bf16 > 0 && r.gemm_ms > 0 ? t_bf16 / r.gemm_ms : 0;
+    if (chain.count(op)) {
+      r.chain_ms = median(chain.at(op));
+      r.chain_gbs = bytes / (r.chain_ms * 1e-3) * 1e-9;
+      r.chain_copy_frac = copy_gbs_ > 0 ? r.chain_gbs / copy_gbs_ : 0;
+      r.chain_vs_bf16 = chain_bf16 > 0 ? chain_bf16 / r.chain_ms : 0;
+    }
     const Verdict v = check_op(op, M, acts, ctx);
     r.ok = v.ok;
     r.err = v.err;
@@ -610,6 +648,9 @@ void Bench::print_row(const Row& r) const {
   }
   fmt::print("        {:<20} {:>9.4f} {:>9.4f} {:>8.1f} {:>8.0f} {:>7.2f} {:>7.2f} {:>8.4f}  {} | {}\n", r.variant,
              r.ms, r.gemm_ms, r.tops, r.gbs, r.vs_bf16, r.gemm_vs_bf16, r.best_ms, r.ok ? "ok" : r.check, r.kernel);
+  if (r.chain_ms > 0)
+    fmt::print("          {} back to back: {:.4f} ms a call, {:.0f} GB/s ({:.0f}% of copy), {:.2f}x cuBLAS bf16\n",
+               kChainCalls, r.chain_ms, r.chain_gbs, 100 * r.chain_copy_frac, r.chain_vs_bf16);
 }
 
 void Bench::write(const std::string& aborted) const {
@@ -648,7 +689,9 @@ void Bench::write(const std::string& aborted) const {
     j["results"].push_back({{"N", r.N}, {"K", r.K}, {"M", r.M}, {"variant", r.variant}, {"kind", r.kind},
                             {"kernel", r.kernel}, {"ms", r.ms}, {"gemm_ms", r.gemm_ms}, {"quant_ms", r.quant_ms},
                             {"best_ms", r.best_ms}, {"tops", r.tops}, {"gbs", r.gbs}, {"copy_frac", r.copy_frac},
-                            {"vs_cublas_bf16", r.vs_bf16}, {"gemm_vs_cublas_bf16", r.gemm_vs_bf16}, {"ok", r.ok}, {"err", r.err}, {"check", r.check}});
+                            {"vs_cublas_bf16", r.vs_bf16}, {"gemm_vs_cublas_bf16", r.gemm_vs_bf16}, {"ok", r.ok}, {"err", r.err}, {"check", r.check},
+                            {"chain_ms", r.chain_ms}, {"chain_gbs", r.chain_gbs}, {"chain_copy_frac", r.chain_copy_frac},
+                            {"chain_vs_cublas_bf16", r.chain_vs_bf16}});
   std::ofstream(o_.common.out_prefix + ".json") << j.dump(1) << "\n";
 
   std::ofstream md(o_.common.out_prefix + ".md");
@@ -678,6 +721,20 @@ void Bench::write(const std::string& aborted) const {
                       bw && r.ms > 0 ? fmt::format("{:.0f}%", 100 * r.copy_frac) : "",
                       r.ms > 0 ? fmt::format("{:.2f}", r.vs_bf16) : "",
                       r.gemm_vs_bf16 > 0 ? fmt::format("{:.2f}", r.gemm_vs_bf16) : "", r.ok ? "ok" : r.check, r.kernel);
+  }
+  if (std::any_of(rows_.begin(), rows_.end(), [](const Row& r) { return r.chain_ms > 0; })) {
+    md << fmt::format("\n## M = 1 back to back\n\nThe decode kernel and cuBLAS bf16 run {} calls back to back "
+                      "(each on the next rotated weight copy, no event between them), as a decode step runs its "
+                      "GEMVs: a call's share of the chain's median time. Isolated calls (the table above) also pay "
+                      "their launch, the decode kernel's input prologue and the ramp and tail, which a decode step "
+                      "overlaps with the kernel before (programmatic dependent launch).\n\n",
+                      kChainCalls)
+       << "| N | K | variant | ms a call | GB/s | % copy | x cuBLAS bf16 (back to back) | kernel |\n"
+       << "|---|---|---|---|---|---|---|---|\n";
+    for (const auto& r : rows_)
+      if (r.chain_ms > 0)
+        md << fmt::format("| {} | {} | {} | {:.4f} | {:.0f} | {:.0f}% | {:.2f} | {} |\n", r.N, r.K, r.variant,
+                          r.chain_ms, r.chain_gbs, 100 * r.chain_copy_frac, r.chain_vs_bf16, r.kernel);
   }
   md << "\n## Startup check (N=384, K=1024, weights from perry's CPU quantizer)\n\n"
      << "| variant | M | result | error vs unquantized float (quantization error, info) | kernel |\n"
