@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <cstring>
 
 #include "quant/two_level_scales.h"
 
@@ -47,29 +46,6 @@ int multiplier_of(float s, float c) {
   if (!(t >= 0 && t <= float(kTwoLevelMaxMultiplier))) return -1;
   return c * t == s ? int(t) : -1;
 }
-// Whether row n holds the int4 code -8 in a group whose multiplier is above 16 (q·m < -128).
-// Eight packed bytes at a time: a nibble is 8 where the nibble of (bytes ^ 0x88…) is 0.
-bool code_below_int8(const QuantizedWeight& w, int64_t n, const int8_t* m) {
-  const int64_t gs = quant_scheme(w.mode).group_size, rb = w.row_bytes();
-  const uint8_t* row = reinterpret_cast<const uint8_t*>(w.qweight.data()) + n * rb;
-  for (int g = 0; g < w.n_groups(); ++g) {
-    if (m[g] <= 16) continue;
-    const int64_t k0 = g * gs, k1 = std::min<int64_t>(w.K, k0 + gs);
-    int64_t k = k0;  // even: groups are multiples of 2 codes
-    for (; k + 16 <= k1; k += 16) {
-      uint64_t v = 0;
-      std::memcpy(&v, row + k / 2, 8);
-      const uint64_t z = v ^ 0x8888888888888888ull;  // a zero nibble where the code is -8
-      if (((z - 0x1111111111111111ull) & ~z & 0x8888888888888888ull) != 0) return true;
-    }
-    for (; k < k1; ++k) {
-      const int nib = (row[k / 2] >> (4 * (k & 1))) & 15;
-      if (nib == 8) return true;
-    }
-  }
-  return false;
-}
-
 }  // namespace
 
 float two_level_channel_scale(float amax) {
@@ -111,8 +87,7 @@ std::optional<TwoLevelScales> two_level_scales(const QuantizedWeight& w) {
   const QuantScheme sc = quant_scheme(w.mode);
   if (sc.fp8 || !sc.int8_activations || sc.weight_bits != 4 || sc.group_size == 0) return std::nullopt;
   const int G = w.n_groups();
-  // (The codes are read too: code_below_int8.)
-  if (int64_t(w.scales.size()) != w.N * G || int64_t(w.qweight.size()) != w.N * w.row_bytes()) return std::nullopt;
+  if (int64_t(w.scales.size()) != w.N * G) return std::nullopt;
   TwoLevelScales f;
   f.channel.assign(size_t(w.N), 0.0f);
   f.multiplier.assign(size_t(w.N) * size_t(G), 0);
@@ -136,10 +111,6 @@ std::optional<TwoLevelScales> two_level_scales(const QuantizedWeight& w) {
       if (found) f.channel[size_t(n)] = c;
     }
     if (!found) return std::nullopt;
-    // q·m must be an int8 code: the quantizer's codes lie in [-7, 7] (|q·m| <= 126), but a
-    // checkpoint's may reach -8, and -8·17 or -8·18 is below -128. Such a row leaves the layer on
-    // the grouped kernels (the plain group scales are right for any code).
-    if (code_below_int8(w, n, m)) return std::nullopt;
   }
   return f;
 }

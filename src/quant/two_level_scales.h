@@ -24,10 +24,8 @@ struct TwoLevelScales {
 
 // The factors of an int4 W*A8 grouped weight's scales when every row has them: per row a scale c
 // (the row's largest scale over an integer t <= 18) such that every scale is c·m exactly, m an
-// integer in [0, 18]. nullopt for other modes, for scales that do not factor (checkpoints
-// quantized before two-level scales, or elsewhere), and where a code −8 (which the quantizer never
-// writes) sits in a group whose multiplier is above 16 (q·m < −128, no int8 code): those run the
-// grouped kernels. Any factoring
+// integer in [0, 18]. nullopt for other modes and for scales that do not factor (checkpoints
+// quantized before two-level scales, or elsewhere): those run the grouped kernels. Any factoring
 // computes the same products, so a checkpoint whose scales happen to factor qualifies too.
 std::optional<TwoLevelScales> two_level_scales(const QuantizedWeight& w);
 

@@ -538,17 +538,13 @@ TEST(CudaGemmQuantWgmma, ExpandedInt4MatchesFloat64AndInt4Kernel) {
 // expand_int4_weight_two_level gives q4·m exactly, and gemm_w8a8_wgmma on the expansion with the
 // channel scales gives the float64 result of the grouped math (the same integer products, summed
 // over K before one scale instead of per group: close, not bit for bit).
-// The device weight w (packed int4 [N, K/2]) and scales s [N, K/128] factored as CudaLinear::upload
-// factors a checkpoint's.
-void factor_device_scales(QuantMode mode, const void* w, const float* s, int N, int K,
-                          perry::quant::TwoLevelScales& f) {
+// The device scales s [N, K/128] factored as CudaLinear::upload factors a checkpoint's.
+void factor_device_scales(QuantMode mode, const float* s, int N, int K, perry::quant::TwoLevelScales& f) {
   QuantizedWeight hw;
   hw.mode = mode;
   hw.N = N;
   hw.K = K;
-  hw.qweight.resize(size_t(N) * size_t(hw.row_bytes()));
   hw.scales.resize(size_t(N) * size_t(K / 128));
-  ASSERT_EQ(cudaMemcpy(hw.qweight.data(), w, hw.qweight.size(), cudaMemcpyDeviceToHost), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(hw.scales.data(), s, hw.scales.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   const auto got = perry::quant::two_level_scales(hw);
   ASSERT_TRUE(got.has_value()) << "the quantizer's w4a8-g128 scales do not factor";
@@ -558,7 +554,7 @@ void factor_device_scales(QuantMode mode, const void* w, const float* s, int N, 
 void two_level_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
                     const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
   perry::quant::TwoLevelScales f;
-  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, w, s, N, K, f));
+  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, s, N, K, f));
   Dev<float> ch(f.channel);
   Dev<int8_t> mul(f.multiplier), w8(size_t(N) * K);
   pc::expand_int4_weight_two_level(w, mul.p, 128, N, K, w8.p, stream);
@@ -624,7 +620,7 @@ TEST(CudaGemmQuantWgmma, TwoLevelExpandedMatchesFloat64) {
 void two_level_rs_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
                        const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
   perry::quant::TwoLevelScales f;
-  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, w, s, N, K, f));
+  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, s, N, K, f));
   Dev<float> ch(f.channel);
   Dev<int8_t> mul(f.multiplier);
   pc::gemm_w4a8_two_level_wgmma(x, sa, w, mul.p, ch.p, bias, y, out, M, N, K, stream);
@@ -634,8 +630,9 @@ void two_level_rs_gemm(QuantMode mode, const int8_t* x, const float* sa, const v
 // Checked three ways, each tile width (128 and 256 tokens, forced; the output through TMA stores
 // where rows are 16-byte multiples, else direct stores; both): the int32 sums exactly against
 // the host's Σ x·q4·m on raw nibbles −8..7 and multipliers 0..18 (every product the conversion
-// can meet: −8 only under multipliers <= 16, as two_level_scales admits); F32 / BF16 against the float64 grouped math; and bit for bit against the expansion
-// pass + gemm_w8a8_wgmma, whose epilogue expression the kernel shares.
+// is exact for: −8 only under multipliers <= 16, q·m >= −128); F32 / BF16 against the float64
+// grouped math; and bit for bit against the expansion pass + gemm_w8a8_wgmma, whose epilogue
+// expression the kernel shares.
 TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
   REQUIRE_SM90();
   std::mt19937 g(47);
@@ -651,8 +648,9 @@ TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
       mult[0] = 18;
       mult[mult.size() - 1] = 18;
       mult[1 % mult.size()] = 16;
-      // Codes −8..7 where q·m fits int8 (multipliers <= 16), −7..7 under 17 and 18: what
-      // two_level_scales admits.
+      // Codes −8..7 where q·m fits int8 (multipliers <= 16), −7..7 under 17 and 18: every
+      // product the conversion is exact for (QuantizedWeight::validate keeps a model's codes in
+      // −7..7; −8 here covers the conversion's full range, q·m >= −128).
       auto code = [&](int n, int k) {
         int q = dn(g);
         while (q == -8 && mult[size_t(n) * G + k / 128] > 16) q = dn(g);

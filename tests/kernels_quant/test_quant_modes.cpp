@@ -319,41 +319,4 @@ TEST(TwoLevelScales, FactorsOnlyWhatFactors) {
   EXPECT_FALSE(pq::two_level_scales(w).has_value());
   w.scales[1] = 19 * c;  // a multiplier past 18 (the int8 range)
   EXPECT_FALSE(pq::two_level_scales(w).has_value());
-  w.scales[1] = 5 * c;
-  ASSERT_TRUE(pq::two_level_scales(w).has_value());
-  w.qweight.pop_back();  // codes that do not match N × K: nothing to check them by
-  EXPECT_FALSE(pq::two_level_scales(w).has_value());
-}
-
-// A checkpoint's int4 code may be -8; times a multiplier of 17 or 18 it is no int8 code, so such a
-// row must leave the layer on the grouped kernels (the GPU's register conversion and expansion
-// compute q·m + 128 in a byte). -8 under a multiplier <= 16 is fine (-128).
-TEST(TwoLevelScales, CodeMinus8OnlyWhereItFitsInt8) {
-  pq::QuantizedWeight w;
-  w.mode = pq::QuantMode::W4A8_G128;
-  w.N = 2;
-  w.K = 384;
-  w.qweight.assign(size_t(w.N * w.row_bytes()), 0x77);  // every code 7
-  const float c = 0.0078125f;
-  w.scales = {18 * c, 16 * c, 3 * c,  // row 0: multipliers 18, 16, 3
-              17 * c, 2 * c, 1 * c};  // row 1: 17, 2, 1
-  auto set_code = [&](int64_t n, int64_t k, int v) {
-    uint8_t& b = reinterpret_cast<uint8_t&>(w.qweight[size_t(n * w.row_bytes() + k / 2)]);
-    b = uint8_t((b & (k & 1 ? 0x0F : 0xF0)) | ((v & 15) << (k & 1 ? 4 : 0)));
-  };
-  ASSERT_TRUE(pq::two_level_scales(w).has_value());
-  set_code(0, 128 + 77, -8);  // group 1 (m 16): -128 fits
-  set_code(1, 300, -8);       // group 2 (m 1)
-  set_code(0, 383, -8);       // group 2 (m 3), the last code
-  ASSERT_EQ(w.weight(0, 128 + 77), -8);
-  ASSERT_TRUE(pq::two_level_scales(w).has_value());
-  for (int64_t k : {int64_t(0), int64_t(1), int64_t(64), int64_t(127)}) {  // group 0 of row 1 (m 17): each position
-    auto v = w;
-    reinterpret_cast<uint8_t&>(v.qweight[size_t(v.row_bytes() + k / 2)]) =
-        uint8_t(k & 1 ? 0x87 : 0x78);  // the code -8 at k, 7 beside it
-    ASSERT_EQ(v.weight(1, k), -8);
-    EXPECT_FALSE(pq::two_level_scales(v).has_value()) << k;
-  }
-  set_code(0, 5, -7);  // -7 · 18 = -126 fits
-  EXPECT_TRUE(pq::two_level_scales(w).has_value());
 }

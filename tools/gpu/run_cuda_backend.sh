@@ -347,13 +347,14 @@ case "$LEVEL" in
     for v in ${GEMM_VARIANTS:-base:}; do
       name=${v%%:*}; envs=${v#*:}
       bin="$P"; [[ $name == alt* ]] && bin="$T/bin/perry-alt"
-      [ -x "$bin" ] || { say "- $name skipped: no $bin (make_bundle.sh with ALT_REV)"; continue; }
+      [ -x "$bin" ] || { say "- $name skipped: no $bin (bin/perry-alt comes from make_bundle.sh with ALT_REV)"; continue; }
       # A variant of the wgmma GEMM whose kernel test hung would hang here too.
       hung test_cuda_kernels && [[ $envs == *WGMMA* ]] && { say "- $name skipped: test_cuda_kernels hung"; continue; }
       timeout ${GEMM_TIMEOUT:-150} env ${envs//,/ } "$bin" bench-op --device cuda --modes ${GEMM_MODES:-w8a8} \
         --shapes ${GEMM_SHAPES:-14336x4096 4096x14336 6144x4096 10240x2560 2560x10240} -M ${GEMM_MS:-1024 2048 4096 8192} \
         -r ${GEMM_REPEATS:-10} ${GEMM_OUT_TYPE:+--out-type $GEMM_OUT_TYPE} -o "$OUT/bench-op-$name" > "$T/bench-op-$name.log" 2>&1
-      say ""; say "## bench-op $name ($envs): exit $?"
+      rc=$?
+      say ""; say "## bench-op $name ($envs): exit $rc"
       grep '^\[gemm_w8a8_wgmma\]' "$T/bench-op-$name.log" | sort -u | head -16 | sed 's/^/    /' | tee -a "$S"
       grep -E '^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (w8a8|w8a8-fp8|w8a8-g128|w8a8-g64|w4a8|w4a8-g128|cublas-bf16|cublaslt-i8-i32) \|' "$OUT/bench-op-$name.md" 2>/dev/null |
         awk -F'|' '{printf "    %s %s %s %-16s ms %s gemm %s TOPS %s x %s gemm-x %s %s\n", $2, $3, $4, $5, $6, $7, $9, $12, $13, $16}' | tee -a "$S"
@@ -373,7 +374,8 @@ case "$LEVEL" in
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
         --section SchedulerStats ${GEMM_NCU_EXTRA:-} "$P" bench-op --device cuda --modes ${GEMM_NCU_MODES:-w8a8} --shapes "$GEMM_NCU_SHAPE" -M ${GEMM_NCU_M:-4096} -r 1 \
         > "$OUT/gemm-ncu.txt" 2>&1
-      say ""; say "## ncu $GEMM_NCU_SHAPE M ${GEMM_NCU_M:-4096}: exit $? (gemm-ncu.txt)"
+      rc=$?
+      say ""; say "## ncu $GEMM_NCU_SHAPE M ${GEMM_NCU_M:-4096}: exit $rc (gemm-ncu.txt)"
       grep -E '^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Grid Size|Cluster Size|Registers Per|Dynamic Shared' "$OUT/gemm-ncu.txt" | head -80 | sed 's/^/    /' | tee -a "$S"
     fi ;;
   peers)

@@ -21,7 +21,8 @@
 //     a float64 / integer host reference (bench_op_cuda_ops.cpp); a startup check at one small
 //     shape runs perry's modes on weights from perry's CPU quantizer. Failing rows are marked.
 //   - M = 1 GB/s = weight (+ scale) bytes / time, against the device copy bandwidth measured in
-//     the same run (cudaMemcpy device-to-device of 1 GiB, read + write bytes / time).
+//     the same run (cudaMemcpy device-to-device of 1 GiB, read + write bytes / time); the decode
+//     kernel and cuBLAS bf16 are also timed kChainCalls calls back to back (Row::chain_ms).
 #include "backend/cuda/bench_op_cuda.h"
 
 #include <cublasLt.h>
@@ -555,10 +556,11 @@ void Bench::run_case(int M) {
   // tail; in a decode step each GEMV's start overlaps the one before it (programmatic dependent
   // launch), which a chain of calls on rotated weights measures: what the weights stream at.
   std::map<Op, std::vector<double>> chain;
-  if (M == 1) {
-    std::vector<Op> cops;
+  std::vector<Op> cops;
+  if (M == 1)
     for (Op op : ops)
       if (op == Op::CublasBf16 || (op_info(op).kind == Kind::Perry && decode_kernel_row(op, M, K))) cops.push_back(op);
+  if (!cops.empty()) {
     Events cev(2 * cops.size());
     for (int r = 0; r < warmup_ + reps_; ++r) {
       spin_stream(spin_ns_, stream_);
@@ -667,16 +669,18 @@ void Bench::write(const std::string& aborted) const {
                   "picks wgmma, and at M = 1 the decode step's kernel (gemv_decode as o_proj runs it: fp32 row "
                   "in, its quantization inside, the product added to y); W*A8 rows include "
                   "quantize_per_token of the bf16 activation, w8a8-fp8 quantize_per_token_fp8 (gemm ms: without "
-                  "it); every op's output checked on 8x8 "
+                  "it); at M = 1 the decode kernel and cuBLAS bf16 also {} calls back to back on rotated weights "
+                  "(the last table); every op's output checked on 8x8 "
                   "samples against a host reference (float rows: max |err| / rms <= {:.0e}; int rows exact / +-1)",
                   reps_, warmup_, prop_.l2CacheSize >> 20, o_.float_out == DType::BF16 ? "bf16" : "fp32",
-                  kErrLimit);
+                  kChainCalls, kErrLimit);
   nlohmann::json j;
   j["device"] = device_line_;
   j["copy_bandwidth_gbs"] = copy_gbs_;
   j["method"] = method;
   j["notes"] = notes_;
   j["host_bound_rounds"] = host_bound_rounds_;
+  j["chain_calls"] = kChainCalls;
   j["failures"] = failures;
   if (!aborted.empty()) j["aborted"] = aborted;
   j["startup_checks"] = nlohmann::json::array();

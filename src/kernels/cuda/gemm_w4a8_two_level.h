@@ -5,9 +5,9 @@
 // measurements in docs/cuda-gemm-w8a8-sm90.md, "Thirtieth session").
 //
 //   x int8 [M, K] row-major, sa fp32 [M] (per-token scales);
-//   qweight: the canonical packed int4 [N, K/2] (low nibble = even k, two's complement); multipliers
-//     int8 [N, K/128] in [0, 18], with q·m >= −128 (a code −8 only under m <= 16: what
-//     two_level_scales admits); channel_scales fp32 [N]; bias fp32 [N] or null;
+//   qweight: the canonical packed int4 [N, K/2] (low nibble = even k, two's complement, values in
+//     [-7, 7] as QuantizedWeight::validate keeps them; the conversion is exact for any q·m >= −128);
+//     multipliers int8 [N, K/128] in [0, 18]; channel_scales fp32 [N]; bias fp32 [N] or null;
 //   out = F32 / BF16: y[m, n] = float(acc)·(sa[m]·c[n]) + bias[n] with acc = Σ_k x[m,k]·q4[n,k]·m[n,k/128]
 //     (exact int32) — the expression of gemm_w8a8_wgmma on the expanded weight, so the outputs
 //     are that path's bits;

@@ -23,10 +23,10 @@
 //     (tq = lane % 4), i.e. packed bytes 2tq, 2tq+1 and 8+2tq, 9+2tq of the row's 16-byte chunk:
 //     two 32-bit loads a row and one byte permute select them. The nibbles become q·m bytes four
 //     at a time: t = nibble ^ 8 (so q = t − 8) in each byte, then one 32-bit IMAD
-//     t·m + (128 − 8m)·0x01010101 whose every byte is q·m + 128 — in [0, 255] for every code
-//     the two-level factoring admits (q·m >= −128: two_level_scales.h), so the packed sum is
-//     exactly those bytes whatever carries its partial terms make — and an XOR of 0x80 a byte
-//     gives the two's-complement code. Two IMADs, two permutes back into k order and two XORs give
+//     t·m + (128 − 8m)·0x01010101 whose every byte is q·m + 128 — in [0, 255] whenever
+//     q·m >= −128 (a model's codes are −7..7, QuantizedWeight::validate, and m <= 18: |q·m| <= 126),
+//     so the packed sum is exactly those bytes whatever carries its partial terms make — and an
+//     XOR of 0x80 a byte gives the two's-complement code. Two IMADs, two permutes back into k order and two XORs give
 //     8 codes of a row: 10 integer instructions a row and k32 step (the thirtieth session's 16-bit
 //     lanes took 17, ~30% of the issue slots beside the MMA; lab bit 4 runs them for A/B).
 //   * Pipelining: two register sets of A fragments (a stage's 4 k32 steps × 4 registers each);
