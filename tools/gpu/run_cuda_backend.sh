@@ -365,7 +365,8 @@ case "$LEVEL" in
     done
     # Then end to end, if asked (e.g. PREFILL_PAIRS="w8a8:base w8a8:pingoff").
     [ -n "${PREFILL_PAIRS:-}" ] && PREFILL_PROFILE=0 prefill_ab
-    # Then Nsight Compute on one shape (GEMM_NCU_SHAPE, GEMM_NCU_M): perry's w8a8 GEMM next to the
+    # Then Nsight Compute on one shape (GEMM_NCU_SHAPE, GEMM_NCU_M; GEMM_NCU_SASS=1 adds the stall
+    # samples per SASS instruction of the first kernel): perry's w8a8 GEMM next to the
     # cuBLAS / cuBLASLt kernels of the same bench-op round (launch stats say their tiles and grids).
     if [ -n "${GEMM_NCU_SHAPE:-}" ]; then
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -377,6 +378,18 @@ case "$LEVEL" in
       rc=$?
       say ""; say "## ncu $GEMM_NCU_SHAPE M ${GEMM_NCU_M:-4096}: exit $rc (gemm-ncu.txt)"
       grep -E '^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Grid Size|Cluster Size|Registers Per|Dynamic Shared' "$OUT/gemm-ncu.txt" | head -80 | sed 's/^/    /' | tee -a "$S"
+      # GEMM_NCU_SASS=1: the stall samples of the first profiled kernel, instruction by instruction
+      # (tools/gpu/ncu_sass_stalls.py; the SASS view needs no -lineinfo).
+      if [ "${GEMM_NCU_SASS:-0}" = 1 ]; then
+        timeout ${GEMM_NCU_TIMEOUT:-200} "$NCU" --clock-control none --kernel-name "regex:${GEMM_NCU_KERNELS:-wgmma_kernel|sm90_xmma|cutlass|gemm}" \
+          --launch-skip ${GEMM_NCU_SKIP:-0} --launch-count 1 --section WarpStateStats --section SourceCounters \
+          -f -o "$T/gemm-ncu-sass" "$P" bench-op --device cuda --modes ${GEMM_NCU_MODES:-w8a8} --shapes "$GEMM_NCU_SHAPE" \
+          -M ${GEMM_NCU_M:-4096} -r 1 > "$T/gemm-ncu-sass.log" 2>&1
+        "$NCU" --import "$T/gemm-ncu-sass.ncu-rep" --page source --csv --print-source sass > "$T/gemm-ncu-sass.csv" 2>&1
+        python3 "$ROOT/tools/gpu/ncu_sass_stalls.py" "$T/gemm-ncu-sass.csv" --top 40 > "$OUT/gemm-ncu-stalls.md" 2>&1
+        say "## ncu stall samples per SASS instruction: exit $? (gemm-ncu-stalls.md)"
+        sed -n '/^| reason/,/^$/p' "$OUT/gemm-ncu-stalls.md" | sed 's/^/    /' | tee -a "$S"
+      fi
     fi ;;
   peers)
     bench llama3-8b llama3-8b bf16 w8a8 w4a8-g128
