@@ -26,9 +26,9 @@
 //     t·m + (128 − 8m)·0x01010101 whose every byte is q·m + 128 — in [0, 255] whenever
 //     q·m >= −128 (a model's codes are −7..7, QuantizedWeight::validate, and m <= 18: |q·m| <= 126),
 //     so the packed sum is exactly those bytes whatever carries its partial terms make — and an
-//     XOR of 0x80 a byte gives the two's-complement code. Two IMADs, two permutes back into k order and two XORs give
-//     8 codes of a row: 10 integer instructions a row and k32 step (the thirtieth session's 16-bit
-//     lanes took 17, ~30% of the issue slots beside the MMA; lab bit 4 runs them for A/B).
+//     XOR of 0x80 a byte gives the two's-complement code. Two IMADs, two permutes back into k
+//     order and two XORs give 8 codes of a row: 10 integer instructions a row and k32 step (the
+//     thirtieth session's 16-bit lanes took 17; s32-1/3 measured the two in one binary).
 //   * Pipelining: two register sets of A fragments (a stage's 4 k32 steps × 4 registers each);
 //     stage s+1 is converted into one while stage s's wgmmas (reading the other) run; the
 //     wait_group 1 after issuing stage s completes stage s−1, whose set and shared-memory slot
@@ -103,22 +103,6 @@ __device__ __forceinline__ void int4_times_m(uint32_t wa, uint32_t wb, uint32_t 
   const uint32_t pe = te * m + cb, po = to * m + cb;
   lo = __byte_perm(pe, po, 0x5140) ^ 0x80808080u;  // k0 k1 k2 k3
   hi = __byte_perm(pe, po, 0x7362) ^ 0x80808080u;  // k16 k17 k18 k19
-}
-
-// The thirtieth session's conversion (16-bit lanes, 17 instructions for 8 codes), lab bit 4: the
-// A/B of the one above in the same binary. cc = (256 − 8m) in both 16-bit lanes.
-__device__ __forceinline__ void int4_times_m_lanes16(uint32_t wa, uint32_t wb, uint32_t sel, uint32_t m,
-                                                     uint32_t cc, uint32_t& lo, uint32_t& hi) {
-  const uint32_t e = __byte_perm(wa, wb, sel) ^ 0x88888888u;  // t = nibble ^ 8: q = t − 8
-  // 16-bit lanes (k_j, k_16+j); t·m + 256 − 8m = q·m + 256 > 0, < 2^16: no carry between lanes.
-  const uint32_t p0 = (e & 0x000F000Fu) * m + cc;
-  const uint32_t p1 = ((e >> 4) & 0x000F000Fu) * m + cc;
-  const uint32_t p2 = ((e >> 8) & 0x000F000Fu) * m + cc;
-  const uint32_t p3 = ((e >> 12) & 0x000F000Fu) * m + cc;
-  const uint32_t q01 = __byte_perm(p0, p1, 0x6240);  // k0 k1 k16 k17 (the lanes' low bytes)
-  const uint32_t q23 = __byte_perm(p2, p3, 0x6240);  // k2 k3 k18 k19
-  lo = __byte_perm(q01, q23, 0x5410);
-  hi = __byte_perm(q01, q23, 0x7632);
 }
 
 // Keeps a register set in program order here (see the file comment: live until its wgmmas are
@@ -230,7 +214,7 @@ __global__ void __launch_bounds__(384, 1)
       mb = __ldg(mrow_b + g);
     };
     // Stage slot `slot` (group kt, multipliers ma, mb) → the A fragments of its 4 k32 steps. The
-    // 16 shared-memory words are loaded first and the lab's choice is made once a stage: with it
+    // 16 shared-memory words are loaded first and the lab switch is tested once a stage: with it
     // inside the loop (a branch a word) each word's conversion waited for its own loads, in
     // series (s32-2: Nsight Compute's stall samples).
     auto convert = [&](int slot, uint32_t ma, uint32_t mb, uint32_t (&a)[16]) {
@@ -248,21 +232,14 @@ __global__ void __launch_bounds__(384, 1)
           w[hh][kk][1] = *reinterpret_cast<const uint32_t*>(chunk + 8);
         }
       }
-      if (__builtin_expect(lab & 5, 0)) {
+      if (__builtin_expect(lab & 1, 0)) {  // lab: the packed words as the codes (wrong outputs; the conversion's cost)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t m = hh ? mb : ma;
-          const uint32_t cc = (256u - 8u * m) * 0x00010001u;
+        for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk) {
-            if (lab & 1) {  // lab: the packed words as the codes (wrong outputs; the conversion's cost)
-              a[4 * kk + hh] = w[hh][kk][0];
-              a[4 * kk + 2 + hh] = w[hh][kk][1];
-            } else {
-              int4_times_m_lanes16(w[hh][kk][0], w[hh][kk][1], sel, m, cc, a[4 * kk + hh], a[4 * kk + 2 + hh]);
-            }
+            a[4 * kk + hh] = w[hh][kk][0];
+            a[4 * kk + 2 + hh] = w[hh][kk][1];
           }
-        }
         return;
       }
 #pragma unroll
@@ -512,13 +489,12 @@ void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult,
   const bool tma_out = kOut != 2 && reinterpret_cast<uintptr_t>(y) % 16 == 0 && (size_t(N) * es) % 16 == 0 &&
                        split_env("PERRY_TWO_LEVEL_DIRECT_STORE") != 1;
   const CUtensorMap ty = tma_out ? make_map(y, M, N * es, 128, kOutTokens, CU_TENSOR_MAP_SWIZZLE_128B, name) : tx;
-  const long long tiles = (long long)((M + kBX - 1) / kBX) * ((N + kWRows - 1) / kWRows);
+  const long long tiles = tile_count(M, N, kBX);
   const int sms = sm_count();
   const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  // PERRY_LAB_TL_FLAGS (lab): 1 = no int4 conversion (the packed words go to wgmma as they are), 2 =
-  // no epilogue stores — what each costs (the outputs are wrong); 4 = the thirtieth session's
-  // conversion in 16-bit lanes (the same outputs: an A/B in one binary).
-  const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 7;
+  // PERRY_LAB_TL_FLAGS (lab only, the outputs are wrong): 1 = no int4 conversion (the packed words
+  // go to wgmma as they are), 2 = no epilogue stores — what each costs.
+  const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 3;
   gemm_w4a8_two_level_kernel<kBX, kOut><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
       tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab);
   check_launch(name);
