@@ -52,6 +52,7 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
+#include "kernels/cuda/mma_sync_common.cuh"
 #include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/sm90_gemm_common.cuh"
 
@@ -81,12 +82,7 @@ struct TwoLevelCfg {
 };
 
 #ifdef PERRY_WGMMA
-// (a ^ x) & m as one LOP3: written as C, ptxas gave two (it puts one constant in an instruction).
-__device__ __forceinline__ uint32_t xor_and(uint32_t a, uint32_t x, uint32_t m) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0x28;" : "=r"(d) : "r"(a), "r"(x), "r"(m));  // 0x28 = (0xF0 ^ 0xCC) & 0xAA
-  return d;
-}
+using mma_sync::xor_and;  // (a ^ x) & m as one LOP3
 
 // Two 32-bit words of a packed row chunk (wa: packed bytes 0-3 or 4-7 of the k32 step's 16; wb:
 // bytes 8-11 or 12-15) → this thread's 8 int8 codes q·m: lo = k 4tq..4tq+3, hi = k 16+4tq..+3.

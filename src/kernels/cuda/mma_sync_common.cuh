@@ -48,6 +48,16 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// (a ^ x) & m as one LOP3. Written in C, ptxas gives two instructions — a LOP3 takes one
+// constant as an immediate, so the XOR and the AND with two constants split — while here the
+// constants sit in registers (hoisted out of the loops that call it). The int4 decode GEMV's core
+// and the register-A int4 conversion run it once a nibble half.
+__device__ __forceinline__ uint32_t xor_and(uint32_t a, uint32_t x, uint32_t m) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x28;" : "=r"(d) : "r"(a), "r"(x), "r"(m));  // 0x28 = (0xF0 ^ 0xCC) & 0xAA
+  return d;
+}
+
 // 8 packed int4 (k order: byte j = k 2j low nibble, 2j+1 high) → two words of 4 int8 in k order.
 // Bytewise sign extension of a nibble n (byte value 0..15): ((n ^ 0x88) - 0x08) ^ 0x80 — the
 // XOR sets bit 7 so the subtraction never borrows from the neighbouring byte.
