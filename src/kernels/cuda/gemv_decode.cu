@@ -40,6 +40,7 @@ using mma_sync::cp_async_commit;
 using mma_sync::cp_async_wait;
 using mma_sync::ld_stream16;
 using mma_sync::word;
+using mma_sync::and_xor;
 using mma_sync::xor_and;
 
 // 16 warps a block, one block an SM where shared memory or registers allow no more: every block

@@ -117,9 +117,10 @@ __device__ __forceinline__ float2 w4a16_chunk(const uint4 (&w)[2], const uint8_t
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t wa = word(w0, i) >> (8 * h), wb = word(w1, i) >> (8 * h);
-      const uint32_t a[4] = {hsub2_bits((wa & 0x000F000Fu) ^ kLo, kLo), hsub2_bits((wb & 0x000F000Fu) ^ kLo, kLo),
-                             hfma2_bits((wa & 0x00F000F0u) ^ kHi, kSixteenth, kMinus72),
-                             hfma2_bits((wb & 0x00F000F0u) ^ kHi, kSixteenth, kMinus72)};
+      // and_xor: the mask and the exponent in one LOP3 (in C, ptxas splits the two constants).
+      const uint32_t a[4] = {hsub2_bits(and_xor(wa, 0x000F000Fu, kLo), kLo), hsub2_bits(and_xor(wb, 0x000F000Fu, kLo), kLo),
+                             hfma2_bits(and_xor(wa, 0x00F000F0u, kHi), kSixteenth, kMinus72),
+                             hfma2_bits(and_xor(wb, 0x00F000F0u, kHi), kSixteenth, kMinus72)};
       const uint32_t b[2] = {h == 0 ? xo[i].x : xo[i].z, h == 0 ? xo[i].y : xo[i].w};
       mma_f16(d, a, b);
     }

@@ -57,6 +57,12 @@ __device__ __forceinline__ uint32_t xor_and(uint32_t a, uint32_t x, uint32_t m) 
   asm("lop3.b32 %0, %1, %2, %3, 0x28;" : "=r"(d) : "r"(a), "r"(x), "r"(m));  // 0x28 = (0xF0 ^ 0xCC) & 0xAA
   return d;
 }
+// (a & m) ^ x as one LOP3, for the same reason (w4a16 decode: a nibble under an fp16 exponent).
+__device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t m, uint32_t x) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(d) : "r"(a), "r"(m), "r"(x));  // 0x6A = (0xF0 & 0xCC) ^ 0xAA
+  return d;
+}
 
 // 8 packed int4 (k order: byte j = k 2j low nibble, 2j+1 high) → two words of 4 int8 in k order.
 // Bytewise sign extension of a nibble n (byte value 0..15): ((n ^ 0x88) - 0x08) ^ 0x80 — the
