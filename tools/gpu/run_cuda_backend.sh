@@ -341,7 +341,7 @@ case "$LEVEL" in
   ops) bench_op ;;
   # `gemmvar`: bench-op (w8a8 + peers, GEMM_SHAPES x GEMM_MS) once per GEMM_VARIANTS entry
   # "name:VAR=v,VAR=v" (environment of that run, e.g. PERRY_WGMMA_PINGPONG=0); one bench-op-NAME.md
-  # each, the w8a8 rows of all of them in summary.md. A name starting with "alt" runs bin/perry-alt
+  # each, every mode's rows of all of them in summary.md. A name starting with "alt" runs bin/perry-alt
   # (the bundle's ALT_REV build): two commits' kernels in one call.
   gemmvar)
     for v in ${GEMM_VARIANTS:-base:}; do
@@ -356,7 +356,7 @@ case "$LEVEL" in
       rc=$?
       say ""; say "## bench-op $name ($envs): exit $rc"
       grep '^\[gemm_w8a8_wgmma\]' "$T/bench-op-$name.log" | sort -u | head -16 | sed 's/^/    /' | tee -a "$S"
-      grep -E '^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (w8a8|w8a8-fp8|w8a8-g128|w8a8-g64|w4a8|w4a8-g128|cublas-bf16|cublaslt-i8-i32) \|' "$OUT/bench-op-$name.md" 2>/dev/null |
+      grep -E '^\| [0-9]+ \| [0-9]+ \| [0-9]+ \| (bf16|w8a16|w4a16|w8a8|w8a8-fp8|w8a8-g128|w8a8-g64|w4a8|w4a8-g128|cublas-bf16|cublaslt-i8-i32) \|' "$OUT/bench-op-$name.md" 2>/dev/null |
         awk -F'|' '{printf "    %s %s %s %-16s ms %s gemm %s TOPS %s x %s gemm-x %s %s\n", $2, $3, $4, $5, $6, $7, $9, $12, $13, $16}' | tee -a "$S"
       sed -n '/^## M = 1 back to back/,/^## Startup/p' "$OUT/bench-op-$name.md" 2>/dev/null | grep '^| [0-9]' |
         awk -F'|' '{printf "    %s %s M=1 %-16s back to back: ms %s GB/s %s (%s) x %s\n", $2, $3, $4, $5, $6, $7, $8}' | tee -a "$S"
