@@ -760,8 +760,7 @@ TEST(CudaGemvDecode, GroupedRowsTakeTheRing) {
   std::mt19937 gen(25);
   Dev<float> dx(rand_f(32768, gen, -1.f, 1.f)), dnw(rand_f(32768, gen, 0.5f, 1.5f)), dy(rand_f(20000, gen, -1.f, 1.f));
   for (QuantMode mode : modes_and_bf16()) {
-    // The kinds whose lanes fold a run of one group a step: grouped, but not w4a16 (a scale a chunk,
-    // from the ring where its windows fit and cost no stage, from global memory otherwise).
+    // The kinds whose lanes fold a run of one group a step: grouped, but not w4a16 (a scale a chunk).
     const int group = mode == QuantMode::BF16 ? 0 : pc::quant_mode_bits(mode).group_size;
     const bool runs = group > 0 && mode != QuantMode::W4A16;
     for (const DecodeForm& f : kDecodeForms)
@@ -791,15 +790,6 @@ TEST(CudaGemvDecode, GroupedRowsTakeTheRing) {
   EXPECT_EQ(pc::gemv_decode_ring_stages(dw.w, a), 0);
   a.bulk_stages = 1;  // the same checks as gemv_decode
   EXPECT_THROW(pc::gemv_decode_ring_stages(dw.w, a), perry::Error);
-  // w4a16 carries its scales in the ring only where their slots cost the ring no stage: its fp16
-  // input row takes 2·K bytes, so down_proj's plain row at K 14336 keeps the 3 stages asked (without
-  // ring scales), and gate|up's RMSNorm row at K 4096 the 2 asked (with them; the bits are checked
-  // against register loads in BulkCopyIsBitIdentical).
-  const DeviceWeights w16 = random_weights(QuantMode::W4A16, 64, 14336, gen, nullptr);
-  pc::DecodeLinearArgs plain = form_args(kDecodeForms[2], dx.p, dnw.p, dy.p);
-  EXPECT_EQ(pc::gemv_decode_ring_stages(w16.w, plain), 3) << "w4a16 K=14336 plain";
-  const DeviceWeights w16n = random_weights(QuantMode::W4A16, 64, 4096, gen, nullptr);
-  EXPECT_EQ(pc::gemv_decode_ring_stages(w16n.w, form_args(kDecodeForms[1], dx.p, dnw.p, dy.p)), 2) << "w4a16 K=4096";
 }
 
 TEST(CudaGemvDecode, RejectsWhatItCannotRun) {

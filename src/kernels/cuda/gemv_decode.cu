@@ -146,16 +146,12 @@ constexpr int kStageBytes = 4096;  // kR·kU·512 (2 rows, 4 chunks a lane)
 // at g128) and the rest of the last piece after them — at most 35 floats, 144 bytes.
 constexpr int kRingScaleRowBytes = 144;
 // Whether a kind's lanes fold a run of one group a step (the kernel's kRun: grouped, not w4a16,
-// whose lanes take a scale per chunk). Ring scales: the bulk kernels of the grouped kinds copy
-// each step's group scales into its ring stage beside its weights and read them from shared
-// memory, so they arrive p.stages steps ahead. With the scale loaded one step ahead into a register
-// instead, the register copy waited for that load (L2 latency under full HBM load) in 34% of
-// gate|up's warp samples (s23 run 1). Measured in the decode step (s24): +2.2–3.4%, where a
-// run-time choice between the two ways gained nothing — so the run kinds' bulk kernels have this
-// one way only. w4a16 (a scale per chunk and row: 8 loads a lane and step, and their addresses)
-// takes them from the ring too (s34), except where the scales' slots would cost the ring a stage
-// (launch(): its fp16 input is 2·K bytes, so at K 14336 the plain-input ring keeps 3 stages only
-// without them).
+// whose lanes take a scale per chunk). Ring scales: the bulk kernels of these kinds copy each
+// step's group scales into its ring stage beside its weights and read them from shared memory, so
+// they arrive p.stages steps ahead. With the scale loaded one step ahead into a register instead,
+// the register copy waited for that load (L2 latency under full HBM load) in 34% of gate|up's warp
+// samples (s23 run 1). Measured in the decode step (s24): +2.2–3.4%, where a run-time choice
+// between the two ways gained nothing — so the bulk kernels have this one way only.
 __host__ __device__ constexpr bool folds_runs(int w_kind, bool xi8, bool grouped) {
   return grouped && !(w_kind == kWI4 && !xi8);
 }
@@ -252,7 +248,7 @@ constexpr bool kHaveBulkCopy = false;
 #endif
 // kTimeline: the lab's instantiation (lab_timeline.h), launched only while a log is installed.
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulkAsked, bool kNoPipe = false,
-          bool kTimeline = false, bool kScaleRing = true>
+          bool kTimeline = false>
 __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   static_assert((kOut != kOutSwiglu && kOut != kOutRopeKv) || kR == 2, "SwiGLU / RopeKv pair two rows in one warp");
   static_assert(kR * kU * 512 == kStageBytes, "one step is one ring stage");
@@ -295,11 +291,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // k values of one row in one step; a grouped step starts on a group boundary (groups are powers
   // of two no longer than a lane's run, gemv_decode_supports).
   constexpr int kStepK = 32 * kU * per_chunk<kW>();
-  // Grouped bulk kernels: the step's group scales arrive in its ring stage with its weights,
-  // p.stages steps ahead, and are read from shared memory (folds_runs; kScaleRing: launch()'s
-  // choice for w4a16).
-  constexpr bool kRingScales = kGrouped && kBulk && (kScaleRing || !kXF16);
-  static_assert(!kGrouped || kRingScaleRowBytes >= 4 * (3 + kStepK / (kW == kWI4 ? 128 : 64)),
+  // Runs of a bulk kernel: the step's group scales arrive in its ring stage with its weights,
+  // p.stages steps ahead, and are read from shared memory (folds_runs).
+  constexpr bool kRingScales = kRun && kBulk;
+  static_assert(!kRun || kRingScaleRowBytes >= 4 * (3 + kStepK / (kW == kWI4 ? 128 : 64)),
                 "a step's scales and their lead fit their slot");
   static_assert(kRingScaleRowBytes % 16 == 0, "every slot starts on a 16-byte boundary");
   // w4a16: the products on the tensor cores (w4a16_chunk), the group scales folded once per chunk
@@ -461,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   for (int u = 0; u < (kXF16 ? kU : 1); ++u)
 #pragma unroll
     for (int r = 0; r < kR; ++r)
-      cs_cur[u][r] = kXF16 && active && !kRingScales ? chunk_scale(row_of<kOut, kR>(g, warp, r, p), 0, u) : 0.0f;
+      cs_cur[u][r] = kXF16 && active ? chunk_scale(row_of<kOut, kR>(g, warp, r, p), 0, u) : 0.0f;
   // The RMSNorm weights (never written by the decode step's kernels) into registers before the
   // wait, so the prologue after it reads global memory once, for x.
   float nw_regs[kNormRegOctets][8];
@@ -561,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     for (int u = 0; u < (kXF16 ? kU : 1); ++u)
 #pragma unroll
       for (int r = 0; r < kR; ++r)
-        cs_nxt[u][r] = kXF16 && has_next && !kRingScales ? chunk_scale(row_of<kOut, kR>(ng, warp, r, p), nit, u) : 0.0f;
+        cs_nxt[u][r] = kXF16 && has_next ? chunk_scale(row_of<kOut, kR>(ng, warp, r, p), nit, u) : 0.0f;
     uint4 nxt[kU][kR];
     if constexpr (kBulk) {
 #ifdef PERRY_BULK_COPY
@@ -579,26 +574,15 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       if (kRingScales) {
         // The lane's run's group within the step (clamped like run_scale: a lane past the row's
         // end folds zero sums with the row's last scale, which its stage holds), past the row's
-        // lead in its window (issue_step_at; 0 wherever G is a multiple of 4). w4a16: each chunk
-        // u's group likewise (clamped like chunk_scale).
+        // lead in its window (issue_step_at; 0 wherever G is a multiple of 4).
         constexpr int kRowFloats = kRingScaleRowBytes / 4;
         const int g0 = (it * kStepK) >> p.gs_shift;
+        const int lg = min(((it * 32 + lane) * kU * kPer) >> p.gs_shift, p.G - 1) - g0;
         const float* ss = reinterpret_cast<const float*>(xs + rl.scales) + (warp * p.stages + st) * kR * kRowFloats;
-        int lead[kR];
 #pragma unroll
-        for (int r = 0; r < kR; ++r)
-          lead[r] = int(((long long)max(row_of<kOut, kR>(g, warp, r, p), 0) * p.G + g0) & 3);
-        if constexpr (kXF16) {
-#pragma unroll
-          for (int u = 0; u < kU; ++u) {
-            const int lg = min((chunk_of(it, u) * kPer) >> p.gs_shift, p.G - 1) - g0;
-#pragma unroll
-            for (int r = 0; r < kR; ++r) cs_cur[u][r] = ss[r * kRowFloats + lead[r] + lg];
-          }
-        } else {
-          const int lg = min(((it * 32 + lane) * kU * kPer) >> p.gs_shift, p.G - 1) - g0;
-#pragma unroll
-          for (int r = 0; r < kR; ++r) s_cur[r] = ss[r * kRowFloats + lead[r] + lg];
+        for (int r = 0; r < kR; ++r) {
+          const int lead = int(((long long)max(row_of<kOut, kR>(g, warp, r, p), 0) * p.G + g0) & 3);
+          s_cur[r] = ss[r * kRowFloats + lead + lg];
         }
       }
       __syncwarp();
@@ -726,12 +710,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
     g = ng, it = nit;
 #pragma unroll
     for (int r = 0; r < kR; ++r) s_cur[r] = s_nxt[r];
-    if constexpr (!kRingScales) {
 #pragma unroll
-      for (int u = 0; u < (kXF16 ? kU : 1); ++u)
+    for (int u = 0; u < (kXF16 ? kU : 1); ++u)
 #pragma unroll
-        for (int r = 0; r < kR; ++r) cs_cur[u][r] = cs_nxt[u][r];
-    }
+      for (int r = 0; r < kR; ++r) cs_cur[u][r] = cs_nxt[u][r];
     if constexpr (kPipe) {
 #pragma unroll
       for (int u = 0; u < kU; ++u)
@@ -746,9 +728,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 }
 
 template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR, int kU, bool kBulk, bool kNoPipe = false,
-          bool kTimeline = false, bool kScaleRing = true>
+          bool kTimeline = false>
 void launch_kernel(const Params& p, size_t smem, const char* name, cudaStream_t stream) {
-  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk, kNoPipe, kTimeline, kScaleRing>;
+  auto* kernel = gemv_decode_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, kBulk, kNoPipe, kTimeline>;
   // Shared memory above the 48 KiB default needs an opt-in (once per kernel, raised as needed;
   // under a lock so that two host threads cannot leave it at the smaller of two requests).
   static std::mutex mu;
@@ -776,13 +758,11 @@ template <int kW, bool kXI8, bool kGrouped, int kIn, int kOut, int kR = 2, int k
 int launch(Params p, const char* name, cudaStream_t stream, bool dry) {
   const int prologue = smem_layout(p.K, kW, kXI8, kIn).total;
   static const bool has_bulk_copy = compute_capability_major() >= 9;
-  // Grouped kinds copy their group scales into the ring (folds_runs) as aligned 16-byte windows
+  // Kinds with runs copy their group scales into the ring (folds_runs) as aligned 16-byte windows
   // (issue_step_at): from a 16-byte aligned array whose N·G floats are a whole number of pieces,
   // so that no window reads past its end — every shape of the checkpoints perry runs, G odd or
-  // even (Qwen2.5-1.5B's down_proj: N 1536, G 70). Other shapes stream through registers (the
-  // run kinds) or load their scales from global memory (w4a16).
+  // even (Qwen2.5-1.5B's down_proj: N 1536, G 70). Other shapes stream through registers.
   constexpr bool kRuns = folds_runs(kW, kXI8, kGrouped);
-  constexpr bool kXF16 = !kXI8 && kW == kWI4;
   const bool scale_windows_inside = (long long)p.N * p.G % 4 == 0 && quant_args::aligned(p.sw, 16);
   if (p.stages > 0 && has_bulk_copy && (!kRuns || scale_windows_inside)) {
     // The opt-in limit covers dynamic + static shared memory (the block reductions' scratch).
@@ -792,31 +772,13 @@ int launch(Params p, const char* name, cudaStream_t stream, bool dry) {
                  "cudaFuncGetAttributes (gemv_decode)");
       return max_smem_per_block_optin() - int(fa.sharedSizeBytes);
     }();
-    auto stages_fitting = [&](bool ring_scales) {
-      int st = p.stages;
-      while (st > 2 && ring_layout(prologue, st, ring_scales).total > limit) --st;
-      return st >= 2 && ring_layout(prologue, st, ring_scales).total <= limit ? st : 0;
-    };
-    // w4a16: scales in the ring unless their slots cost the ring a stage (folds_runs), or the
-    // windows would pass the array's end.
-    bool ring_scales = kGrouped;
-    int st = stages_fitting(ring_scales);
-    if constexpr (kXF16) {
-      const int st_plain = stages_fitting(false);
-      if (!scale_windows_inside || st_plain > st) ring_scales = false, st = st_plain;
-    }
-    if (st >= 2) {
+    int st = p.stages;
+    while (st > 2 && ring_layout(prologue, st, kRuns).total > limit) --st;
+    if (st >= 2 && ring_layout(prologue, st, kRuns).total <= limit) {
       p.stages = st;
       if (dry) return st;
-      const size_t smem = size_t(ring_layout(prologue, st, ring_scales).total);
+      const size_t smem = size_t(ring_layout(prologue, st, kRuns).total);
       // (The timeline lab records the bulk kernels only: the sm_90 decode path.)
-      if constexpr (kXF16) {
-        if (!ring_scales) {
-          if (p.timeline) launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true, false, true, false>(p, smem, name, stream);
-          else launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true, false, false, false>(p, smem, name, stream);
-          return st;
-        }
-      }
       if (p.timeline) launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true, false, true>(p, smem, name, stream);
       else launch_kernel<kW, kXI8, kGrouped, kIn, kOut, kR, kU, true>(p, smem, name, stream);
       return st;
