@@ -255,10 +255,11 @@ std::vector<float> plain_into_zeros(QuantMode mode, const perry::quant::Quantize
   return dy.get();
 }
 
-// The weight-only kinds carry their bf16 input row as 24-bit fixed point at a power of two per run
-// (64 values for w8a16, 128 for w4a16's tensor cores): rows at any scale (values near 2^-60 and
-// 2^60, one outlier 30 times the rest) still give the float64 reference of the bf16 rule, through
-// registers and the staged row (K 20480), with partial chunk windows (K 1056).
+// w4a16 takes its bf16 input row to the tensor cores as fp16 at a power of two per 128-value run:
+// rows far outside fp16's range (values near 2^-60 and 2^60, one outlier 30 times the rest) still
+// give the float64 reference of the bf16 rule — without the scaling they would flush to zero or
+// overflow to inf — through registers and the staged row (K 20480), with partial chunk windows
+// (K 1056). w8a16's input runs (24-bit fixed point at a power of two per 64 values) the same way.
 TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
   REQUIRE_GPU();
   std::mt19937 gen(31);
@@ -279,84 +280,79 @@ TEST(CudaGemvDecode, WeightOnlyInputAtAnyScale) {
       }
 }
 
-// The weight-only kinds carry their bf16 input as three byte planes of a 24-bit fixed-point number
-// per run (gemv_decode_w8a16.cuh: 64 values for w8a16, 128 for w4a16). Runs whose values span ~60
-// binades — each led by a value that bf16 rounds up to the next power of two (65535.99 → 65536:
-// the run's power of two must come from the rounded values, or the 24-bit number overflows) —
-// still give the float64 reference of the bf16 rule (within 2e-5 of Σ|terms|: the grid's rounding,
-// one fp32 ulp of the run's amax a value, is at most 128·2^-24 = 7.6e-6 of a run's terms; a 16-bit
-// grid's worst case, 64·2^-16, is 1e-3), through registers and the staged row; and one NaN in the
-// row makes every output NaN, as the fp32 rule would, not a finite sum (the fixed-point conversion
-// alone would turn NaN into 0).
-TEST(CudaGemvDecode, WeightOnlyInputRunsWideRangeAndNaN) {
+// w8a16 carries its bf16 input as three byte planes of a 24-bit fixed-point number per 64-value run
+// (gemv_decode_w8a16.cuh). Runs whose values span ~60 binades — each led by a value that bf16
+// rounds up to the next power of two (65535.99 → 65536: the run's power of two must come from the
+// rounded values, or the 24-bit number overflows) — still give the float64 reference of the bf16
+// rule (within 2e-5 of Σ|terms|: the grid's rounding, one fp32 ulp of the run's amax a value, is at
+// most 64·2^-24 = 3.8e-6 of a run's terms; a 16-bit grid's worst case, 64·2^-16, is 1e-3),
+// through registers and the staged row; and one NaN in the row makes every output NaN, as the
+// fp32 rule would, not a finite sum (the fixed-point conversion alone would turn NaN into 0).
+TEST(CudaGemvDecode, W8A16InputRunsWideRangeAndNaN) {
   REQUIRE_GPU();
   std::mt19937 gen(41);
-  for (QuantMode mode : {QuantMode::W8A16, QuantMode::W4A16})
-    for (int K : {1056, 20480}) {
-      const int N = 70, run = mode == QuantMode::W4A16 ? 128 : 64;
-      const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " K=" + std::to_string(K);
-      std::vector<float> x = rand_f(size_t(K), gen, -2.f, 2.f);
-      for (int k = 0; k < K; ++k) x[size_t(k)] = std::ldexp(x[size_t(k)], -(k % 61));
-      for (int k = 0; k < K; k += run) x[size_t(k)] = k % (2 * run) == 0 ? 65535.99f : -65535.99f;
-      const Act a = bf16_act(x);
-      ASSERT_EQ(perry::bf16_to_f32(a.xb[0]), 65536.f);
-      const perry::quant::QuantizedWeight qw = make_weight(mode, N, K, gen);
-      std::vector<double> ref, mag;
-      reference(qw, unpack(qw), a, 1, nullptr, ref, mag);
-      expect_close(plain_into_zeros(mode, qw, x, what), ref, mag, what, 2e-5);
+  for (int K : {1056, 20480}) {
+    const int N = 70;
+    const std::string what = "w8a16 K=" + std::to_string(K);
+    std::vector<float> x = rand_f(size_t(K), gen, -2.f, 2.f);
+    for (int k = 0; k < K; ++k) x[size_t(k)] = std::ldexp(x[size_t(k)], -(k % 61));
+    for (int k = 0; k < K; k += 64) x[size_t(k)] = k % 128 == 0 ? 65535.99f : -65535.99f;
+    const Act a = bf16_act(x);
+    ASSERT_EQ(perry::bf16_to_f32(a.xb[0]), 65536.f);
+    const perry::quant::QuantizedWeight qw = make_weight(QuantMode::W8A16, N, K, gen);
+    std::vector<double> ref, mag;
+    reference(qw, unpack(qw), a, 1, nullptr, ref, mag);
+    expect_close(plain_into_zeros(QuantMode::W8A16, qw, x, what), ref, mag, what, 2e-5);
 
-      x[size_t(K / 2 + 5)] = std::nanf("");
-      const std::vector<float> y = plain_into_zeros(mode, qw, x, what + " NaN");
-      int finite = 0;
-      for (float v : y) finite += !std::isnan(v);
-      EXPECT_EQ(finite, 0) << what << ": rows not NaN with a NaN input";
-    }
+    x[size_t(K / 2 + 5)] = std::nanf("");
+    const std::vector<float> y = plain_into_zeros(QuantMode::W8A16, qw, x, what + " NaN");
+    int finite = 0;
+    for (float v : y) finite += !std::isnan(v);
+    EXPECT_EQ(finite, 0) << what << ": rows not NaN with a NaN input";
+  }
 }
 
-// The other side of the weight-only kinds' 24-bit grid: values below amax·2^-15 of their run are
-// rounded to its grid 2^(E−23) (round half to even), and the kernel gives that sum — the float64
-// sum of the rounded values — to within the fp32 folds' rounding. Each run (64 values for w8a16,
-// 128 for w4a16) is led by ±1 (E = 1, grid 2^-22) and its other values are ±1.5 grid steps, all
-// signed as row 0's weights so that every rounding moves row 0's sum the same way: its rounded sum
-// differs from the bf16 rule's by ~10^-5 of Σ|terms| (8·10^-6 for w8a16's weights), so a kernel on
-// a finer grid (s22's 32 bits, exact here; w4a16's earlier fp16 input) or a coarser one fails the
-// 10^-6 check.
-TEST(CudaGemvDecode, WeightOnlyInputGridRoundsAsDocumented) {
+// The other side of w8a16's 24-bit grid: values below amax·2^-15 of their run are rounded to its
+// grid 2^(E−23) (round half to even), and the kernel gives that sum — the float64 sum of the
+// rounded values — to within the fp32 folds' rounding. Each run is led by ±1 (E = 1, grid 2^-22)
+// and its other values are ±1.5 grid steps, all signed as row 0's weights so that every rounding
+// moves row 0's sum the same way: its rounded sum differs from the bf16 rule's by ~10^-5 of
+// Σ|terms| (8·10^-6 for these weights), so a kernel on a finer grid (s22's 32 bits, exact here) or
+// a coarser one fails the 10^-6 check.
+TEST(CudaGemvDecode, W8A16InputGridRoundsAsDocumented) {
   REQUIRE_GPU();
   const int N = 8;
   std::mt19937 gen(43);
-  for (QuantMode mode : {QuantMode::W8A16, QuantMode::W4A16})
-    for (int K : {1056, 20480}) {
-      const int run = mode == QuantMode::W4A16 ? 128 : 64;
-      const std::string what = std::string(perry::quant::quant_mode_name(mode)) + " grid K=" + std::to_string(K);
-      const perry::quant::QuantizedWeight qw = make_weight(mode, N, K, gen);
-      const std::vector<int> wu = unpack(qw);
-      const double step = std::ldexp(1.0, -22);
-      std::vector<float> x(static_cast<size_t>(K));
-      std::vector<double> v(static_cast<size_t>(K));  // x on its run's grid
-      for (int k = 0; k < K; ++k) {
-        const double sign = wu[size_t(k)] < 0 ? -1.0 : 1.0;  // row 0's weight
-        x[size_t(k)] = float(sign * (k % run == 0 ? 1.0 : 1.5 * step));
-        v[size_t(k)] = sign * (k % run == 0 ? 1.0 : 2.0 * step);  // rint(±1.5) = ±2
-      }
-      const Act a = bf16_act(x);
-      ASSERT_EQ(perry::bf16_to_f32(a.xb[1]), x[1]);  // the inputs are bf16 values
-      std::vector<double> ref, mag;
-      reference(qw, wu, a, 1, nullptr, ref, mag);
-      const int G = qw.n_groups(), gl = perry::cuda::quant_mode_bits(mode).group_size;
-      std::vector<double> grid(size_t(N), 0.0);
-      for (int n = 0; n < N; ++n)
-        for (int k = 0; k < K; ++k)
-          grid[size_t(n)] += double(qw.scales[size_t(n) * G + k / gl]) * v[size_t(k)] * wu[size_t(n) * K + k];
-      const double moved = std::fabs(grid[0] - ref[0]);
-      EXPECT_GT(moved, 3e-6 * mag[0]) << what << ": the data must exercise the grid's rounding";
-      const std::vector<float> y = plain_into_zeros(mode, qw, x, what);
-      for (int n = 0; n < N; ++n)  // the fp32 folds' rounding: ~K / run adds of 2^-24 each, well below 10^-6
-        EXPECT_LE(std::fabs(double(y[size_t(n)]) - grid[size_t(n)]), 1e-6 * mag[size_t(n)])
-            << what << " row " << n << ": gpu " << y[size_t(n)] << " grid " << grid[size_t(n)] << " bf16 rule "
-            << ref[size_t(n)];
-      EXPECT_LT(std::fabs(double(y[0]) - grid[0]), 0.1 * moved) << what << ": row 0 not on the 24-bit grid's side";
+  for (int K : {1056, 20480}) {
+    const std::string what = "w8a16 grid K=" + std::to_string(K);
+    const perry::quant::QuantizedWeight qw = make_weight(QuantMode::W8A16, N, K, gen);
+    const std::vector<int> wu = unpack(qw);
+    const double step = std::ldexp(1.0, -22);
+    std::vector<float> x(static_cast<size_t>(K));
+    std::vector<double> v(static_cast<size_t>(K));  // x on its run's grid
+    for (int k = 0; k < K; ++k) {
+      const double sign = wu[size_t(k)] < 0 ? -1.0 : 1.0;  // row 0's weight
+      x[size_t(k)] = float(sign * (k % 64 == 0 ? 1.0 : 1.5 * step));
+      v[size_t(k)] = sign * (k % 64 == 0 ? 1.0 : 2.0 * step);  // rint(±1.5) = ±2
     }
+    const Act a = bf16_act(x);
+    ASSERT_EQ(perry::bf16_to_f32(a.xb[1]), x[1]);  // the inputs are bf16 values
+    std::vector<double> ref, mag;
+    reference(qw, wu, a, 1, nullptr, ref, mag);
+    const int G = qw.n_groups(), gl = perry::cuda::quant_mode_bits(QuantMode::W8A16).group_size;
+    std::vector<double> grid(size_t(N), 0.0);
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k)
+        grid[size_t(n)] += double(qw.scales[size_t(n) * G + k / gl]) * v[size_t(k)] * wu[size_t(n) * K + k];
+    const double moved = std::fabs(grid[0] - ref[0]);
+    EXPECT_GT(moved, 3e-6 * mag[0]) << what << ": the data must exercise the grid's rounding";
+    const std::vector<float> y = plain_into_zeros(QuantMode::W8A16, qw, x, what);
+    for (int n = 0; n < N; ++n)  // the fp32 folds' rounding: ~K / 64 adds of 2^-24 each, well below 10^-6
+      EXPECT_LE(std::fabs(double(y[size_t(n)]) - grid[size_t(n)]), 1e-6 * mag[size_t(n)])
+          << what << " row " << n << ": gpu " << y[size_t(n)] << " grid " << grid[size_t(n)] << " bf16 rule "
+          << ref[size_t(n)];
+    EXPECT_LT(std::fabs(double(y[0]) - grid[0]), 0.1 * moved) << what << ": row 0 not on the 24-bit grid's side";
+  }
 }
 
 // SwiGLU with round_bf16 (the CUDA backend's gate|up rule: bf16 values before SwiGLU) gives

@@ -95,12 +95,12 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
   f[4] = bf16_lo(v.z), f[5] = bf16_hi(v.z), f[6] = bf16_lo(v.w), f[7] = bf16_hi(v.w);
 }
 
-// Shared memory of a block (bytes from the start): xs — the linear's input, int8 [K], bf16 [K] or
-// (weight-only kinds) three byte planes [3][K]; xsum — int4 with int8 input: int [K / 32], the
-// weight-only kinds' run scales; xf — fp32 [K] staging of the input row, only where the row is too
-// long to stay in registers (!x_in_registers: RMSNorm inputs with K > 8192, plain scaled inputs
-// with K > 16384). At most 7·K + K / 16 bytes (w8a16 past K 16384: planes, run scales, staging) —
-// 226 KiB at K = kMaxK —, inside the 227 KiB a Hopper block may opt into. The
+// Shared memory of a block (bytes from the start): xs — the linear's input, int8 [K], bf16 / fp16
+// [K] or (w8a16) three byte planes [3][K]; xsum — int4 with int8 input: int [K / 32], the weight-only
+// kinds' run scales; xf — fp32 [K] staging of the input row, only where the row is too long to stay
+// in registers (!x_in_registers: RMSNorm inputs with K > 8192, plain scaled inputs with K > 16384).
+// At most 6·K bytes (fp16 RMSNorm inputs past K 8192: xs 2·K + xf 4·K) — 192 KiB at K = kMaxK —
+// or, w8a16, 7·K + K / 16 (226 KiB at kMaxK), inside the 227 KiB a Hopper block may opt into. The
 // bulk-copy ring takes up to the rest (its depth was worth 3–5% of a token at stages 2 → 3 for the
 // plain-input linears, fourteenth session).
 //
@@ -112,8 +112,8 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
 constexpr int kRegOctets = 4, kMaxRegK = kRegOctets * 8 * kThreads;
 constexpr int kNormRegOctets = 2, kMaxRegNormK = kNormRegOctets * 8 * kThreads;
 // Whether the input row is scaled (an amax taken first): int8 activations (per token), and the
-// weight-only kinds' rows (byte planes at a power of two per run, limb_pow2_params). Only bf16
-// takes x as bf16.
+// weight-only kinds' rows (a power of two per run: w4a16's fp16, fp16_pow2_params; w8a16's byte
+// planes, limb_pow2_params). Only bf16 takes x as bf16.
 __host__ __device__ constexpr bool x_scaled(int w_kind, bool xi8) { return xi8 || w_kind != kWBf16; }
 __host__ __device__ inline bool x_in_registers(int K, int w_kind, bool xi8, int in_kind) {
   return in_kind == kInNorm ? K <= kMaxRegNormK : x_scaled(w_kind, xi8) && K <= kMaxRegK;
@@ -123,14 +123,12 @@ struct SmemLayout {
 };
 __host__ __device__ inline SmemLayout smem_layout(int K, int w_kind, bool xi8, int in_kind) {
   SmemLayout l;
-  // xs: int8 [K], bf16 [K], or (weight-only kinds) three byte planes [3][K].
-  l.xsum = xi8 ? K : (w_kind != kWBf16 ? kLimbPlanes * K : 2 * K);
-  // xsum: int4 with int8 x, Σ of each 32-value chunk (int [K / 32]); the weight-only kinds' run
-  // scales there (limb_octet_in_run): w4a16 each 128-value run's (float [K / 128]), w8a16 each
-  // 64-value run's (float [ceil(K / 64)]).
-  const int xsum_bytes = xi8 ? (w_kind == kWI4 ? K / 32 * 4 : 0)
-                             : (w_kind == kWI4 ? (K + 127) / 128 * 4 : (w_kind == kWI8 ? (K + 63) / 64 * 4 : 0));
-  l.xf = l.xsum + xsum_bytes;
+  // xs: int8 [K], bf16 or fp16 [K], or (w8a16) three byte planes [3][K].
+  l.xsum = xi8 ? K : (w_kind == kWI8 ? kLimbPlanes * K : 2 * K);
+  // xsum: int4 with int8 x, Σ of each 32-value chunk (int [K / 32]); w4a16: each 128-value run's
+  // fp16 scale there (float [K / 128], fp16_octet_in_run); w8a16: each 64-value run's scale (float
+  // [ceil(K / 64)], limb_octet_in_run).
+  l.xf = l.xsum + (w_kind == kWI4 ? K / 32 * 4 : (!xi8 && w_kind == kWI8 ? (K + 63) / 64 * 4 : 0));
   l.xf = (l.xf + 15) / 16 * 16;
   const bool stage = (x_scaled(w_kind, xi8) || in_kind == kInNorm) && !x_in_registers(K, w_kind, xi8, in_kind);
   l.total = l.xf + (stage ? 4 * K : 0);
@@ -286,8 +284,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
   // lane-rotated order so that the bulk kernels' reads of the ring stay conflict-free (the 8 lanes
   // of a 128-byte phase read 8 different 16-byte columns). Other kinds: lane l takes chunks l,
   // l + 32, ...
-  // w4a16 (kW4A16, below) takes chunks like the per-channel kinds: a lane quad's 4 chunks are its run.
-  constexpr bool kW4A16 = !kXI8 && kW == kWI4;
+  // w4a16 (kXF16, below) takes chunks like the per-channel kinds: a lane quad's 4 chunks are its run.
+  constexpr bool kXF16 = !kXI8 && kW == kWI4;
   constexpr bool kRun = folds_runs(kW, kXI8, kGrouped);
   static_assert(!kRun || (kW != kWBf16 && kU == 4), "runs: quantized weights, 4 chunks a lane");
   // k values of one row in one step; a grouped step starts on a group boundary (groups are powers
@@ -322,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
       }
     }
   };
-  // kW4A16: the group scale of row n for the lane's chunk u of step ii (clamped, like run_scale).
+  // kXF16: the group scale of row n for the lane's chunk u of step ii (clamped, like run_scale).
   auto chunk_scale = [&](int n, int ii, int u) {
     const int grp = min((chunk_of(ii, u) * kPer) >> p.gs_shift, p.G - 1);
     return __ldg(p.sw + (long long)max(n, 0) * p.G + grp);
@@ -453,12 +451,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #pragma unroll
   for (int r = 0; r < kR; ++r)
     s_cur[r] = kRun && active && !kRingScales ? run_scale(row_of<kOut, kR>(g, warp, r, p), 0) : 0.0f;
-  float cs_cur[kW4A16 ? kU : 1][kR];  // kW4A16: the chunks' scales, likewise a step ahead
+  float cs_cur[kXF16 ? kU : 1][kR];  // kXF16: the chunks' scales, likewise a step ahead
 #pragma unroll
-  for (int u = 0; u < (kW4A16 ? kU : 1); ++u)
+  for (int u = 0; u < (kXF16 ? kU : 1); ++u)
 #pragma unroll
     for (int r = 0; r < kR; ++r)
-      cs_cur[u][r] = kW4A16 && active ? chunk_scale(row_of<kOut, kR>(g, warp, r, p), 0, u) : 0.0f;
+      cs_cur[u][r] = kXF16 && active ? chunk_scale(row_of<kOut, kR>(g, warp, r, p), 0, u) : 0.0f;
   // The RMSNorm weights (never written by the decode step's kernels) into registers before the
   // wait, so the prologue after it reads global memory once, for x.
   float nw_regs[kNormRegOctets][8];
@@ -553,12 +551,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #pragma unroll
     for (int r = 0; r < kR; ++r)
       s_nxt[r] = kRun && has_next && !kRingScales ? run_scale(row_of<kOut, kR>(ng, warp, r, p), nit) : 0.0f;
-    float cs_nxt[kW4A16 ? kU : 1][kR];
+    float cs_nxt[kXF16 ? kU : 1][kR];
 #pragma unroll
-    for (int u = 0; u < (kW4A16 ? kU : 1); ++u)
+    for (int u = 0; u < (kXF16 ? kU : 1); ++u)
 #pragma unroll
       for (int r = 0; r < kR; ++r)
-        cs_nxt[u][r] = kW4A16 && has_next ? chunk_scale(row_of<kOut, kR>(ng, warp, r, p), nit, u) : 0.0f;
+        cs_nxt[u][r] = kXF16 && has_next ? chunk_scale(row_of<kOut, kR>(ng, warp, r, p), nit, u) : 0.0f;
     uint4 nxt[kU][kR];
     if constexpr (kBulk) {
 #ifdef PERRY_BULK_COPY
@@ -606,17 +604,16 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = chunk_of(it, u);
-      if constexpr (kW4A16) {
+      if constexpr (kXF16) {
         static_assert(kR == 2, "the tensor-core chunk takes two rows");
         // mma.sync is warp-wide: a chunk is skipped only when the whole warp is past the row's
         // end; in a window that ends inside the warp, the lanes past it multiply zeros.
         const int c0 = it * 32 * kU + u * 32;
         if (c0 >= nchunks) continue;
-        const float2 d = c0 + 32 <= nchunks ? w4a16_chunk<false>(cur[u], xs, p.K, c, true)
-                                            : w4a16_chunk<true>(cur[u], xs, p.K, min(c, nchunks - 1), c < nchunks);
-        // The quad's run scale (limb_octet_in_run) with the group scale (the 1/16 of the weights'
-        // 16·q comes off at the row's end); a lane past the row's end reads its clamped chunk's
-        // (the same run where its quad is partly live; D is 0 otherwise).
+        const float2 d = c0 + 32 <= nchunks ? w4a16_chunk<false>(cur[u], xs, c, true)
+                                            : w4a16_chunk<true>(cur[u], xs, min(c, nchunks - 1), c < nchunks);
+        // The quad's run scale (fp16_octet_in_run) with the group scale; a lane past the row's end
+        // reads its clamped chunk's (the same run where its quad is partly live; D is 0 otherwise).
         const float xsc = xscale[min(c, nchunks - 1) >> 2];
         facc[0] = fmaf(d.x, cs_cur[u][0] * xsc, facc[0]);
         facc[1] = fmaf(d.y, cs_cur[u][1] * xsc, facc[1]);
@@ -690,12 +687,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
           raw[r] = __int_as_float(v);
         } else {
-          // (kW4A16: only the lanes 4g + g / 2 hold their quad's sums of 16·q, w4a16_chunk; the
-          // power of two is exact.)
-          float v = !kW4A16 || (lane & 3) == (lane >> 3) ? facc[r] : 0.0f;
+          // (kXF16: only the lanes 4g + g / 2 hold their quad's sums, w4a16_chunk.)
+          float v = !kXF16 || (lane & 3) == (lane >> 3) ? facc[r] : 0.0f;
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-          raw[r] = kW4A16 ? v * 0.0625f : v;
+          raw[r] = v;
         }
       }
       if (lane == nkept) {
@@ -715,7 +711,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_decode_kernel(Params p) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) s_cur[r] = s_nxt[r];
 #pragma unroll
-    for (int u = 0; u < (kW4A16 ? kU : 1); ++u)
+    for (int u = 0; u < (kXF16 ? kU : 1); ++u)
 #pragma unroll
       for (int r = 0; r < kR; ++r) cs_cur[u][r] = cs_nxt[u][r];
     if constexpr (kPipe) {

@@ -75,17 +75,16 @@ __device__ __forceinline__ void quantize_octet(int o, bool in_range, const float
   }
 }
 
-#include "kernels/cuda/gemv_decode_w8a16.cuh"  // (the weight-only kinds' byte-plane input runs, limbs_chunk)
-#include "kernels/cuda/gemv_decode_w4a16.cuh"  // (w4a16_chunk)
+#include "kernels/cuda/gemv_decode_w4a16.cuh"  // (w4a16: fp16 input runs, w4a16_chunk)
+#include "kernels/cuda/gemv_decode_w8a16.cuh"  // (w8a16: byte-plane input runs, limbs_chunk)
 
-// Octet o of a weight-only kind's input into its runs' byte planes (limb_octet_in_run: 64-value
-// runs for w8a16, 128-value runs in nibble order for w4a16; the run scales into xscale). Every lane
-// of a warp calls it, o = o0 + lane (o0 warp-uniform).
+// Octet o of a weight-only kind's input into its runs (fp16_octet_in_run, limb_octet_in_run; the
+// run scales into xscale). Every lane of a warp calls it, o = o0 + lane (o0 warp-uniform).
 template <int kW>
 __device__ __forceinline__ void weight_only_octet(int o, bool in_range, const float (&v)[8], uint8_t* xs, int K,
                                                   float* xscale) {
-  if constexpr (kW == kWI4) limb_octet_in_run<16, true>(o, in_range, v, xs, K, xscale);
-  else limb_octet_in_run<8, false>(o, in_range, v, xs, K, xscale);
+  if constexpr (kW == kWI4) fp16_octet_in_run(o, in_range, v, xs, xscale);
+  else limb_octet_in_run(o, in_range, v, xs, K, xscale);
 }
 
 // Inputs held in registers (x_in_registers): thread t holds octets t + b·kThreads, so a warp's

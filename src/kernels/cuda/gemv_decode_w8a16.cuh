@@ -39,17 +39,10 @@ __device__ __forceinline__ void limb_pow2_params(float amax, float& scale, float
   scale = __int_as_float((127 - 23 + e) << 23);
 }
 
-// Octet o (v) of a weight-only kind's input into the byte planes (plane j of the row at xs + j·K)
-// at its run's power of two, the run's scale into xscale[o / kRunOctets]. Called by every lane of a
-// warp with o = o0 + lane (o0 warp-uniform, a multiple of 32; in_range = o < octets): a run's
-// kRunOctets octets sit in neighbouring lanes, so its amax is log2(kRunOctets) shuffles.
-// w8a16 (kRunOctets 8, kW4A16 false): a 64-value run, each octet's plane bytes in k order at
-// 8·o. w4a16 (kRunOctets 16, kW4A16 true): a 128-value run (a lane quad's four 32-value chunks,
-// w4a16_chunk), each octet's plane bytes in the int4 words' nibble order (k0 k2 k4 k6 | k1 k3 k5
-// k7, the order the converted weight words take) and the two 16-byte halves of each chunk's 32
-// bytes swapped in every other group of 4 chunks, so that the 8 lanes of a 128-byte phase (8
-// consecutive chunks) read 8 different bank quads.
-template <int kRunOctets, bool kW4A16>
+// Octet o (v) of w8a16's input into the byte planes (plane j of k at xs + j·K + k, j < 3) at its run's
+// power of two, the run's scale into xscale[o / 8]. Called by every lane of a warp with o = o0 +
+// lane (o0 warp-uniform, a multiple of 32; in_range = o < octets): a run's 8 octets sit in 8
+// neighbouring lanes, so its amax is 3 shuffles.
 __device__ __forceinline__ void limb_octet_in_run(int o, bool in_range, const float (&v)[8], uint8_t* xs, int K,
                                                   float* xscale) {
   // The amax as the bits of |t|: unsigned order is |value| order, with NaN above inf, so a NaN
@@ -62,16 +55,13 @@ __device__ __forceinline__ void limb_octet_in_run(int o, bool in_range, const fl
     if (in_range) abits = max(abits, __float_as_uint(t[j]) & 0x7fffffffu);
   }
 #pragma unroll
-  for (int m = 1; m < kRunOctets; m <<= 1) abits = max(abits, __shfl_xor_sync(kFull, abits, m));
+  for (int m = 1; m < 8; m <<= 1) abits = max(abits, __shfl_xor_sync(kFull, abits, m));
   float scale, mul;
   limb_pow2_params(__uint_as_float(abits), scale, mul);
   if (!in_range) return;
   uint32_t q[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {  // w4a16: even k first, then odd
-    const int k = kW4A16 ? (j < 4 ? 2 * j : 2 * j - 7) : j;
-    q[j] = uint32_t(__float2int_rn(t[k] * mul));  // exact from amax·2^-15
-  }
+  for (int j = 0; j < 8; ++j) q[j] = uint32_t(__float2int_rn(t[j] * mul));  // exact from amax·2^-15
   // Byte j < 3 of the 8 words into plane j (the two words of 4 values each: bytes of q0..q3,
   // q4..q7); byte 3 is byte 2's sign, |v| < 2^23.
 #pragma unroll
@@ -83,10 +73,9 @@ __device__ __forceinline__ void limb_octet_in_run(int o, bool in_range, const fl
     q[4 * h + 1] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
     q[4 * h + 2] = __byte_perm(ab_hi, cd_hi, 0x5410);  // a2 b2 c2 d2
   }
-  const int at = kW4A16 ? 32 * (o >> 2) + 16 * (((o >> 1) ^ (o >> 4)) & 1) + 8 * (o & 1) : 8 * o;
 #pragma unroll
-  for (int j = 0; j < kLimbPlanes; ++j) *reinterpret_cast<uint2*>(xs + j * K + at) = make_uint2(q[j], q[4 + j]);
-  if (o % kRunOctets == 0) xscale[o / kRunOctets] = scale;
+  for (int j = 0; j < kLimbPlanes; ++j) *reinterpret_cast<uint2*>(xs + j * K + 8 * o) = make_uint2(q[j], q[4 + j]);
+  if ((o & 7) == 0) xscale[o / 8] = scale;
 }
 
 // The 16 int8 weights of chunk c (k 16c .. 16c + 15) of each of kR rows times the input's byte
@@ -110,9 +99,8 @@ __device__ __forceinline__ void limbs_chunk(const uint4 (&w)[kR], const uint8_t*
 }
 
 // A run's Σ v·q from its three limb sums, in fp32: the low pair combined exactly in int32
-// (|L1·2^8 + L0| < 2^30 for one 64-value run of int8 weights, < 2^31 for one 128-value run of
-// w4a16's 16·q), the high limb exact as a float (|L2| < 2^22), then the low pair's rounding and the
-// fma's — v's scale 2^-23·2^E is the caller's.
+// (|L1·2^8 + L0| < 2^30 for one 64-value run), the high limb exact as a float (|L2| < 2^21), then
+// the low pair's rounding and the fma's — v's scale 2^-23·2^E is the caller's.
 __device__ __forceinline__ float limb_value(int l0, int l1, int l2) {
   return fmaf(float(l2), 65536.0f, float(l0 + (l1 << 8)));
 }
