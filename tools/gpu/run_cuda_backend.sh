@@ -36,7 +36,8 @@ say "# perry CUDA run $(date -u +%FT%TZ)"
 say ""
 say "- bundle commit: $(cat "$T/COMMIT" | tr '\n' ' ')"
 say "- gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null | head -1)"
-say "- models present: $(ls "$ROOT/models" | tr '\n' ' ')"
+# (A model left behind by the device transfer may leave its folder empty: count only checkpoints.)
+say "- models present: $(for d in "$ROOT"/models/*/; do [ -f "$d/config.json" ] && basename "$d"; done | tr '\n' ' ')"
 missing=$(ldd "$T/bin/perry" | grep "not found" || true)
 [ -n "$missing" ] && say "- MISSING LIBRARIES: $missing"
 
