@@ -189,20 +189,20 @@ decode_ab() {
         nopdl) env+=(PERRY_NO_PDL=1) ;;
         ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama; the default)
         noropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=0) ;;  # rope_append_qkv as its own kernel
-        stages[0-9]*) env+=(PERRY_GEMV_DECODE_STAGES=${sw#stages}) ;;  # weights by bulk copy, N stages a warp (0: registers)
+        stages[0-9]*) env+=("PERRY_GEMV_DECODE_STAGES=${sw#stages}") ;;  # weights by bulk copy, N stages a warp (0: registers)
         nopipe) env+=(PERRY_GEMV_DECODE_PIPE=0) ;;  # per-channel w8a8: register loads without the double buffer
         hostpick) env+=(PERRY_BENCH_HOST_PICK=1) ;;  # bench: logits to the host and argmax there (before forward_greedy)
         stepwise) env+=(PERRY_BENCH_STEPWISE=1) ;;  # bench: forward_greedy step by step, the host between steps (before decode_greedy)
-        l2next[0-9]*) env+=(PERRY_DECODE_L2_NEXT_MB=${sw#l2next}) ;;  # o_proj prefetches N MB of gate|up into L2 (default 0: off)
-        normstages[0-9]*) env+=(PERRY_GEMV_DECODE_NORM_STAGES=${sw#normstages}) ;;  # the RMSNorm-input linears' stages alone
+        l2next[0-9]*) env+=("PERRY_DECODE_L2_NEXT_MB=${sw#l2next}") ;;  # o_proj prefetches N MB of gate|up into L2 (default 0: off)
+        normstages[0-9]*) env+=("PERRY_GEMV_DECODE_NORM_STAGES=${sw#normstages}") ;;  # the RMSNorm-input linears' stages alone
         labskip) env+=(PERRY_LAB_DECODE_INPUT=skip) ;;  # lab (wrong outputs): the GEMVs without building their input row
         labread) env+=(PERRY_LAB_DECODE_INPUT=read) ;;  # lab (wrong outputs): ... reading x but not building the row
         labskipw) env+=(PERRY_LAB_DECODE_WEIGHTS=skip) ;;  # lab (wrong outputs): no weight reads (the step's floor)
         labnoloop) env+=(PERRY_LAB_DECODE_WEIGHTS=noloop) ;;  # lab (wrong outputs): no weight reads, no GEMV loops
         labnoattn) env+=(PERRY_LAB_DECODE_ATTENTION=skip) ;;  # lab (wrong outputs): no decode attention kernels
-        attnchunk[0-9]*) env+=(PERRY_DECODE_ATTN_MIN_CHUNK=${sw#attnchunk}) ;;  # decode attention chunks of n keys (16..64)
-        labbound[0-9]*) env+=(PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}) ;;  # lab: an empty N-block kernel after each step
-        gsteps[0-9]*) env+=(PERRY_DECODE_GRAPH_STEPS=${sw#gsteps}) ;;  # decode_greedy's steps a launch (1 = a graph a step)
+        attnchunk[0-9]*) env+=("PERRY_DECODE_ATTN_MIN_CHUNK=${sw#attnchunk}") ;;  # decode attention chunks of n keys (16..64)
+        labbound[0-9]*) env+=("PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}") ;;  # lab: an empty N-block kernel after each step
+        gsteps[0-9]*) env+=("PERRY_DECODE_GRAPH_STEPS=${sw#gsteps}") ;;  # decode_greedy's steps a launch (1 = a graph a step)
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done
@@ -250,10 +250,10 @@ prefill_ab() {
         nogqsplit) env+=(PERRY_GQ_SPLITK=0) ;;  # ... nor the grouped W*A8 one (gemm_quant_wgmma)
         noexpand) env+=(PERRY_NO_INT4_EXPAND=1) ;;  # int4 W*A8: the int4 GEMM at every M (no int8 expansion)
         grouped) env+=(PERRY_NO_INT4_TWO_LEVEL=1) ;;  # w4a8-g128: the grouped kernels, not the two-level per-channel path
-        tlfrom[0-9]*) env+=(PERRY_INT4_TWO_LEVEL_MIN_M=${sw#tlfrom}) ;;  # ... the two-level path from N rows (lab)
+        tlfrom[0-9]*) env+=("PERRY_INT4_TWO_LEVEL_MIN_M=${sw#tlfrom}") ;;  # ... the two-level path from N rows (lab)
         tlexpand) env+=(PERRY_INT4_TWO_LEVEL_EXPAND=1) ;;  # ... as the expansion pass + gemm_w8a8_wgmma (not the register-A kernel)
         tlrsall) env+=(PERRY_INT4_TWO_LEVEL_RS_MAX_M=1000000000) ;;  # ... the register-A kernel at every M (no switch to the expansion)
-        tlrsmax[0-9]*) env+=(PERRY_INT4_TWO_LEVEL_RS_MAX_M=${sw#tlrsmax}) ;;  # ... the register-A kernel below N rows, the expansion from N
+        tlrsmax[0-9]*) env+=("PERRY_INT4_TWO_LEVEL_RS_MAX_M=${sw#tlrsmax}") ;;  # ... the register-A kernel below N rows, the expansion from N
         attn64) env+=(PERRY_PREFILL_ATTN=64) ;;  # prefill attention in 64-row blocks
         attn128) env+=(PERRY_PREFILL_ATTN=128) ;;  # prefill attention in 128-row blocks
         attnwgmma)  # the experimental wgmma attention (hd 128, sm_90): only after its test passed
