@@ -7,7 +7,8 @@
 # the fix (docs/design-notes.md, "Two constants, two instructions").
 #   tools/cuda_text_sizes.sh src/kernels/cuda/gemv_decode.cu [REV] [REGEX]
 # REGEX keeps the kernels whose mangled name matches (default: all). With REV, prints the kernels
-# whose count differs: name, REV's count, the tree's count, the difference.
+# whose count differs: name, REV's count, the tree's count, the difference; then those found on
+# one side only (a changed template signature renames every instance).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 FILE=${1:?usage: cuda_text_sizes.sh FILE.cu [REV] [REGEX]}
@@ -39,3 +40,7 @@ mkdir -p "$TMP/rev"
 git -C "$ROOT" archive "$REV" src | tar -x -C "$TMP/rev"
 sizes "$TMP/rev" "$TMP/rev.txt"
 join "$TMP/rev.txt" "$TMP/tree.txt" | awk '$2 != $3 { printf "%s %d %d %+d\n", $1, $2, $3, $3 - $2 }'
+# Kernels on one side only (a template argument added or removed renames every instance): listed
+# with "-" for the missing count, so a change of signature does not print nothing.
+join -v 1 "$TMP/rev.txt" "$TMP/tree.txt" | awk '{ printf "%s %d - (only in REV)\n", $1, $2 }'
+join -v 2 "$TMP/rev.txt" "$TMP/tree.txt" | awk '{ printf "%s - %d (only in the tree)\n", $1, $2 }'
