@@ -66,7 +66,7 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tok, Sched
 
 Scheduler::~Scheduler() { stop(); }
 
-std::shared_ptr<RequestChannel> Scheduler::submit(GenRequest req) {
+std::unique_ptr<Scheduler::Seq> Scheduler::checked_seq(GenRequest req) const {
   PERRY_CHECK(!req.prompt.empty(), "the prompt is empty (it encodes to no tokens)");
   const int64_t vocab = model_.config().vocab_size;
   for (int32_t id : req.prompt)
@@ -80,16 +80,33 @@ std::shared_ptr<RequestChannel> Scheduler::submit(GenRequest req) {
   auto seq = std::make_unique<Seq>(std::move(req), tok_);
   seq->t_submit = now_s();
   seq->res.prompt_tokens = int64_t(seq->req.prompt.size());
-  auto ch = seq->ch;
+  return seq;
+}
+
+std::shared_ptr<RequestChannel> Scheduler::submit(GenRequest req) {
+  std::vector<GenRequest> one;
+  one.push_back(std::move(req));
+  return submit_all(std::move(one)).front();
+}
+
+std::vector<std::shared_ptr<RequestChannel>> Scheduler::submit_all(std::vector<GenRequest> reqs) {
+  std::vector<std::unique_ptr<Seq>> seqs;
+  seqs.reserve(reqs.size());
+  for (GenRequest& r : reqs) seqs.push_back(checked_seq(std::move(r)));
+  std::vector<std::shared_ptr<RequestChannel>> chs;
+  chs.reserve(seqs.size());
   {
     std::lock_guard lk(mu_);
     if (stop_ || !accepting_) fail("the server is shutting down");
-    queue_.push_back(std::move(seq));
-    ++stats_.submitted;
+    for (auto& seq : seqs) {
+      chs.push_back(seq->ch);
+      queue_.push_back(std::move(seq));
+      ++stats_.submitted;
+    }
     stats_.queued = int64_t(queue_.size());
   }
   cv_.notify_all();
-  return ch;
+  return chs;
 }
 
 SchedulerStats Scheduler::stats() const {

@@ -95,6 +95,10 @@ class Scheduler {
   // Queues a request. Throws perry::Error (bad input: empty prompt, token out of the vocabulary,
   // prompt that does not fit the context; or the scheduler is shutting down).
   std::shared_ptr<RequestChannel> submit(GenRequest req);
+  // Queues several requests at once: all are checked first (one bad request queues none), then
+  // enter the queue together, so the scheduler admits them in one step where slots allow — a
+  // client's batch arrives as one, whatever the submitting thread's timing.
+  std::vector<std::shared_ptr<RequestChannel>> submit_all(std::vector<GenRequest> reqs);
 
   // Stop taking requests; let active and queued ones finish for up to `timeout`, then cancel the
   // rest. Returns when no sequence is left.
@@ -108,6 +112,7 @@ class Scheduler {
 
  private:
   struct Seq;
+  std::unique_ptr<Seq> checked_seq(GenRequest req) const;  // submit's checks; the Seq to queue
   void loop();
   bool step();  // one forward over all active sequences (or a decode run); false when there was nothing to do
   void admit();

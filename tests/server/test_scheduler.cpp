@@ -58,13 +58,15 @@ TEST_P(SchedulerModes, ConcurrentSequencesMatchSingleSequenceGenerator) {
   SchedulerOptions so = options(4, 512);
   so.prefill_chunk = 3;  // prompts take several steps, overlapping other sequences' decode
   Scheduler sched(*t.model, *t.tok, so);
-  std::vector<std::shared_ptr<RequestChannel>> chs;
+  // Queued as one batch: submitted one by one, a busy machine (CI runs tests two at a time) could
+  // delay the test thread until the first sequence had finished (seen once: max_batch_seqs 3).
+  std::vector<GenRequest> reqs(4);
   for (int i = 0; i < 4; ++i) {
-    GenRequest r;
-    r.prompt = prompts[size_t(i)];
-    r.max_new_tokens = max_tokens[i];
-    chs.push_back(sched.submit(r));
+    reqs[size_t(i)].prompt = prompts[size_t(i)];
+    reqs[size_t(i)].max_new_tokens = max_tokens[i];
   }
+  const std::vector<std::shared_ptr<RequestChannel>> chs = sched.submit_all(reqs);
+  ASSERT_EQ(chs.size(), 4u);
   for (int i = 0; i < 4; ++i) {
     std::string text;
     RequestResult r = wait(*chs[size_t(i)], &text);
@@ -145,6 +147,30 @@ TEST(Scheduler, RejectsPromptsThatDoNotFitAndEmptyPrompts) {
   EXPECT_THROW(sched.submit(r), Error);
   r.prompt = {1, 2, int32_t(t.model->config().vocab_size)};
   EXPECT_THROW(sched.submit(r), Error);
+}
+
+// submit_all checks every request before queueing any: one bad request in a batch queues none of
+// them; a good batch is queued whole and each request finishes on its own channel.
+TEST(Scheduler, SubmitAllQueuesAllOrNone) {
+  auto& t = tiny();
+  Scheduler sched(*t.model, *t.tok, options(2, 256));
+  std::vector<GenRequest> reqs(3);
+  for (int i = 0; i < 3; ++i) {
+    reqs[size_t(i)].prompt = t.tok->encode(kPrompts[i], true);
+    reqs[size_t(i)].max_new_tokens = 5;
+  }
+  reqs[1].prompt.clear();
+  EXPECT_THROW(sched.submit_all(reqs), Error);
+  EXPECT_EQ(sched.stats().submitted, 0) << "a batch with a bad request queued some of it";
+  reqs[1].prompt = t.tok->encode(kPrompts[1], true);
+  const auto chs = sched.submit_all(reqs);
+  ASSERT_EQ(chs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    std::string text;
+    EXPECT_EQ(wait(*chs[size_t(i)], &text).tokens.size(), 5u) << "request " << i;
+  }
+  EXPECT_EQ(sched.stats().submitted, 3);
+  EXPECT_EQ(sched.stats().finished, 3);
 }
 
 TEST(Scheduler, ContextFullEndsWithLengthAtTheCapacity) {
