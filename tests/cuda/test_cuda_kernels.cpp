@@ -183,6 +183,54 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
   }
 }
 
+// The bf16 epilogue's bits against the host's evaluation of its expression on the kernel's own
+// exact int32 sums: y = bf16_rn(fma(float(acc), sa[m]·sw[n], bias[n])). The bf16 fast path packs a
+// tile's outputs and stores them during the next tile's main loop (deferred stores), so this runs
+// shapes where CTAs take several tiles (1400 × 3400: 154 tiles of 128 × 256; 2048 × 4096, 2 × 512
+// × 6144 at 128 columns), a K shorter than the deferred blocks (144: 2 k-tiles, so the rest of the
+// blocks go out before the next epilogue), rows past M, a tile at the N edge (3400 = 13 × 256 + 72:
+// the element path beside deferred tiles), under both schedules and both tile widths. A misplaced,
+// stale or missing block is an O(1) error here; the float64 test above allows 1e-2.
+TEST(CudaGemmW8A8, WgmmaBf16EpilogueBitsMatchHostExpression) {
+  REQUIRE_GPU();
+  if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";
+  std::mt19937 g(17);
+  const int shapes[][3] = {{1400, 3400, 144}, {2048, 4096, 1024}, {1024, 6144, 512}, {77, 1024, 4096}};
+  for (auto& sh : shapes) {
+    const int M = sh[0], N = sh[1], K = sh[2];
+    const auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);
+    const auto sa = rand_f(M, g, 1e-3f, 2e-2f), sw = rand_f(N, g, 1e-3f, 2e-2f), bias = rand_f(N, g, -2.f, 2.f);
+    Dev<int8_t> dX(X), dW(W);
+    Dev<float> dsa(sa), dsw(sw), db(bias);
+    for (const char* ping : {"0", "1"})
+      for (const char* bn : {"128", "256"}) {
+        SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K << " PERRY_WGMMA_PINGPONG=" << ping
+                                          << " PERRY_WGMMA_BN=" << bn);
+        setenv("PERRY_WGMMA_PINGPONG", ping, 1);
+        setenv("PERRY_WGMMA_BN", bn, 1);
+        Dev<int32_t> y32(size_t(M) * N);
+        Dev<uint16_t> yb(std::vector<uint16_t>(size_t(M) * N, 0x7fc1));  // a NaN where nothing is stored
+        pc::gemm_w8a8_wgmma(dX.p, nullptr, dW.p, nullptr, nullptr, y32.p, DType::I32, M, N, K, nullptr);
+        pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, db.p, yb.p, DType::BF16, M, N, K, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto a = y32.get();
+        const auto b = yb.get();
+        size_t exact = 0, off = 0;
+        for (int m = 0; m < M; ++m)
+          for (int n = 0; n < N; ++n) {
+            const size_t o = size_t(m) * N + n;
+            const uint16_t want = perry::f32_to_bf16(std::fma(float(a[o]), sa[m] * sw[n], bias[n]));
+            if (b[o] == want) ++exact;
+            else if (std::abs(int(b[o]) - int(want)) > 1) ++off;  // more than one bf16 ulp: a wrong value
+          }
+        EXPECT_EQ(off, 0u) << "bf16 outputs not the epilogue expression of the int32 sums";
+        EXPECT_GE(double(exact), 0.999 * double(size_t(M) * N)) << "bf16 outputs not bit-exact";
+      }
+  }
+  unsetenv("PERRY_WGMMA_PINGPONG");
+  unsetenv("PERRY_WGMMA_BN");
+}
+
 // Split-K (small M and N: too few tiles for the SMs): the int32 partial sums per k-range give the
 // int64 reference exactly, and the bf16 / f32 outputs are the unsplit kernel's bit for bit (the
 // same epilogue expression) — added by the second kernel (no tile flags, or
