@@ -220,35 +220,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0;
     int s = 0;
     uint32_t phase = 0;
-    const int g = lane >> 2, tq = lane & 3;
-    // Deferred bf16 stores (kDefer: the bf16 fast path below). A tile's outputs are packed into
-    // registers after its last wgmma and stored one 32-column block a k-step during the next
-    // tile's main loop (or before the next epilogue / at the end), not all at once: with every SM
-    // ending its tile at about the same moment, the direct stores (64 KiB a 128 × 256 tile)
-    // filled the store path and held the consumers while the tensor cores idled (Nsight, eighth
-    // session: tensor pipe 72% with the epilogue unoverlapped).
-    constexpr bool kDefer = kOut == 0 && !kFp8;
-    constexpr int kQ = BN / 32;
-    // Blocks q >= kQ0 are deferred: all of a 128-column tile's; of a 256-column tile's the most
-    // that ptxas keeps in registers beside its 128 accumulators without spilling (nvcc 13, -Xptxas
-    // -v): 4 cooperative, 3 ping-pong, 2 with the split-K fixup — the rest are stored at once.
-    constexpr int kQ0 = BN == 256 ? kQ - (kFixup ? 2 : kPing ? 3 : 4) : 0;
-    uint4 pend[2][kDefer ? kQ : 1];
-    __nv_bfloat16* prow[2] = {nullptr, nullptr};  // the pending rows (nullptr: past M)
-    int pend_q = kQ;                               // next pending block (>= kQ0); kQ: none pending
-    auto store_block = [&](int q) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (prow[h]) *reinterpret_cast<uint4*>(prow[h] + 32 * q + 8 * tq) = pend[h][kDefer ? q : 0];
-    };
-    auto flush_pending = [&]() {
-      if constexpr (kDefer) {
-#pragma unroll
-        for (int q = kQ0; q < kQ; ++q)
-          if (q >= pend_q) store_block(q);
-        pend_q = kQ;
-      }
-    };
     // Cooperative: both warpgroups take every tile of this CTA (blockIdx.x, +gridDim.x, ...).
     // Ping-pong: warpgroup cw takes the CTA's tiles i = cw, cw + 2, ... — the producer still loads
     // them all in order into one ring, so tile i's stages sit at ring positions i·ktiles + kt.
@@ -290,14 +261,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         prev = s;
         if (++s == S) { s = 0; phase ^= 1; }
-        if constexpr (kDefer) {  // one pending block a k-step, after the stage is handed back
-          if (pend_q < kQ) {
-#pragma unroll
-            for (int q = kQ0; q < kQ; ++q)
-              if (q == pend_q) store_block(q);
-            ++pend_q;
-          }
-        }
       }
       if constexpr (kPing) {
         if (lane == 0) mbar_arrive(turn(1 - cw));  // every wgmma of this tile is issued: the other's turn
@@ -316,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
       // acc[4j + 2h + e] is row g + 8h, column 8j + 2t + e (g = lane/4, t = lane%4).
-      flush_pending();  // (the previous tile's blocks not stored yet: a short K)
+      const int g = lane >> 2, tq = lane & 3;
       const int r0 = m0 + (kPing ? 0 : cw * 64) + warp * 16 + g;
       float sa[2] = {0.f, 0.f};
       if constexpr (kOut != 2) {
@@ -353,19 +316,11 @@ __global__ void __launch_bounds__(kThreads, 1)
               uint32_t got[4];
               quad_exchange(pk, tq, got);
               const int r = r0 + 8 * h;
-              if (kDefer && q >= kQ0) {
-                pend[h][kDefer ? q : 0] = quad_gather(got, tq);
-              } else if (r < M) {
+              if (r < M) {
                 const uint4 v = quad_gather(got, tq);
                 *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) = v;
               }
             }
-          }
-          if constexpr (kDefer) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              prow[h] = r0 + 8 * h < M ? static_cast<__nv_bfloat16*>(Y) + size_t(r0 + 8 * h) * N + n0 : nullptr;
-            pend_q = kQ0;
           }
           continue;  // next tile
         }
@@ -435,7 +390,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    flush_pending();  // the last tile's outputs
   }
 #else
   __trap();  // built for an architecture without wgmma: the host side never launches this
