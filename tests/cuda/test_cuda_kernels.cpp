@@ -191,6 +191,20 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
 // A misplaced, stale or missing store is an O(1) error here; the float64 test above allows 1e-2.
 // (Written for the thirty-fifth session's deferred epilogue stores, measured 2–3% slower and
 // reverted; the test stays: it pins the epilogue's bits, not only its error.)
+// {outputs equal to bf16_rn(fma(float(acc), sa·sw, bias)), outputs more than one bf16 ulp from it}.
+std::pair<size_t, size_t> compare_bf16_epilogue(const std::vector<int32_t>& acc, const std::vector<uint16_t>& got,
+                                                const std::vector<float>& sa, const std::vector<float>& sw,
+                                                const std::vector<float>& bias, int N) {
+  std::pair<size_t, size_t> r{0, 0};
+  for (size_t o = 0; o < acc.size(); ++o) {
+    const size_t m = o / size_t(N), n = o % size_t(N);
+    const uint16_t want = perry::f32_to_bf16(std::fma(float(acc[o]), sa[m] * sw[n], bias[n]));
+    if (got[o] == want) ++r.first;
+    else if (std::abs(int(got[o]) - int(want)) > 1) ++r.second;  // more than one bf16 ulp: a wrong value
+  }
+  return r;
+}
+
 TEST(CudaGemmW8A8, WgmmaBf16EpilogueBitsMatchHostExpression) {
   REQUIRE_GPU();
   if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";
@@ -213,16 +227,7 @@ TEST(CudaGemmW8A8, WgmmaBf16EpilogueBitsMatchHostExpression) {
         pc::gemm_w8a8_wgmma(dX.p, nullptr, dW.p, nullptr, nullptr, y32.p, DType::I32, M, N, K, nullptr);
         pc::gemm_w8a8_wgmma(dX.p, dsa.p, dW.p, dsw.p, db.p, yb.p, DType::BF16, M, N, K, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const auto a = y32.get();
-        const auto b = yb.get();
-        size_t exact = 0, off = 0;
-        for (int m = 0; m < M; ++m)
-          for (int n = 0; n < N; ++n) {
-            const size_t o = size_t(m) * N + n;
-            const uint16_t want = perry::f32_to_bf16(std::fma(float(a[o]), sa[m] * sw[n], bias[n]));
-            if (b[o] == want) ++exact;
-            else if (std::abs(int(b[o]) - int(want)) > 1) ++off;  // more than one bf16 ulp: a wrong value
-          }
+        const auto [exact, off] = compare_bf16_epilogue(y32.get(), yb.get(), sa, sw, bias, N);
         EXPECT_EQ(off, 0u) << "bf16 outputs not the epilogue expression of the int32 sums";
         EXPECT_GE(double(exact), 0.999 * double(size_t(M) * N)) << "bf16 outputs not bit-exact";
       }
