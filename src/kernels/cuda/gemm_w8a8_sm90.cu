@@ -162,8 +162,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!kFixup || (!kFp8 && !kPing), "split-K fixup: int8 sums (exact in any order), cooperative schedule");
   using C = Cfg<BN, kPing>;
   constexpr int S = C::kStages, kRows = C::kRows;
-  const int ahead = vec_ok >> 8;  // (the lab's L2 distance rides in vec_ok's upper bits)
-  vec_ok &= 0xff;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sA = base;                          // S × [kRows × 128 B]
@@ -221,16 +219,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; work(i, t, kt0, kt1, slice); ++i) {
         int m0, n0;
         tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
-        // Lab (PERRY_WGMMA_L2_AHEAD=D, 0 = off): the weight tile D k-tiles ahead of each load is
-        // fetched into the L2 (the ones between the ring and D at a unit's start too).
-        if (ahead > S)
-          for (int j = kt0 + S; j < min(kt1, kt0 + ahead); ++j) tma_prefetch_l2_2d(&tmB, j * kBK, n0);
         for (int kt = kt0; kt < kt1; ++kt) {
           mbar_wait(empty(s), phase ^ 1);  // consumers have released this stage's last use
           mbar_arrive_expect_tx(full(s), C::kStageBytes);
           tma_load_2d(sA + s * C::kTileA, &tmA, kt * kBK, m0, full(s));
           tma_load_2d(sB + s * C::kTileB, &tmB, kt * kBK, n0, full(s));
-          if (ahead > S && kt + ahead < kt1) tma_prefetch_l2_2d(&tmB, (kt + ahead) * kBK, n0);
           if (++s == S) { s = 0; phase ^= 1; }
         }
       }
@@ -538,7 +531,6 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
               size_t workspace_bytes = 0, uint32_t* tile_flags = nullptr) {
   const int sms = sm_count();
   const bool wide = pick_bn(M, N, sms) == 256;
-  vec_ok |= std::min(std::max(split_env("PERRY_WGMMA_L2_AHEAD"), 0), 255) << 8;  // lab; read per call
   if constexpr (!kFp8) {  // (e4m3 accumulates in fp32: its partial sums would not add exactly)
     int kt_per = 0;
     const int splits = splitk_splits(M, N, K, sms, kt_per);

@@ -55,14 +55,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// The same box fetched into the L2 only (no shared memory, no barrier): a load issued k-tiles
-// ahead of the ring, so that more of a weight stream is in flight from HBM than the ring holds.
-__device__ __forceinline__ void tma_prefetch_l2_2d(const CUtensorMap* map, int k0, int row0) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
-               "r"(k0), "r"(row0)
-               : "memory");
-}
-
 // ---- TMA stores (shared → global, bulk groups) ----
 // A 2-D box from shared memory to (k0 = the inner coordinate, row0), tracked by this thread's bulk
 // groups: commit after the copies, then wait_read<N> before overwriting their shared memory (at
