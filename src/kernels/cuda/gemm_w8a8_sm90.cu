@@ -122,24 +122,9 @@ __device__ __forceinline__ bool splitk_fixup(int (&acc)[BN / 2], int v0, int v1,
     *f = 0u;
   }
   __syncwarp();  // (orders the other lanes' loads after lane 0's acquire)
-  // Each slot is one L2 round trip of kVals loads a lane (~0.9 µs a partial at M 128, s35 run 2),
-  // so two slots are loaded before either is added where the registers allow (128-column tiles:
-  // 2 × 64 loads beside 64 sums), halving the round trips in series.
-  int v = v0 + 1;
-  if constexpr (kVals <= 64) {
-    for (; v + 1 <= v1; v += 2) {
-      const int *p = slot(v), *q = slot(v + 1);
-      int a[kVals], b[kVals];
-#pragma unroll
-      for (int i = 0; i < kVals; ++i) {
-        a[i] = __ldcg(p + 32 * i);
-        b[i] = __ldcg(q + 32 * i);
-      }
-#pragma unroll
-      for (int i = 0; i < kVals; ++i) acc[i] += a[i] + b[i];
-    }
-  }
-  for (; v <= v1; ++v) {
+  // Each slot is one L2 round trip of kVals loads a lane, in series: ~0.9 µs a split at M 128
+  // (s35 run 2), which is why splitk_splits keeps the count low.
+  for (int v = v0 + 1; v <= v1; ++v) {
     const int* p = slot(v);
 #pragma unroll
     for (int i = 0; i < kVals; ++i) acc[i] += __ldcg(p + 32 * i);
@@ -472,11 +457,13 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
   int splits = forced;
   if (forced < 0) {
     splits = fill_splits(tiles, ktiles, sms);
-    // Not more units than about half the SMs need: past that the weight stream was no faster,
-    // while every split adds a partial that the tile's owner reads in series. H100, s35 run 2
-    // (bench-op `gemm ms`, M 128, forced counts): N 2560 × K 10240 (20 tiles) 2 / 3 / 4 / 5 / 6
-    // splits 24.5 / 22.5 / 22.5 / 23.2 / 24.3 µs (6 was the fill); N 4096 × K 14336 (32 tiles)
-    // 2 / 3 / 4: 33.9 / 34.7 / 35.4 (4 was the fill). At least 2 where the fill splits at all.
+    // Not more units than about half the SMs: past that the weight stream was no faster, while
+    // every split adds a partial that the tile's owner reads in series (splitk_fixup). H100, s35
+    // run 2 (bench-op `gemm ms`, M 128, the counts forced): N 2560 × K 10240 (20 tiles) 2 / 3 /
+    // 4 / 5 / 6 splits 24.5 / 22.5 / 22.5 / 23.2 / 24.3 µs (6 was the fill, 3 is this rule's);
+    // N 4096 × K 14336 (32 tiles) 2 / 3 / 4: 33.9 / 34.7 / 35.4 (4 was the fill, 2 this rule's).
+    // At least 2 where the fill splits at all. (Not measured: 40 tiles, N 2560 at M 129–256,
+    // where this takes 2 splits for the fill's 3.)
     if (splits > 2) splits = std::max<int>(2, std::min<long long>(splits, (sms / 2 + tiles / 2) / tiles));
     // The epilogue pass costs a few microseconds: two splits pay only over a long K. H200, ninth
     // session, run 8 (bench-op, split vs unsplit): N 6144, K 4096 (2 splits of 16 k-tiles) lost
