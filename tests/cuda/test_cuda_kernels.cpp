@@ -185,13 +185,13 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
 
 // The bf16 epilogue's bits against the host's evaluation of its expression on the kernel's own
 // exact int32 sums: y = bf16_rn(fma(float(acc), sa[m]·sw[n], bias[n])). Shapes where CTAs take
-// several tiles (1400 × 3400: 154 tiles of 128 × 256; 2048 × 4096, 1024 × 6144 at 128 columns), a
-// K of 2 k-tiles, rows past M, a tile at the N edge (3400 = 13 × 256 + 72: the element path beside
-// the 16-byte one), a split-K shape (77 × 1024 × 4096), under both schedules and both tile widths.
-// A misplaced, stale or missing store is an O(1) error here; the float64 test above allows 1e-2.
-// (Written for the thirty-fifth session's deferred epilogue stores, measured 2–3% slower and
-// reverted; the test stays: it pins the epilogue's bits, not only its error.)
-// {outputs equal to bf16_rn(fma(float(acc), sa·sw, bias)), outputs more than one bf16 ulp from it}.
+// several tiles (1400 × 3400: 154 tiles of 128 × 256), a K of 2 k-tiles (144), rows past M (1400,
+// 77), a tile at the N edge (3400 = 13 × 256 + 72: the element path beside the 16-byte one), under
+// both schedules and both tile widths (no workspace: unsplit; WgmmaSplitKMatchesUnsplitBitForBit
+// holds the split outputs to these bits). A misplaced, stale or missing store is an O(1) error
+// here; the float64 test above allows 1e-2. (Written for the thirty-fifth session's deferred
+// epilogue stores, measured 2–3% slower and reverted; the test stays: it pins the epilogue's bits.)
+// Returns {outputs equal to that expression, outputs more than one bf16 ulp from it}.
 std::pair<size_t, size_t> compare_bf16_epilogue(const std::vector<int32_t>& acc, const std::vector<uint16_t>& got,
                                                 const std::vector<float>& sa, const std::vector<float>& sw,
                                                 const std::vector<float>& bias, int N) {

@@ -464,7 +464,7 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
     // N 4096 × K 14336 (32 tiles) 2 / 3 / 4: 33.9 / 34.7 / 35.4 (4 was the fill, 2 this rule's).
     // At least 2 where the fill splits at all. (Not measured: 40 tiles, N 2560 at M 129–256,
     // where this takes 2 splits for the fill's 3.)
-    if (splits > 2) splits = std::max<int>(2, std::min<long long>(splits, (sms / 2 + tiles / 2) / tiles));
+    if (splits > 2) splits = int(std::clamp<long long>((sms / 2 + tiles / 2) / tiles, 2, splits));
     // The epilogue pass costs a few microseconds: two splits pay only over a long K. H200, ninth
     // session, run 8 (bench-op, split vs unsplit): N 6144, K 4096 (2 splits of 16 k-tiles) lost
     // 7–10% at M 64 and 128; N 4096, K 14336 at M 256 (2 of 56) gained 15%; 4–6 splits gained
