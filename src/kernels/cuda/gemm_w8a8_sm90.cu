@@ -68,8 +68,12 @@ struct Cfg {
   static constexpr int kGroupRows = kPing ? 2 * kGroupM : kGroupM;  // row-tiles per L2 group: 1024 rows
   static constexpr int kEmptyArrivals = kPing ? 4 : kConsumerWarps;  // the warps that read a stage
   static constexpr int kBarrierBytes = 2 * kStages * 8 + 16;  // full[S], empty[S], turn[2]
+  // The epilogue's operands of a consumer warpgroup's tile, copied in while its main loop runs:
+  // sa of its 64 rows, then sw and bias of the tile's BN columns (floats).
+  static constexpr int kEpiFloats = 64 + 2 * BN;
+  static constexpr int kEpiBytes = 2 * kEpiFloats * 4;
   // + 1024: the dynamic shared window is only 16-byte aligned by contract; the kernel rounds up.
-  static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + kEpiBytes + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 };
 
@@ -157,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Ping-pong: turn[w] completes a phase each time the other consumer warpgroup has issued a
   // whole tile's wgmmas (one arrive per warp) — warpgroup w's next tile may start then.
   auto turn = [&](int w) { return bars + 8u * (2 * S + w); };
+  const uint32_t sEpi = bars + C::kBarrierBytes;     // 2 × kEpiFloats (one set a consumer warpgroup)
 
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -230,6 +235,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!work(i, t, kt0, kt1, slice)) break;
       int m0, n0;
       tile_origin<kRows, C::kGroupRows>(t, tiles_m, tiles_n, BN, m0, n0);
+      // The epilogue's sa, sw and bias for this tile, copied into this warpgroup's set now, so
+      // that the epilogue reads shared memory instead of waiting on L2 round trips after the last
+      // wgmma (the tensor cores idle through them in the cooperative schedule). The barrier: every
+      // thread of the warpgroup has read the previous tile's set (and its copies, if that tile's
+      // epilogue was skipped by split-K, have landed). Indices are clamped as the loads were.
+      const uint32_t epi = sEpi + cw * (C::kEpiFloats * 4);
+      if constexpr (kOut != 2) {
+        cp_async_wait_all_groups();
+        named_barrier(1 + cw, 128);
+        const int rbase = m0 + (kPing ? 0 : cw * 64), nf = bias ? C::kEpiFloats : 64 + BN;
+        for (int f = threadIdx.x % 128; f < nf; f += 128) {
+          const float* src = f < 64 ? Sa + min(rbase + f, M - 1)
+                                    : (f < 64 + BN ? Sw + min(n0 + f - 64, N - 1) : bias + min(n0 + f - 64 - BN, N - 1));
+          cp_async4(epi + 4u * f, src);
+        }
+        cp_async_commit_group();
+      }
       if constexpr (kPing) {
         // Wait for the other warpgroup to have issued tile i − 1: only then are this tile's
         // stages at most one ring lap ahead of every full barrier (parity waits need that).
@@ -283,10 +305,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       // acc[4j + 2h + e] is row g + 8h, column 8j + 2t + e (g = lane/4, t = lane%4).
       const int g = lane >> 2, tq = lane & 3;
       const int r0 = m0 + (kPing ? 0 : cw * 64) + warp * 16 + g;
+      // (ep: this warpgroup's copied operands — sa at [0, 64), sw at 64 + column, bias at 64 + BN + column)
+      const float* ep = reinterpret_cast<const float*>(smem_raw + (epi - smem_addr(smem_raw)));
       float sa[2] = {0.f, 0.f};
       if constexpr (kOut != 2) {
-        sa[0] = __ldg(Sa + min(r0, M - 1));
-        sa[1] = __ldg(Sa + min(r0 + 8, M - 1));
+        cp_async_wait_all_groups();
+        named_barrier(1 + cw, 128);  // every thread's copies are visible
+        sa[0] = ep[warp * 16 + g];
+        sa[1] = ep[warp * 16 + g + 8];
       }
       if constexpr (kOut == 0) {
         // bf16 fast path (the tile's columns all < N, N % 8 == 0, Y 16-byte aligned): a 4×4
@@ -298,11 +324,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             float sw0[4], sw1[4], b0[4], b1[4];
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
-              const int c = n0 + 32 * q + 8 * jj + 2 * tq;
-              sw0[jj] = __ldg(Sw + c);
-              sw1[jj] = __ldg(Sw + c + 1);
-              b0[jj] = bias ? __ldg(bias + c) : 0.f;
-              b1[jj] = bias ? __ldg(bias + c + 1) : 0.f;
+              const int c = 32 * q + 8 * jj + 2 * tq;  // (the tile's column)
+              const float2 w2 = *reinterpret_cast<const float2*>(ep + 64 + c);
+              const float2 b2 = bias ? *reinterpret_cast<const float2*>(ep + 64 + BN + c) : make_float2(0.f, 0.f);
+              sw0[jj] = w2.x;
+              sw1[jj] = w2.y;
+              b0[jj] = b2.x;
+              b1[jj] = b2.y;
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -327,8 +355,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           continue;  // next tile
         }
       }
-      // Column scales and bias in chunks of kJC column groups: the loads are unconditional
-      // (clamped indices) so all of a chunk's are in flight together, not one L2 latency each.
+      // Column scales and bias from the copied set in chunks of kJC column groups (its entries
+      // past N hold column N − 1's: clamped, as the loads were).
       constexpr int kJC = 8;
 #pragma unroll
       for (int j0 = 0; j0 < BN / 8; j0 += kJC) {
@@ -337,13 +365,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int jj = 0; jj < kJC; ++jj) {
           sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
           if constexpr (kOut != 2) {
-            const int c = n0 + 8 * (j0 + jj) + 2 * tq;
-            const int ca = min(c, N - 1), cb = min(c + 1, N - 1);
-            sw0[jj] = __ldg(Sw + ca);
-            sw1[jj] = __ldg(Sw + cb);
+            const int c = 8 * (j0 + jj) + 2 * tq;  // (the tile's column)
+            sw0[jj] = ep[64 + c];
+            sw1[jj] = ep[64 + c + 1];
             if (bias) {
-              b0[jj] = __ldg(bias + ca);
-              b1[jj] = __ldg(bias + cb);
+              b0[jj] = ep[64 + BN + c];
+              b1[jj] = ep[64 + BN + c + 1];
             }
           }
         }
