@@ -209,7 +209,8 @@ TEST(CudaGemmW8A8, WgmmaBf16EpilogueBitsMatchHostExpression) {
   REQUIRE_GPU();
   if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";
   std::mt19937 g(17);
-  const int shapes[][3] = {{1400, 3400, 144}, {2048, 4096, 1024}, {1024, 6144, 512}, {77, 1024, 4096}};
+  // ({4096, 4096, 128}: one k-step a tile, ~8 tiles a CTA — the operand copies' shortest lead.)
+  const int shapes[][3] = {{1400, 3400, 144}, {2048, 4096, 1024}, {1024, 6144, 512}, {77, 1024, 4096}, {4096, 4096, 128}};
   for (auto& sh : shapes) {
     const int M = sh[0], N = sh[1], K = sh[2];
     const auto X = rand_i8(size_t(M) * K, g), W = rand_i8(size_t(N) * K, g);

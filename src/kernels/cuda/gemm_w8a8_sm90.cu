@@ -297,8 +297,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if constexpr (kFixup) {
         const bool live = m0 + cw * 64 + warp * 16 < M;
-        if (!splitk_fixup<BN>(acc, t * splits, t * splits + splits - 1, t, cw * 4 + warp, lane, live, part, flags))
+        if (!splitk_fixup<BN>(acc, t * splits, t * splits + splits - 1, t, cw * 4 + warp, lane, live, part, flags)) {
+          cp_async_wait_all_groups();  // (its operand copies land before the CTA may exit)
           continue;  // the tile's owner adds these sums and stores it
+        }
       }
 
       // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
