@@ -155,8 +155,8 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
   const int shapes[][3] = {{1, 8, 16},     {3, 5, 16},       {7, 130, 48},   {130, 7, 80},
                            {129, 131, 272}, {257, 384, 1024}, {300, 513, 1040}, {200, 1, 32},
                            {1400, 3400, 144}};
-  // Both schedules (cooperative, ping-pong), each tile width.
-  for (const char* ping : {"0", "1"})
+  // Both schedules (cooperative, ping-pong on 64-row tiles, "2": on 128-row tiles), each tile width.
+  for (const char* ping : {"0", "1", "2"})
     for (const char* bn : {(const char*)nullptr, "128", "256"}) {
       SCOPED_TRACE(std::string("PERRY_WGMMA_PINGPONG=") + ping + " PERRY_WGMMA_BN=" + (bn ? bn : "(auto)"));
       setenv("PERRY_WGMMA_PINGPONG", ping, 1);
@@ -217,8 +217,9 @@ TEST(CudaGemmW8A8, WgmmaBf16EpilogueBitsMatchHostExpression) {
     const auto sa = rand_f(M, g, 1e-3f, 2e-2f), sw = rand_f(N, g, 1e-3f, 2e-2f), bias = rand_f(N, g, -2.f, 2.f);
     Dev<int8_t> dX(X), dW(W);
     Dev<float> dsa(sa), dsw(sw), db(bias);
-    for (const char* ping : {"0", "1"})
+    for (const char* ping : {"0", "1", "2"})
       for (const char* bn : {"128", "256"}) {
+        if (ping[0] == '2' && bn[0] == '2') continue;  // (the 128-row ping-pong is 128 columns wide)
         SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K << " PERRY_WGMMA_PINGPONG=" << ping
                                           << " PERRY_WGMMA_BN=" << bn);
         setenv("PERRY_WGMMA_PINGPONG", ping, 1);
@@ -371,9 +372,10 @@ TEST(CudaFp8, WgmmaGemmMatchesFloat64) {
     return v;
   };
   const int shapes[][3] = {{1, 8, 16}, {7, 130, 48}, {129, 131, 272}, {300, 513, 1040}, {1400, 3400, 144}};
-  for (const char* bn : {"128", "256", "256p"}) {  // 256p: the ping-pong schedule
+  // 256p: the ping-pong schedule; 128q: ping-pong on 128-row tiles
+  for (const char* bn : {"128", "256", "256p", "128q"}) {
     setenv("PERRY_WGMMA_BN", std::string(bn).substr(0, 3).c_str(), 1);
-    setenv("PERRY_WGMMA_PINGPONG", bn[3] == 'p' ? "1" : "0", 1);
+    setenv("PERRY_WGMMA_PINGPONG", bn[3] == 'p' ? "1" : bn[3] == 'q' ? "2" : "0", 1);
     for (auto& sh : shapes) {
       const int M = sh[0], N = sh[1], K = sh[2];
       SCOPED_TRACE(::testing::Message() << "BN=" << bn << " M=" << M << " N=" << N << " K=" << K);

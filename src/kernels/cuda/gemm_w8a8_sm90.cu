@@ -58,19 +58,25 @@ constexpr int kGroupM = 8;       // grouped tile order: 8 row-tiles per group
 // the other's wgmmas keep the tensor cores busy. Nsight Compute on the cooperative schedule
 // (both warpgroups on one 128-row tile, eighth session): tensor pipe 72% busy, L2 49%, DRAM 29%
 // — the tensor cores wait through every tile's epilogue, not for memory.
-template <int BN, bool kPing = false>
+// kPing128 (with kPing, BN 128): ping-pong on 128-row tiles — each warpgroup issues both 64-row
+// halves of its tile (two accumulator sets), so the tile and its traffic are the cooperative
+// kernel's while a warpgroup's epilogue runs under the other's main loop (64-row ping-pong tiles
+// read each weight tile twice as often, s36: its main loop alone was 21% slower at M 1024).
+template <int BN, bool kPing = false, bool kPing128 = false>
 struct Cfg {
-  static constexpr int kRows = kPing ? 64 : kBM;    // rows of X per tile (and per stage)
-  static constexpr int kStages = kPing ? (BN == 256 ? 5 : 8) : (BN == 256 ? 4 : 6);
+  static_assert(!kPing128 || (kPing && BN == 128), "128-row ping-pong: BN 128, 64 + 64 accumulators a thread");
+  static constexpr int kRows = kPing && !kPing128 ? 64 : kBM;  // rows of X per tile (and per stage)
+  static constexpr int kStages = kPing && !kPing128 ? (BN == 256 ? 5 : 8) : (BN == 256 ? 4 : 6);
   static constexpr int kTileA = kRows * kBK;        // 16 KiB (8 ping-pong)
   static constexpr int kTileB = BN * kBK;           // 32 or 16 KiB
   static constexpr int kStageBytes = kTileA + kTileB;
-  static constexpr int kGroupRows = kPing ? 2 * kGroupM : kGroupM;  // row-tiles per L2 group: 1024 rows
+  static constexpr int kGroupRows = kRows == 64 ? 2 * kGroupM : kGroupM;  // row-tiles per L2 group: 1024 rows
   static constexpr int kEmptyArrivals = kPing ? 4 : kConsumerWarps;  // the warps that read a stage
   static constexpr int kBarrierBytes = 2 * kStages * 8 + 16;  // full[S], empty[S], turn[2]
   // The epilogue's operands of a consumer warpgroup's tile, copied in while its main loop runs:
-  // sa of its 64 rows, then sw and bias of the tile's BN columns (floats).
-  static constexpr int kEpiFloats = 64 + 2 * BN;
+  // sa of its rows (64; 128 for kPing128), then sw and bias of the tile's BN columns (floats).
+  static constexpr int kEpiRows = kPing128 ? 128 : 64;
+  static constexpr int kEpiFloats = kEpiRows + 2 * BN;
   static constexpr int kEpiBytes = 2 * kEpiFloats * 4;
   // + 1024: the dynamic shared window is only 16-byte aligned by contract; the kernel rounds up.
   static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + kEpiBytes + 1024;
@@ -140,7 +146,7 @@ __device__ __forceinline__ bool splitk_fixup(int (&acc)[BN / 2], int v0, int v1,
 // the ping-pong schedule (Cfg); kFixup: split-K (splits > 1) with its fixup inside the kernel
 // (splitk_fixup; cooperative, int8 only, one unit a CTA): part and flags are its partial-sum slots
 // and tile counters, unused otherwise.
-template <int kOut, int BN, bool kFp8 = false, bool kPing = false, bool kFixup = false>
+template <int kOut, int BN, bool kFp8 = false, bool kPing = false, bool kFixup = false, bool kPing128 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_w8a8_wgmma_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                            const float* __restrict__ Sa, const float* __restrict__ Sw,
@@ -149,8 +155,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #ifdef PERRY_WGMMA
   static_assert(!(kFp8 && kOut == 2), "e4m3 accumulates in fp32: no int32 output");
   static_assert(!kFixup || (!kFp8 && !kPing), "split-K fixup: int8 sums (exact in any order), cooperative schedule");
-  using C = Cfg<BN, kPing>;
-  constexpr int S = C::kStages, kRows = C::kRows;
+  using C = Cfg<BN, kPing, kPing128>;
+  constexpr int S = C::kStages, kRows = C::kRows, kEpiRows = C::kEpiRows;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
   const uint32_t sA = base;                          // S × [kRows × 128 B]
@@ -222,9 +228,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- consumer warpgroups: wgmma + fused epilogue ----------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int cw = wg - 1;  // cooperative: which 64-row half of the tile; ping-pong: whose turn
-    int acc[BN / 2];
+    int acc[BN / 2], acc_hi[BN / 2];  // (acc_hi: kPing128's second 64 rows; unused otherwise)
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0;
+    for (int i = 0; i < BN / 2; ++i) acc[i] = acc_hi[i] = 0;
     int s = 0;
     uint32_t phase = 0;
     // Cooperative: both warpgroups take every tile of this CTA (blockIdx.x, +gridDim.x, ...).
@@ -244,10 +250,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kOut != 2) {
         cp_async_wait_all_groups();
         named_barrier(1 + cw, 128);
-        const int rbase = m0 + (kPing ? 0 : cw * 64), nf = bias ? C::kEpiFloats : 64 + BN;
+        const int rbase = m0 + (kPing ? 0 : cw * 64), nf = bias ? C::kEpiFloats : kEpiRows + BN;
         for (int f = threadIdx.x % 128; f < nf; f += 128) {
-          const float* src = f < 64 ? Sa + min(rbase + f, M - 1)
-                                    : (f < 64 + BN ? Sw + min(n0 + f - 64, N - 1) : bias + min(n0 + f - 64 - BN, N - 1));
+          const float* src = f < kEpiRows ? Sa + min(rbase + f, M - 1)
+                                          : (f < kEpiRows + BN ? Sw + min(n0 + f - kEpiRows, N - 1)
+                                                               : bias + min(n0 + f - kEpiRows - BN, N - 1));
           cp_async4(epi + 4u * f, src);
         }
         cp_async_commit_group();
@@ -265,17 +272,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(full(s), phase);
         const uint64_t da = make_desc_sw128(sA + s * C::kTileA + (kPing ? 0 : cw * 64 * kBK));
         const uint64_t db = make_desc_sw128(sB + s * C::kTileB);
+        // (kPing128: the tile's rows 64..127, 64 rows × 128 B further: whole 1 KiB swizzle atoms)
+        const uint64_t da_hi = make_desc_sw128(sA + s * C::kTileA + 64 * kBK);
         fence_operands(acc);
+        if constexpr (kPing128) fence_operands(acc_hi);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBK / 32; ++kk)  // +32 B along K = +2 in the address field
+        for (int kk = 0; kk < kBK / 32; ++kk) {  // +32 B along K = +2 in the address field
           wgmma_tile<BN, kFp8>(acc, da + 2 * kk, db + 2 * kk, kt != kt0 || kk != 0);
+          if constexpr (kPing128) wgmma_tile<BN, kFp8>(acc_hi, da_hi + 2 * kk, db + 2 * kk, kt != kt0 || kk != 0);
+        }
         wgmma_commit();
         if constexpr (kPing) {
           // One warpgroup alone feeds the tensor cores: keep two stages' wgmmas in flight, hand
           // back the stage before them.
           wgmma_wait<2>();
           fence_operands(acc);
+          if constexpr (kPing128) fence_operands(acc_hi);
           if (prev2 >= 0 && lane == 0) mbar_arrive(empty(prev2));
           prev2 = prev;
         } else {
@@ -291,6 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_wait<0>();
       fence_operands(acc);
+      if constexpr (kPing128) fence_operands(acc_hi);
       if (lane == 0) {
         if (prev2 >= 0) mbar_arrive(empty(prev2));  // (ping-pong only; in ring order)
         mbar_arrive(empty(prev));  // ktiles >= 1, so prev is a stage
@@ -305,16 +319,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // Epilogue. m64nBN accumulator layout: warp w of the warpgroup owns rows 16w..16w+15;
       // acc[4j + 2h + e] is row g + 8h, column 8j + 2t + e (g = lane/4, t = lane%4).
-      const int g = lane >> 2, tq = lane & 3;
-      const int r0 = m0 + (kPing ? 0 : cw * 64) + warp * 16 + g;
-      // (ep: this warpgroup's copied operands — sa at [0, 64), sw at 64 + column, bias at 64 + BN + column)
+      // (ep: this warpgroup's copied operands — sa at [0, kEpiRows), sw at kEpiRows + column, bias
+      // at kEpiRows + BN + column)
       const float* ep = reinterpret_cast<const float*>(smem_raw + (epi - smem_addr(smem_raw)));
-      float sa[2] = {0.f, 0.f};
       if constexpr (kOut != 2) {
         cp_async_wait_all_groups();
         named_barrier(1 + cw, 128);  // every thread's copies are visible
-        sa[0] = ep[warp * 16 + g];
-        sa[1] = ep[warp * 16 + g + 8];
+      }
+      // The epilogue of the 64 rows at hh·64 of this warpgroup's share of the tile, from acc.
+      auto epilogue_rows = [&](const int (&acc)[BN / 2], int hh) {
+      const int g = lane >> 2, tq = lane & 3;
+      const int r0 = m0 + (kPing ? 0 : cw * 64) + hh * 64 + warp * 16 + g;
+      float sa[2] = {0.f, 0.f};
+      if constexpr (kOut != 2) {
+        sa[0] = ep[hh * 64 + warp * 16 + g];
+        sa[1] = ep[hh * 64 + warp * 16 + g + 8];
       }
       if constexpr (kOut == 0) {
         // bf16 fast path (the tile's columns all < N, N % 8 == 0, Y 16-byte aligned): a 4×4
@@ -327,8 +346,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
               const int c = 32 * q + 8 * jj + 2 * tq;  // (the tile's column)
-              const float2 w2 = *reinterpret_cast<const float2*>(ep + 64 + c);
-              const float2 b2 = bias ? *reinterpret_cast<const float2*>(ep + 64 + BN + c) : make_float2(0.f, 0.f);
+              const float2 w2 = *reinterpret_cast<const float2*>(ep + kEpiRows + c);
+              const float2 b2 = bias ? *reinterpret_cast<const float2*>(ep + kEpiRows + BN + c) : make_float2(0.f, 0.f);
               sw0[jj] = w2.x;
               sw1[jj] = w2.y;
               b0[jj] = b2.x;
@@ -354,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               }
             }
           }
-          continue;  // next tile
+          return;
         }
       }
       // Column scales and bias from the copied set in chunks of kJC column groups (its entries
@@ -368,11 +387,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
           if constexpr (kOut != 2) {
             const int c = 8 * (j0 + jj) + 2 * tq;  // (the tile's column)
-            sw0[jj] = ep[64 + c];
-            sw1[jj] = ep[64 + c + 1];
+            sw0[jj] = ep[kEpiRows + c];
+            sw1[jj] = ep[kEpiRows + c + 1];
             if (bias) {
-              b0[jj] = ep[64 + BN + c];
-              b1[jj] = ep[64 + BN + c + 1];
+              b0[jj] = ep[kEpiRows + BN + c];
+              b1[jj] = ep[kEpiRows + BN + c + 1];
             }
           }
         }
@@ -420,6 +439,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      };
+      epilogue_rows(acc, 0);
+      if constexpr (kPing128) epilogue_rows(acc_hi, 1);
     }
   }
 #else
@@ -430,15 +452,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------- host side
 
 // kFixup: split-K with the fixup in the kernel (part and flags: its slots and counters).
-template <int kOut, int BN, bool kFp8, bool kPing, bool kFixup = false>
+template <int kOut, int BN, bool kFp8, bool kPing, bool kFixup = false, bool kPing128 = false>
 void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
             int M, int N, int K, int vec_ok, int sms, cudaStream_t stream, const char* name, int splits = 1,
             int kt_per = 0, int* part = nullptr, unsigned* flags = nullptr) {
-  using C = Cfg<BN, kPing>;
+  using C = Cfg<BN, kPing, kPing128>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kFixup>,
+    attr_err = cudaFuncSetAttribute(gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kFixup, kPing128>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   });
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
@@ -447,7 +469,7 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
   const long long units = (long long)((M + C::kRows - 1) / C::kRows) * ((N + BN - 1) / BN) * splits;
   const unsigned grid = unsigned(units < sms ? units : sms);
   if (kt_per <= 0) kt_per = (K + kBK - 1) / kBK;
-  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kFixup><<<grid, kThreads, C::kSmemBytes, stream>>>(
+  gemm_w8a8_wgmma_kernel<kOut, BN, kFp8, kPing, kFixup, kPing128><<<grid, kThreads, C::kSmemBytes, stream>>>(
       ta, tb, dSa, dSw, dBias, dY, M, N, K, vec_ok, splits, kt_per, part, flags);
   check_launch(name);
 }
@@ -541,6 +563,16 @@ bool pingpong_schedule(int M, int N, int K, int sms, bool wide) {
   return M <= 64 || (M <= 128 && (long long)((M + 63) / 64) * ((N + bn - 1) / bn) <= sms);
 }
 
+// The 128-row ping-pong (Cfg's kPing128; branch next/w8a8-pingpong128, lab): PERRY_WGMMA_PINGPONG=2
+// forces it for every unsplit call (tile width 128); PERRY_WGMMA_PING128=1 takes it where the
+// cooperative 128-column kernel would run, =2 also where the 256-column or 64-row ones would.
+// Read per call.
+int ping128_mode() {
+  const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
+  if (pp && pp[0] == '2') return 2;
+  return std::max(0, split_env("PERRY_WGMMA_PING128"));
+}
+
 template <int kOut, bool kFp8 = false>
 void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
               int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name, int32_t* workspace = nullptr,
@@ -565,6 +597,10 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
     }
   }
   const bool ping = pingpong_schedule(M, N, K, sms, wide);
+  if (const int p128 = ping128_mode(); p128 == 2 || (p128 == 1 && !ping && !wide)) {
+    launch<kOut, 128, kFp8, true, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
+    return;
+  }
   if (ping && wide) launch<kOut, 256, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (ping) launch<kOut, 128, kFp8, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
   else if (wide) launch<kOut, 256, kFp8, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
