@@ -557,20 +557,30 @@ size_t split_workspace_bytes(int M, int N, int splits, bool wide) {
 // PERRY_WGMMA_PINGPONG=1 / 0 forces it (read per call: the tests run both schedules).
 bool pingpong_schedule(int M, int N, int K, int sms, bool wide) {
   const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
-  if (pp && *pp) return pp[0] == '1';
+  if (pp && *pp) return pp[0] == '1';  // (=2: the 128-row ping-pong, ping128_schedule)
   if (wide && K <= 8192 && M >= 2048) return true;
   const int bn = wide ? 256 : 128;
   return M <= 64 || (M <= 128 && (long long)((M + 63) / 64) * ((N + bn - 1) / bn) <= sms);
 }
 
-// The 128-row ping-pong (Cfg's kPing128; branch next/w8a8-pingpong128, lab): PERRY_WGMMA_PINGPONG=2
-// forces it for every unsplit call (tile width 128); PERRY_WGMMA_PING128=1 takes it where the
-// cooperative 128-column kernel would run, =2 also where the 256-column or 64-row ones would.
-// Read per call.
-int ping128_mode() {
+// The ping-pong schedule on 128-row tiles (Cfg's kPing128) where it measured faster (s37 run 2,
+// H100, bench-op `gemm`, the same binary with the choice forced):
+//   * where the cooperative 128-column kernel ran, from M 1024: 14336 × 4096 M 1024 87.0 → 83.2 µs
+//     (1.73 → 1.81× cuBLAS bf16), 10240 × 2560 46.8 → 43.7, 6144 × 4096 41.2 → 40.0, 2560 × 10240
+//     M 4096 164.2 → 159.0; nowhere slower;
+//   * instead of the 256-column tiles (cooperative or 64-row ping-pong) at M >= 2048 with K <= 10240:
+//     6144 × 4096 M 2048 / 4096 76.8 → 73.1 / 144.2 → 140.6, 10240 × 2560 82.4 → 79.0 / 153.3 →
+//     149.0, 2560 × 10240 M 4096 164.2 → 155.1; not at K = 14336 (4096 × 14336 M 2048 145.9 →
+//     172.5: over a long K the 256-column wgmma's operand reuse wins) nor at M 1024 there
+//     (2560 × 10240 55.6 → 58.6: 160 tiles of 128 columns make two waves where 80 of 256 make one).
+// PERRY_WGMMA_PINGPONG=2 forces it (any unsplit call), =0 / =1 rule it out (the tests' other
+// kernels); PERRY_WGMMA_PING128=0 rules it out too (read per call).
+bool ping128_schedule(int M, int K, bool ping, bool wide) {
   const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
-  if (pp && pp[0] == '2') return 2;
-  return std::max(0, split_env("PERRY_WGMMA_PING128"));
+  if (pp && *pp) return pp[0] == '2';
+  if (split_env("PERRY_WGMMA_PING128") == 0) return false;
+  if (M < 1024) return false;
+  return (!ping && !wide) || (wide && K <= 10240 && M >= 2048);
 }
 
 template <int kOut, bool kFp8 = false>
@@ -597,7 +607,7 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
     }
   }
   const bool ping = pingpong_schedule(M, N, K, sms, wide);
-  if (const int p128 = ping128_mode(); p128 == 2 || (p128 == 1 && !ping && !wide)) {
+  if (ping128_schedule(M, K, ping, wide)) {
     launch<kOut, 128, kFp8, true, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
     return;
   }
