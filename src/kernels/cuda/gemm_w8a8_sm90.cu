@@ -21,6 +21,10 @@
 //     issues wgmma.mma_async m64nBNk32 s32.s8.s8, 4 per stage (K = 128 B), keeping one
 //     commit-group in flight (wait_group 1) and releasing the previous stage to the producer
 //     (one arrive per consumer warp: empty count 8) once its wgmmas have completed.
+//     That is the cooperative schedule; the ping-pong ones (Cfg, ping128_schedule) give each
+//     consumer warpgroup whole tiles in turn — of 64 rows, or of 128 rows whose two halves it
+//     issues itself — so one warpgroup's epilogue runs while the other's wgmmas keep the tensor
+//     cores busy (an empty count of 4: the warps of the warpgroup that read the stage).
 //   * Persistent: grid = min(#SMs, #tiles); both roles walk the same tile sequence
 //     blockIdx.x, +gridDim.x, ... in a grouped order (8 row-tiles per group, columns inside a
 //     group) so the CTAs running at one time share A and B tiles in L2.
