@@ -577,13 +577,17 @@ bool pingpong_schedule(int M, int N, int K, int sms, bool wide) {
 //     149.0, 2560 × 10240 M 4096 164.2 → 155.1; not at K = 14336 (4096 × 14336 M 2048 145.9 →
 //     172.5: over a long K the 256-column wgmma's operand reuse wins) nor at M 1024 there
 //     (2560 × 10240 55.6 → 58.6: 160 tiles of 128 columns make two waves where 80 of 256 make one).
+// Only with at least two tiles a CTA on average (all the measured cases had 2.4–6.8): a CTA with
+// one tile has no other warpgroup's main loop to hide its epilogue under, and one warpgroup then
+// runs the whole tile's epilogue where the cooperative kernel splits it over two.
 // PERRY_WGMMA_PINGPONG=2 forces it (any unsplit call), =0 / =1 rule it out (the tests' other
 // kernels); PERRY_WGMMA_PING128=0 rules it out too (read per call).
-bool ping128_schedule(int M, int K, bool ping, bool wide) {
+bool ping128_schedule(int M, int N, int K, int sms, bool ping, bool wide) {
   const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
   if (pp && *pp) return pp[0] == '2';
   if (split_env("PERRY_WGMMA_PING128") == 0) return false;
-  if (M < 1024) return false;
+  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + 127) / 128);
+  if (M < 1024 || tiles < 2LL * sms) return false;
   return (!ping && !wide) || (wide && K <= 10240 && M >= 2048);
 }
 
@@ -611,7 +615,7 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
     }
   }
   const bool ping = pingpong_schedule(M, N, K, sms, wide);
-  if (ping128_schedule(M, K, ping, wide)) {
+  if (ping128_schedule(M, N, K, sms, ping, wide)) {
     launch<kOut, 128, kFp8, true, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
     return;
   }
