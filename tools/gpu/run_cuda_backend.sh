@@ -242,6 +242,7 @@ prefill_ab() {
         qkvf32) env+=(PERRY_QKV_F32=1) ;;  # q|k|v in fp32
         pingoff) env+=(PERRY_WGMMA_PINGPONG=0) ;;  # the w8a8 / fp8 wgmma GEMM: cooperative schedule only
         pingon) env+=(PERRY_WGMMA_PINGPONG=1) ;;  # ... ping-pong schedule at every shape
+        noping128) env+=(PERRY_WGMMA_PING128=0) ;;  # ... no ping-pong on 128-row tiles (s37's default before it)
         nowgmma) env+=(PERRY_NO_WGMMA=1) ;;  # no sm_90 int8 wgmma GEMMs (mma.sync at every M)
         nosplitk) env+=(PERRY_WGMMA_SPLITK=0) ;;  # the w8a8 wgmma GEMM never split over K
         splitfixup) env+=(PERRY_WGMMA_SPLITK_FIXUP=1) ;;  # ... its split-K sums added inside the GEMM (the default since s31)
