@@ -50,7 +50,8 @@ namespace perry::cuda {
 // two halves one warpgroup issues), persistent grid, fused epilogue.
 // Throws perry::Error on other devices. Environment (read per call, for the lab and the tests):
 // PERRY_WGMMA_BN=128|256 forces the column tile width, PERRY_WGMMA_PINGPONG=0|1|2 the schedule
-// (cooperative / ping-pong / ping-pong on 128-row tiles), PERRY_WGMMA_PING128=0 rules out the last,
+// (cooperative / ping-pong / ping-pong on 128-row tiles, which a forced width or
+// PERRY_WGMMA_PING128=0 rules out unless PERRY_WGMMA_PINGPONG=2 asks for it),
 // PERRY_WGMMA_SPLITK=0|N split-K off / N splits (at most one CTA a unit),
 // PERRY_WGMMA_SPLITK_FIXUP=0 the split-K sums added by a second kernel even with tile flags.
 bool gemm_w8a8_wgmma_supported();

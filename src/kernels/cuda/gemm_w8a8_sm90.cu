@@ -35,7 +35,8 @@
 //     fence.proxy.async is needed in the main loop; mbarrier phases order reuse.
 // No deadlock by construction: every full barrier receives exactly one arrive.expect_tx of the
 // whole stage's bytes (TMA counts out-of-bounds, zero-filled bytes too), every empty barrier
-// exactly 8 arrives per use, and producer and consumers iterate identical (tile, k) sequences.
+// exactly one arrive per consumer warp that reads the stage (8 cooperative, 4 ping-pong) per use,
+// and producer and consumers iterate identical (tile, k) sequences.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -71,7 +72,7 @@ struct Cfg {
   static_assert(!kPing128 || (kPing && BN == 128), "128-row ping-pong: BN 128, 64 + 64 accumulators a thread");
   static constexpr int kRows = kPing && !kPing128 ? 64 : kBM;  // rows of X per tile (and per stage)
   static constexpr int kStages = kPing && !kPing128 ? (BN == 256 ? 5 : 8) : (BN == 256 ? 4 : 6);
-  static constexpr int kTileA = kRows * kBK;        // 16 KiB (8 ping-pong)
+  static constexpr int kTileA = kRows * kBK;        // 16 KiB (8 on 64-row ping-pong tiles)
   static constexpr int kTileB = BN * kBK;           // 32 or 16 KiB
   static constexpr int kStageBytes = kTileA + kTileB;
   static constexpr int kGroupRows = kRows == 64 ? 2 * kGroupM : kGroupM;  // row-tiles per L2 group: 1024 rows
@@ -580,12 +581,16 @@ bool pingpong_schedule(int M, int N, int K, int sms, bool wide) {
 // Only with at least two tiles a CTA on average (all the measured cases had 2.4–6.8): a CTA with
 // one tile has no other warpgroup's main loop to hide its epilogue under, and one warpgroup then
 // runs the whole tile's epilogue where the cooperative kernel splits it over two.
+// int8 only by default: e4m3 (w8a8-fp8, a comparison mode) shares the kernel and is exact with it
+// (CudaFp8's "128q"), but its speed with it was not measured.
 // PERRY_WGMMA_PINGPONG=2 forces it (any unsplit call), =0 / =1 rule it out (the tests' other
-// kernels); PERRY_WGMMA_PING128=0 rules it out too (read per call).
-bool ping128_schedule(int M, int N, int K, int sms, bool ping, bool wide) {
+// kernels); PERRY_WGMMA_PING128=0 or a forced PERRY_WGMMA_BN (the lab's width comparisons) rule it
+// out too (read per call).
+bool ping128_schedule(int M, int N, int K, int sms, bool ping, bool wide, bool fp8) {
   const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
   if (pp && *pp) return pp[0] == '2';
-  if (split_env("PERRY_WGMMA_PING128") == 0) return false;
+  const char* bn = std::getenv("PERRY_WGMMA_BN");
+  if (fp8 || (bn && *bn) || split_env("PERRY_WGMMA_PING128") == 0) return false;
   const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + 127) / 128);
   if (M < 1024 || tiles < 2LL * sms) return false;
   return (!ping && !wide) || (wide && K <= 10240 && M >= 2048);
@@ -615,7 +620,7 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
     }
   }
   const bool ping = pingpong_schedule(M, N, K, sms, wide);
-  if (ping128_schedule(M, N, K, sms, ping, wide)) {
+  if (ping128_schedule(M, N, K, sms, ping, wide, kFp8)) {
     launch<kOut, 128, kFp8, true, false, true>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
     return;
   }
