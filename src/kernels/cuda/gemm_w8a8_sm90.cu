@@ -333,117 +333,118 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // The epilogue of the 64 rows at hh·64 of this warpgroup's share of the tile, from acc.
       auto epilogue_rows = [&](const int (&acc)[BN / 2], int hh) {
-      const int g = lane >> 2, tq = lane & 3;
-      const int r0 = m0 + (kPing ? 0 : cw * 64) + hh * 64 + warp * 16 + g;
-      float sa[2] = {0.f, 0.f};
-      if constexpr (kOut != 2) {
-        sa[0] = ep[hh * 64 + warp * 16 + g];
-        sa[1] = ep[hh * 64 + warp * 16 + g + 8];
-      }
-      if constexpr (kOut == 0) {
-        // bf16 fast path (the tile's columns all < N, N % 8 == 0, Y 16-byte aligned): a 4×4
-        // transpose of packed bf16 pairs inside each quad (3 shuffles) so that each thread
-        // stores 8 consecutive outputs (16 B) instead of 4 scattered 4-byte pairs.
-        if ((vec_ok & 2) && n0 + BN <= N) {
+        const int g = lane >> 2, tq = lane & 3;
+        const int r0 = m0 + (kPing ? 0 : cw * 64) + hh * 64 + warp * 16 + g;
+        float sa[2] = {0.f, 0.f};
+        if constexpr (kOut != 2) {
+          sa[0] = ep[hh * 64 + warp * 16 + g];
+          sa[1] = ep[hh * 64 + warp * 16 + g + 8];
+        }
+        if constexpr (kOut == 0) {
+          // bf16 fast path (the tile's columns all < N, N % 8 == 0, Y 16-byte aligned): a 4×4
+          // transpose of packed bf16 pairs inside each quad (3 shuffles) so that each thread
+          // stores 8 consecutive outputs (16 B) instead of 4 scattered 4-byte pairs.
+          if ((vec_ok & 2) && n0 + BN <= N) {
 #pragma unroll
-          for (int q = 0; q < BN / 32; ++q) {
-            float sw0[4], sw1[4], b0[4], b1[4];
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-              const int c = 32 * q + 8 * jj + 2 * tq;  // (the tile's column)
-              const float2 w2 = *reinterpret_cast<const float2*>(ep + kEpiRows + c);
-              const float2 b2 = bias ? *reinterpret_cast<const float2*>(ep + kEpiRows + BN + c) : make_float2(0.f, 0.f);
-              sw0[jj] = w2.x;
-              sw1[jj] = w2.y;
-              b0[jj] = b2.x;
-              b1[jj] = b2.y;
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              uint32_t pk[4];
+            for (int q = 0; q < BN / 32; ++q) {
+              float sw0[4], sw1[4], b0[4], b1[4];
 #pragma unroll
               for (int jj = 0; jj < 4; ++jj) {
-                const int j = 4 * q + jj;
-                const float v0 = acc_value<kFp8>(acc[4 * j + 2 * h]) * (sa[h] * sw0[jj]) + b0[jj];
-                const float v1 = acc_value<kFp8>(acc[4 * j + 2 * h + 1]) * (sa[h] * sw1[jj]) + b1[jj];
-                const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
-                pk[jj] = *reinterpret_cast<const uint32_t*>(&b2);
+                const int c = 32 * q + 8 * jj + 2 * tq;  // (the tile's column)
+                const float2 w2 = *reinterpret_cast<const float2*>(ep + kEpiRows + c);
+                const float2 b2 =
+                    bias ? *reinterpret_cast<const float2*>(ep + kEpiRows + BN + c) : make_float2(0.f, 0.f);
+                sw0[jj] = w2.x;
+                sw1[jj] = w2.y;
+                b0[jj] = b2.x;
+                b1[jj] = b2.y;
               }
-              uint32_t got[4];
-              quad_exchange(pk, tq, got);
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                uint32_t pk[4];
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) {
+                  const int j = 4 * q + jj;
+                  const float v0 = acc_value<kFp8>(acc[4 * j + 2 * h]) * (sa[h] * sw0[jj]) + b0[jj];
+                  const float v1 = acc_value<kFp8>(acc[4 * j + 2 * h + 1]) * (sa[h] * sw1[jj]) + b1[jj];
+                  const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
+                  pk[jj] = *reinterpret_cast<const uint32_t*>(&b2);
+                }
+                uint32_t got[4];
+                quad_exchange(pk, tq, got);
+                const int r = r0 + 8 * h;
+                if (r < M) {
+                  const uint4 v = quad_gather(got, tq);
+                  *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) = v;
+                }
+              }
+            }
+            return;
+          }
+        }
+        // Column scales and bias from the copied set in chunks of kJC column groups (its entries
+        // past N hold column N − 1's: clamped, as the loads were).
+        constexpr int kJC = 8;
+#pragma unroll
+        for (int j0 = 0; j0 < BN / 8; j0 += kJC) {
+          float sw0[kJC], sw1[kJC], b0[kJC], b1[kJC];
+#pragma unroll
+          for (int jj = 0; jj < kJC; ++jj) {
+            sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
+            if constexpr (kOut != 2) {
+              const int c = 8 * (j0 + jj) + 2 * tq;  // (the tile's column)
+              sw0[jj] = ep[kEpiRows + c];
+              sw1[jj] = ep[kEpiRows + c + 1];
+              if (bias) {
+                b0[jj] = ep[kEpiRows + BN + c];
+                b1[jj] = ep[kEpiRows + BN + c + 1];
+              }
+            }
+          }
+#pragma unroll
+          for (int jj = 0; jj < kJC; ++jj) {
+            const int j = j0 + jj;
+            const int c = n0 + 8 * j + 2 * tq;
+            if (c >= N) continue;
+            const bool pair = c + 1 < N;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
               const int r = r0 + 8 * h;
-              if (r < M) {
-                const uint4 v = quad_gather(got, tq);
-                *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(Y) + size_t(r) * N + n0 + 32 * q + 8 * tq) = v;
-              }
-            }
-          }
-          return;
-        }
-      }
-      // Column scales and bias from the copied set in chunks of kJC column groups (its entries
-      // past N hold column N − 1's: clamped, as the loads were).
-      constexpr int kJC = 8;
-#pragma unroll
-      for (int j0 = 0; j0 < BN / 8; j0 += kJC) {
-        float sw0[kJC], sw1[kJC], b0[kJC], b1[kJC];
-#pragma unroll
-        for (int jj = 0; jj < kJC; ++jj) {
-          sw0[jj] = sw1[jj] = b0[jj] = b1[jj] = 0.f;
-          if constexpr (kOut != 2) {
-            const int c = 8 * (j0 + jj) + 2 * tq;  // (the tile's column)
-            sw0[jj] = ep[kEpiRows + c];
-            sw1[jj] = ep[kEpiRows + c + 1];
-            if (bias) {
-              b0[jj] = ep[kEpiRows + BN + c];
-              b1[jj] = ep[kEpiRows + BN + c + 1];
-            }
-          }
-        }
-#pragma unroll
-        for (int jj = 0; jj < kJC; ++jj) {
-          const int j = j0 + jj;
-          const int c = n0 + 8 * j + 2 * tq;
-          if (c >= N) continue;
-          const bool pair = c + 1 < N;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = r0 + 8 * h;
-            if (r >= M) continue;
-            const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
-            const size_t o = size_t(r) * N + c;
-            if constexpr (kOut == 2) {
-              int* y = static_cast<int*>(Y) + size_t(slice) * size_t(M) * N + o;
-              if (pair && vec_ok) {
-                *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
-              } else {
-                y[0] = a0;
-                if (pair) y[1] = a1;
-              }
-            } else {
-              const float v0 = acc_value<kFp8>(a0) * (sa[h] * sw0[jj]) + b0[jj];
-              const float v1 = acc_value<kFp8>(a1) * (sa[h] * sw1[jj]) + b1[jj];
-              if constexpr (kOut == 1) {
-                float* y = static_cast<float*>(Y) + o;
+              if (r >= M) continue;
+              const int a0 = acc[4 * j + 2 * h], a1 = acc[4 * j + 2 * h + 1];
+              const size_t o = size_t(r) * N + c;
+              if constexpr (kOut == 2) {
+                int* y = static_cast<int*>(Y) + size_t(slice) * size_t(M) * N + o;
                 if (pair && vec_ok) {
-                  *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
+                  *reinterpret_cast<int2*>(y) = make_int2(a0, a1);
                 } else {
-                  y[0] = v0;
-                  if (pair) y[1] = v1;
+                  y[0] = a0;
+                  if (pair) y[1] = a1;
                 }
               } else {
-                __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
-                if (pair && vec_ok) {
-                  *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+                const float v0 = acc_value<kFp8>(a0) * (sa[h] * sw0[jj]) + b0[jj];
+                const float v1 = acc_value<kFp8>(a1) * (sa[h] * sw1[jj]) + b1[jj];
+                if constexpr (kOut == 1) {
+                  float* y = static_cast<float*>(Y) + o;
+                  if (pair && vec_ok) {
+                    *reinterpret_cast<float2*>(y) = make_float2(v0, v1);
+                  } else {
+                    y[0] = v0;
+                    if (pair) y[1] = v1;
+                  }
                 } else {
-                  y[0] = __float2bfloat16_rn(v0);
-                  if (pair) y[1] = __float2bfloat16_rn(v1);
+                  __nv_bfloat16* y = static_cast<__nv_bfloat16*>(Y) + o;
+                  if (pair && vec_ok) {
+                    *reinterpret_cast<__nv_bfloat162*>(y) = __floats2bfloat162_rn(v0, v1);
+                  } else {
+                    y[0] = __float2bfloat16_rn(v0);
+                    if (pair) y[1] = __float2bfloat16_rn(v1);
+                  }
                 }
               }
             }
           }
         }
-      }
       };
       epilogue_rows(acc, 0);
       if constexpr (kPing128) epilogue_rows(acc_hi, 1);
