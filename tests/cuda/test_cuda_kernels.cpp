@@ -155,10 +155,12 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
   const int shapes[][3] = {{1, 8, 16},     {3, 5, 16},       {7, 130, 48},   {130, 7, 80},
                            {129, 131, 272}, {257, 384, 1024}, {300, 513, 1040}, {200, 1, 32},
                            {1400, 3400, 144}};
-  // Both schedules (cooperative, ping-pong on 64-row tiles, "2": on 128-row tiles), each tile width.
+  // Both schedules (cooperative, ping-pong on 64-row tiles, "2": on 128-row tiles), each tile width
+  // (160: cooperative only; 3400 = 21 × 160 + 40 puts an edge tile beside the 16-byte stores).
   for (const char* ping : {"0", "1", "2"})
-    for (const char* bn : {(const char*)nullptr, "128", "256"}) {
-      if (ping[0] == '2' && !(bn && bn[0] == '1')) continue;  // (the 128-row ping-pong is 128 columns wide)
+    for (const char* bn : {(const char*)nullptr, "128", "256", "160"}) {
+      if (ping[0] == '2' && !(bn && bn[0] == '1' && bn[1] == '2')) continue;  // (the 128-row ping-pong is 128 columns wide)
+      if (ping[0] != '0' && bn && bn[1] == '6') continue;  // (160 columns: the cooperative schedule)
       SCOPED_TRACE(std::string("PERRY_WGMMA_PINGPONG=") + ping + " PERRY_WGMMA_BN=" + (bn ? bn : "(auto)"));
       setenv("PERRY_WGMMA_PINGPONG", ping, 1);
       if (bn) setenv("PERRY_WGMMA_BN", bn, 1);
@@ -219,8 +221,9 @@ TEST(CudaGemmW8A8, WgmmaBf16EpilogueBitsMatchHostExpression) {
     Dev<int8_t> dX(X), dW(W);
     Dev<float> dsa(sa), dsw(sw), db(bias);
     for (const char* ping : {"0", "1", "2"})
-      for (const char* bn : {"128", "256"}) {
-        if (ping[0] == '2' && bn[0] == '2') continue;  // (the 128-row ping-pong is 128 columns wide)
+      for (const char* bn : {"128", "256", "160"}) {
+        if (ping[0] == '2' && bn[1] != '2') continue;  // (the 128-row ping-pong is 128 columns wide)
+        if (ping[0] != '0' && bn[1] == '6') continue;  // (160 columns: the cooperative schedule)
         SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K << " PERRY_WGMMA_PINGPONG=" << ping
                                           << " PERRY_WGMMA_BN=" << bn);
         setenv("PERRY_WGMMA_PINGPONG", ping, 1);
@@ -241,14 +244,16 @@ TEST(CudaGemmW8A8, WgmmaBf16EpilogueBitsMatchHostExpression) {
 
 // The default schedule choice (no switch set) against the cooperative kernel's bits: the same
 // int32 sums and the same epilogue expression, whichever kernel the rule picks. On a 132-SM
-// H100 / H200 the two shapes take the 128-row ping-pong by both of ping128_schedule's branches
-// (1024 × 6144: where the cooperative 128-column kernel would run; 2048 × 4096, K 512: instead of
-// 256-column tiles); PERRY_WGMMA_PING128=0 gives the rule's previous choice, the same bits again.
+// H100 / H200 the first two shapes take the 128-row ping-pong by both of ping128_schedule's
+// branches (1024 × 6144: where the cooperative 128-column kernel would run; 2048 × 4096, K 512:
+// instead of 256-column tiles), the third the 160-column tiles with PERRY_WGMMA_COOP160=1
+// (coop160_schedule: 128 tiles in one wave); PERRY_WGMMA_PING128=0 gives the rule's previous
+// choice, the same bits again.
 TEST(CudaGemmW8A8, WgmmaDefaultScheduleMatchesCooperativeBits) {
   REQUIRE_GPU();
   if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";
   std::mt19937 g(23);
-  const int shapes[][3] = {{1024, 6144, 256}, {2048, 4096, 512}};
+  const int shapes[][3] = {{1024, 6144, 256}, {2048, 4096, 512}, {1024, 2560, 384}};
   unsetenv("PERRY_WGMMA_BN");
   for (auto& sh : shapes) {
     const int M = sh[0], N = sh[1], K = sh[2];
@@ -259,11 +264,13 @@ TEST(CudaGemmW8A8, WgmmaDefaultScheduleMatchesCooperativeBits) {
     Dev<float> dsa(sa), dsw(sw), db(bias);
     std::vector<std::vector<uint16_t>> bf;
     std::vector<std::vector<int32_t>> i32;
-    // default, cooperative forced, the rule switched off
-    const std::pair<const char*, const char*> kRuns[] = {{nullptr, nullptr}, {"PERRY_WGMMA_PINGPONG", "0"}, {"PERRY_WGMMA_PING128", "0"}};
+    // default, cooperative 128 / 256 forced, the 128-row ping-pong off, the 160-column rule on
+    const std::pair<const char*, const char*> kRuns[] = {
+        {nullptr, nullptr}, {"PERRY_WGMMA_PINGPONG", "0"}, {"PERRY_WGMMA_PING128", "0"}, {"PERRY_WGMMA_COOP160", "1"}};
     for (const auto& [var, val] : kRuns) {
       unsetenv("PERRY_WGMMA_PINGPONG");
       unsetenv("PERRY_WGMMA_PING128");
+      unsetenv("PERRY_WGMMA_COOP160");
       if (var) setenv(var, val, 1);
       Dev<uint16_t> yb(std::vector<uint16_t>(size_t(M) * N, 0x7fc1));  // a NaN where nothing is stored
       Dev<int32_t> y32(size_t(M) * N);
@@ -275,10 +282,13 @@ TEST(CudaGemmW8A8, WgmmaDefaultScheduleMatchesCooperativeBits) {
     }
     unsetenv("PERRY_WGMMA_PINGPONG");
     unsetenv("PERRY_WGMMA_PING128");
+    unsetenv("PERRY_WGMMA_COOP160");
     EXPECT_TRUE(i32[0] == i32[1]) << "default schedule's int32 sums differ from the cooperative kernel's";
     EXPECT_TRUE(i32[2] == i32[1]) << "PERRY_WGMMA_PING128=0's int32 sums differ from the cooperative kernel's";
+    EXPECT_TRUE(i32[3] == i32[1]) << "PERRY_WGMMA_COOP160=1's int32 sums differ from the cooperative kernel's";
     EXPECT_TRUE(bf[0] == bf[1]) << "default schedule's bf16 outputs differ from the cooperative kernel's";
     EXPECT_TRUE(bf[2] == bf[1]) << "PERRY_WGMMA_PING128=0's bf16 outputs differ from the cooperative kernel's";
+    EXPECT_TRUE(bf[3] == bf[1]) << "PERRY_WGMMA_COOP160=1's bf16 outputs differ from the cooperative kernel's";
     // (and the sums are the product: a row checked against int64 on the host)
     for (int n = 0; n < N; n += 97) {
       int64_t want = 0;

@@ -70,10 +70,11 @@ constexpr int kGroupM = 8;       // grouped tile order: 8 row-tiles per group
 template <int BN, bool kPing = false, bool kPing128 = false>
 struct Cfg {
   static_assert(!kPing128 || (kPing && BN == 128), "128-row ping-pong: BN 128, 64 + 64 accumulators a thread");
+  static_assert(BN != 160 || !kPing, "160-column tiles: cooperative schedule only");
   static constexpr int kRows = kPing && !kPing128 ? 64 : kBM;  // rows of X per tile (and per stage)
   static constexpr int kStages = kPing && !kPing128 ? (BN == 256 ? 5 : 8) : (BN == 256 ? 4 : 6);
   static constexpr int kTileA = kRows * kBK;        // 16 KiB (8 on 64-row ping-pong tiles)
-  static constexpr int kTileB = BN * kBK;           // 32 or 16 KiB
+  static constexpr int kTileB = BN * kBK;           // 32, 20 or 16 KiB (a multiple of 1 KiB: swizzle-aligned)
   static constexpr int kStageBytes = kTileA + kTileB;
   static constexpr int kGroupRows = kRows == 64 ? 2 * kGroupM : kGroupM;  // row-tiles per L2 group: 1024 rows
   static constexpr int kEmptyArrivals = kPing ? 4 : kConsumerWarps;  // the warps that read a stage
@@ -384,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         // Column scales and bias from the copied set in chunks of kJC column groups (its entries
         // past N hold column N − 1's: clamped, as the loads were).
-        constexpr int kJC = 8;
+        constexpr int kJC = (BN / 8) % 8 == 0 ? 8 : 4;  // (160 columns: 20 groups)
 #pragma unroll
         for (int j0 = 0; j0 < BN / 8; j0 += kJC) {
           float sw0[kJC], sw1[kJC], b0[kJC], b1[kJC];
@@ -597,6 +598,26 @@ bool ping128_schedule(int M, int N, int K, int sms, bool ping, bool wide, bool f
   return (!ping && !wide) || (wide && K <= 10240 && M >= 2048);
 }
 
+// Cooperative tiles of 160 columns where they cut the busiest SM's work by a wave: each SM runs
+// ceil(tiles / SMs) tiles in series, so a width's cost is about that count times the width. N 2560
+// at M 1024 (gate of a 4B-class model's down_proj, Llama-3-8B's k|v-class widths): 80 tiles of 256
+// or 160 of 128 give the busiest SM 256 columns, 128 tiles of 160 give it 160 in one wave.
+// (s31 had measured 160 no faster there, 41.1 vs 41.6 µs, but in the one run whose N 2560 rows
+// were 26% faster than every run since — 56 µs for the 256-column kernel: re-measured in s38.)
+// Off by default until measured: PERRY_WGMMA_COOP160=1 takes it by this rule; PERRY_WGMMA_BN=160
+// forces it for every unsplit int8 call (read per call: the tests and the lab switch them).
+bool coop160_schedule(int M, int N, int sms, bool fp8) {
+  if (fp8) return false;  // (no e4m3 m64n160 wrapper: e4m3 keeps 128 / 256)
+  const char* bn = std::getenv("PERRY_WGMMA_BN");
+  if (bn && *bn) return std::atoi(bn) == 160;
+  const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
+  if ((pp && *pp) || split_env("PERRY_WGMMA_COOP160") != 1) return false;  // (a forced schedule: its kernel)
+  if (M < 512) return false;
+  const long long tm = (M + kBM - 1) / kBM;
+  auto busiest = [&](int w) { return double((tm * ((N + w - 1) / w) + sms - 1) / sms) * w; };
+  return busiest(160) <= 0.85 * std::min(busiest(128), busiest(256));
+}
+
 template <int kOut, bool kFp8 = false>
 void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw, const float* dBias, void* dY,
               int M, int N, int K, int vec_ok, cudaStream_t stream, const char* name, int32_t* workspace = nullptr,
@@ -617,6 +638,12 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
       if (wide) launch<2, 256, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
       else launch<2, 128, false, false>(dX, dSa, dW, dSw, nullptr, workspace, M, N, K, vec_part, sms, stream, name, splits, kt_per);
       int32_splitk_reduce<kOut, false>(workspace, splits, M, N, dSa, dSw, dBias, dY, stream);
+      return;
+    }
+  }
+  if (coop160_schedule(M, N, sms, kFp8)) {
+    if constexpr (!kFp8) {
+      launch<kOut, 160, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
       return;
     }
   }

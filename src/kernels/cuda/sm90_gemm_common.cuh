@@ -166,6 +166,13 @@ __device__ __forceinline__ void wgmma_n256(int (&d)[128], uint64_t da, uint64_t 
     PERRY_WGMMA_ASM("m64n256k32.s32.s8.s8", PERRY_WGMMA_REGS128, PERRY_WGMMA_D128, "%130", "%128, %129", "");
 }
 
+// D[64x160] (+)= A[64x32]·B[160x32]ᵀ, int8 only: gemm_w8a8_wgmma's cooperative tiles of 160
+// columns, where 128 tiles of them fill one wave that 256-column tiles fill to 61% (N 2560 at
+// M 1024: 80 tiles on 132 SMs).
+__device__ __forceinline__ void wgmma_n160(int (&d)[80], uint64_t da, uint64_t db, int accumulate) {
+  PERRY_WGMMA_ASM("m64n160k32.s32.s8.s8", PERRY_WGMMA_REGS80, PERRY_WGMMA_D80, "%82", "%80, %81", "");
+}
+
 // A from registers (wgmma "RS"): a0..a3 are this thread's A fragment of the 64 × 32 int8 tile —
 // warp w of the warpgroup holds rows 16w..16w+15; lane l: a0 = row 16w + l/4, k 4(l%4)..+3; a1 =
 // row +8, the same k; a2 / a3 = rows as a0 / a1, k 16 + 4(l%4)..+3 (the lower k in the lower
@@ -216,8 +223,11 @@ __device__ __forceinline__ void wgmma_rs(int (&d)[N / 2], uint32_t a0, uint32_t 
 
 template <int BN, bool kFp8 = false>
 __device__ __forceinline__ void wgmma_tile(int (&d)[BN / 2], uint64_t da, uint64_t db, int accumulate) {
+  static_assert(BN == 128 || BN == 256 || (BN == 160 && !kFp8), "wgmma_tile: 128 or 256 columns, or 160 for int8");
   if constexpr (BN == 256)
     wgmma_n256<kFp8>(d, da, db, accumulate);
+  else if constexpr (BN == 160)
+    wgmma_n160(d, da, db, accumulate);
   else
     wgmma_n128<kFp8>(d, da, db, accumulate);
 }
