@@ -575,11 +575,12 @@ bool pingpong_schedule(int M, int N, int K, int sms, bool wide) {
 //   * where the cooperative 128-column kernel ran, from M 1024: 14336 × 4096 M 1024 87.0 → 83.2 µs
 //     (1.73 → 1.81× cuBLAS bf16), 10240 × 2560 46.8 → 43.7, 6144 × 4096 41.2 → 40.0, 2560 × 10240
 //     M 4096 164.2 → 159.0; nowhere slower;
-//   * instead of the 256-column tiles (cooperative or 64-row ping-pong) at M >= 2048 with K <= 10240:
+//   * instead of the 256-column tiles (cooperative or 64-row ping-pong) at M >= 2048 with K <= 8192:
 //     6144 × 4096 M 2048 / 4096 76.8 → 73.1 / 144.2 → 140.6, 10240 × 2560 82.4 → 79.0 / 153.3 →
 //     149.0, 2560 × 10240 M 4096 164.2 → 155.1; not at K = 14336 (4096 × 14336 M 2048 145.9 →
 //     172.5: over a long K the 256-column wgmma's operand reuse wins) nor at M 1024 there
-//     (2560 × 10240 55.6 → 58.6: 160 tiles of 128 columns make two waves where 80 of 256 make one).
+//     (2560 × 10240 55.6 → 58.6: 160 tiles of 128 columns make two waves where 80 of 256 make one),
+//     nor at K = 10240 (s38 run 1: 2560 × 10240 M 8192 301.3 / 304.9 vs 270.3 µs cooperative).
 // Only with at least two tiles a CTA on average (all the measured cases had 2.4–6.8): a CTA with
 // one tile has no other warpgroup's main loop to hide its epilogue under, and one warpgroup then
 // runs the whole tile's epilogue where the cooperative kernel splits it over two.
@@ -595,27 +596,33 @@ bool ping128_schedule(int M, int N, int K, int sms, bool ping, bool wide, bool f
   if (fp8 || (bn && *bn) || split_env("PERRY_WGMMA_PING128") == 0) return false;
   const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + 127) / 128);
   if (M < 1024 || tiles < 2LL * sms) return false;
-  return (!ping && !wide) || (wide && K <= 10240 && M >= 2048);
+  return (!ping && !wide) || (wide && K <= 8192 && M >= 2048);
 }
 
-// Cooperative tiles of 160 columns where they cut the busiest SM's work by a wave: each SM runs
+// Cooperative tiles of 160 columns where they cut the busiest SM's work: each SM runs
 // ceil(tiles / SMs) tiles in series, so a width's cost is about that count times the width. N 2560
-// at M 1024 (gate of a 4B-class model's down_proj, Llama-3-8B's k|v-class widths): 80 tiles of 256
-// or 160 of 128 give the busiest SM 256 columns, 128 tiles of 160 give it 160 in one wave.
-// (s31 had measured 160 no faster there, 41.1 vs 41.6 µs, but in the one run whose N 2560 rows
-// were 26% faster than every run since — 56 µs for the 256-column kernel: re-measured in s38.)
-// Off by default until measured: PERRY_WGMMA_COOP160=1 takes it by this rule; PERRY_WGMMA_BN=160
-// forces it for every unsplit int8 call (read per call: the tests and the lab switch them).
-bool coop160_schedule(int M, int N, int sms, bool fp8) {
+// at M 1024: 80 tiles of 256 or 160 of 128 give the busiest SM 256 columns, 128 tiles of 160 give
+// it 160 in one wave. Measured (s38 run 1, H100, bench-op `gemm`, 2560 × 10240, the width forced
+// in the same binary): M 1024 55.7 → 39.3 µs (1.32 → 1.86× cuBLAS bf16), M 2048 89.9 → 71.6 (1.51
+// → 1.90×), M 4096 150.8 → 141.6 (1.75 → 1.86×: the busiest SM's columns tie with the 128-row
+// ping-pong's, and over a long K the wider tile's operand reuse wins); slower wherever the waves
+// do not favour it (14336 × 4096 M 2048: 161.0 → 169.1; 6144 × 4096 M 8192: 271.4 → 314.4;
+// 10240 × 2560 M 1024, a tie over a short K: 43.0 → 46.7), hence the 15% margin and the tie only
+// from K 8192. (s31 had measured 160 no faster, 41.1 vs 41.6 µs, in the one run whose N 2560 rows
+// were 26% faster than every run since.) From M 1024, where it was measured.
+// PERRY_WGMMA_COOP160=0 rules it out; PERRY_WGMMA_BN=160 forces it for every unsplit int8 call
+// (read per call: the tests and the lab switch them).
+bool coop160_schedule(int M, int N, int K, int sms, bool fp8) {
   if (fp8) return false;  // (no e4m3 m64n160 wrapper: e4m3 keeps 128 / 256)
   const char* bn = std::getenv("PERRY_WGMMA_BN");
   if (bn && *bn) return std::atoi(bn) == 160;
   const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
-  if ((pp && *pp) || split_env("PERRY_WGMMA_COOP160") != 1) return false;  // (a forced schedule: its kernel)
-  if (M < 512) return false;
+  if ((pp && *pp) || split_env("PERRY_WGMMA_COOP160") == 0) return false;  // (a forced schedule: its kernel)
+  if (M < 1024) return false;
   const long long tm = (M + kBM - 1) / kBM;
-  auto busiest = [&](int w) { return double((tm * ((N + w - 1) / w) + sms - 1) / sms) * w; };
-  return busiest(160) <= 0.85 * std::min(busiest(128), busiest(256));
+  auto busiest = [&](int w) { return ((tm * ((N + w - 1) / w) + sms - 1) / sms) * w; };
+  const long long b160 = busiest(160), b128 = busiest(128), b256 = busiest(256);
+  return double(b160) <= 0.85 * double(std::min(b128, b256)) || (K >= 8192 && b160 == b128 && b160 < b256);
 }
 
 template <int kOut, bool kFp8 = false>
@@ -641,7 +648,7 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
       return;
     }
   }
-  if (coop160_schedule(M, N, sms, kFp8)) {
+  if (coop160_schedule(M, N, K, sms, kFp8)) {
     if constexpr (!kFp8) {
       launch<kOut, 160, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
       return;
