@@ -246,14 +246,15 @@ TEST(CudaGemmW8A8, WgmmaBf16EpilogueBitsMatchHostExpression) {
 // int32 sums and the same epilogue expression, whichever kernel the rule picks. On a 132-SM
 // H100 / H200 the first two shapes take the 128-row ping-pong by both of ping128_schedule's
 // branches (1024 × 6144: where the cooperative 128-column kernel would run; 2048 × 4096, K 512:
-// instead of 256-column tiles), the third the 160-column tiles (coop160_schedule: 128 tiles in one
-// wave); PERRY_WGMMA_PING128=0 and PERRY_WGMMA_COOP160=0 give the rules' previous choices, the
-// same bits again.
+// instead of 256-column tiles), the last two the 160-column tiles by both of coop160_schedule's
+// branches (1024 × 2560: 128 tiles in one wave; 4096 × 2560, K 8192: the busiest SM's columns tie
+// the ping-pong's over a long K); PERRY_WGMMA_PING128=0 and PERRY_WGMMA_COOP160=0 give the rules'
+// previous choices, the same bits again.
 TEST(CudaGemmW8A8, WgmmaDefaultScheduleMatchesCooperativeBits) {
   REQUIRE_GPU();
   if (!pc::gemm_w8a8_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: wgmma kernel not tested";
   std::mt19937 g(23);
-  const int shapes[][3] = {{1024, 6144, 256}, {2048, 4096, 512}, {1024, 2560, 384}};
+  const int shapes[][3] = {{1024, 6144, 256}, {2048, 4096, 512}, {1024, 2560, 384}, {4096, 2560, 8192}};
   unsetenv("PERRY_WGMMA_BN");
   for (auto& sh : shapes) {
     const int M = sh[0], N = sh[1], K = sh[2];

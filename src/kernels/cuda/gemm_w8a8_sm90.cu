@@ -602,14 +602,22 @@ bool ping128_schedule(int M, int N, int K, int sms, bool ping, bool wide, bool f
 // Cooperative tiles of 160 columns where they cut the busiest SM's work: each SM runs
 // ceil(tiles / SMs) tiles in series, so a width's cost is about that count times the width. N 2560
 // at M 1024: 80 tiles of 256 or 160 of 128 give the busiest SM 256 columns, 128 tiles of 160 give
-// it 160 in one wave. Measured (s38 run 1, H100, bench-op `gemm`, 2560 × 10240, the width forced
-// in the same binary): M 1024 55.7 → 39.3 µs (1.32 → 1.86× cuBLAS bf16), M 2048 89.9 → 71.6 (1.51
-// → 1.90×), M 4096 150.8 → 141.6 (1.75 → 1.86×: the busiest SM's columns tie with the 128-row
-// ping-pong's, and over a long K the wider tile's operand reuse wins); slower wherever the waves
-// do not favour it (14336 × 4096 M 2048: 161.0 → 169.1; 6144 × 4096 M 8192: 271.4 → 314.4;
-// 10240 × 2560 M 1024, a tie over a short K: 43.0 → 46.7), hence the 15% margin and the tie only
-// from K 8192. (s31 had measured 160 no faster, 41.1 vs 41.6 µs, in the one run whose N 2560 rows
-// were 26% faster than every run since.) From M 1024, where it was measured.
+// it 160 in one wave. Measured (s38 runs 1–4, H100, bench-op `gemm`, the width forced against the
+// rest of the rule in the same binary):
+//   * busiest SM's columns ≥ 15% fewer: 2560 × 10240 M 1024 55.7 → 39.3 µs (1.32 → 1.86× cuBLAS
+//     bf16), M 2048 89.9 → 71.6 (1.51 → 1.90×); 1536 × 8960 M 1536 / 3072 49.2 → 34.6 / 76.7 →
+//     64.3; 2560 × 2560 M 1024 / 2048 21.2 → 15.9 / 28.6 → 26.2; 5120 × 2560 M 1024 28.6 → 26.5;
+//   * as few or fewer than the 128-row ping-pong's and fewer than 256's, over K >= 8192 (where the
+//     wider tile's operand reuse counts more than the ping-pong's hidden epilogue) and without
+//     more padded columns than 128-column tiles: 2560 × 10240 M 4096 / 6144 149–151 → 139 /
+//     211–213 → 208.5 (1.75 → 1.88×), 2560 × 9728 M 4096 / 6144 141.3 → 133.4 / 203.3 → 199.4;
+//     not 1536 × 8960 M 6144 (126.6 → 134.2: its last 160-column tile is 96 wide) nor a tie with
+//     256's (2560 × 10240 M 8192: 270.3 → 284.7);
+//   * slower wherever the busiest SM gets more columns (14336 × 4096 M 2048 161.0 → 169.1, 1536 ×
+//     8960 M 4096 80.0 → 100.1, 2048 × 8192 M 4096 97.1 → 116.7) and on a tie over a short K
+//     (10240 × 2560 M 1024 43.0 → 46.7).
+// (s31 had measured 160 no faster, 41.1 vs 41.6 µs, in the one run whose N 2560 rows were 26%
+// faster than every run since.) From M 1024, where it was measured.
 // PERRY_WGMMA_COOP160=0 rules it out; PERRY_WGMMA_BN=160 forces it for every unsplit int8 call
 // (read per call: the tests and the lab switch them).
 bool coop160_schedule(int M, int N, int K, int sms, bool fp8) {
@@ -620,9 +628,11 @@ bool coop160_schedule(int M, int N, int K, int sms, bool fp8) {
   if ((pp && *pp) || split_env("PERRY_WGMMA_COOP160") == 0) return false;  // (a forced schedule: its kernel)
   if (M < 1024) return false;
   const long long tm = (M + kBM - 1) / kBM;
-  auto busiest = [&](int w) { return ((tm * ((N + w - 1) / w) + sms - 1) / sms) * w; };
+  auto padded = [&](int w) { return (long long)((N + w - 1) / w) * w; };
+  auto busiest = [&](int w) { return ((tm * (padded(w) / w) + sms - 1) / sms) * w; };
   const long long b160 = busiest(160), b128 = busiest(128), b256 = busiest(256);
-  return double(b160) <= 0.85 * double(std::min(b128, b256)) || (K >= 8192 && b160 == b128 && b160 < b256);
+  if (double(b160) <= 0.85 * double(std::min(b128, b256))) return true;
+  return K >= 8192 && b160 <= b128 && b160 < b256 && padded(160) <= padded(128);
 }
 
 template <int kOut, bool kFp8 = false>
