@@ -9,7 +9,8 @@
 // by a second kernel (int32_splitk_reduce, without).
 //
 // Y[M,N] = X[M,K]·W[N,K]ᵀ, both operands K-major int8 (the only layout int8 wgmma takes).
-//   * Block tile 128×BN×128 (BN = 256, or 128 when 256-wide tiles would leave SMs idle), a ring
+//   * Block tile 128×BN×128 (BN = 256, or 128 when 256-wide tiles would leave SMs idle, or 160
+//     where that gives the busiest SM fewer columns: coop160_schedule), a ring
 //     of kStages shared-memory stages, each holding the A tile [128 rows × 128 B] and the B tile
 //     [BN rows × 128 B] in the TMA 128-byte-swizzle layout (row r at r·128, its 16-byte chunk c
 //     stored at chunk c ^ (r & 7); every tile base 1024-byte aligned so the pattern is the same
