@@ -494,9 +494,9 @@ __global__ void count_mismatch(const int32_t* a, const int32_t* b, size_t n, uns
 
 // --wgmma: the experimental sm_90a kernel (TMA + wgmma, gemm_w8a8_sm90.cu). Exactness against
 // the int64 reference on edge shapes under each column-tile width (PERRY_WGMMA_BN = auto, 128,
-// 256), element stores at an odd output offset, then at each timing shape its whole int32 output
-// compared on the device with the mma.sync kernel's, and timings (L2 flushed, median) of
-// mma.sync, wgmma (auto / BN=128 / BN=256; bf16 out with sa·sw·bias fused; and int32 out),
+// 256, 160), element stores at an odd output offset, then at each timing shape its whole int32
+// output compared on the device with the mma.sync kernel's, and timings (L2 flushed, median) of
+// mma.sync, wgmma (auto / BN=128 / 256 / 160; bf16 out with sa·sw·bias fused; and int32 out),
 // cuBLAS bf16 and cuBLASLt int8→int32.
 void set_wgmma_bn(const char* v) {
   if (v) setenv("PERRY_WGMMA_BN", v, 1);
@@ -604,7 +604,7 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
   const int shapes[][3] = {{1, 2560, 2560}, {7, 1000, 2560}, {130, 2560, 2560}, {1000, 1000, 2560}, {3, 5, 16},
                            {129, 131, 80},  {257, 7, 48},    {129, 300, 272},  {300, 513, 1040},  {200, 1, 32},
                            {1, 8, 16},      {1400, 3400, 144}, {1400, 3400, 16}};  // > 132 tiles: CTAs loop
-  for (const char* bn : {(const char*)nullptr, "128", "256"}) {
+  for (const char* bn : {(const char*)nullptr, "128", "256", "160"}) {
     set_wgmma_bn(bn);
     const std::string name = std::string("gemm_w8a8_wgmma[BN=") + (bn ? bn : "auto") + "]";
     for (auto& sh : shapes) check_gemm(sh[0], sh[1], sh[2], rng, pc::gemm_w8a8_wgmma, name.c_str());
@@ -619,7 +619,8 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
   if (quick)
     plan = {{{14336, 4096}, {4096}}};
   else
-    plan = {{{14336, 4096}, {128, 1024, 4096, 8192}}, {{4096, 14336}, {128, 1024, 4096, 8192}}};
+    plan = {{{14336, 4096}, {128, 1024, 4096, 8192}}, {{4096, 14336}, {128, 1024, 4096, 8192}},
+            {{2560, 10240}, {1024, 2048, 4096}}};  // (N 2560: where 160-column tiles save a wave)
   cudaStream_t stream;
   CK(cudaStreamCreate(&stream));
   cublasHandle_t blas;
@@ -633,9 +634,9 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
   Timer timer(stream);
   if (quick) timer.reps = 5;
   std::string md =
-      "| M | N | K | mma.sync TOPS | wgmma ms | wgmma TOPS | BN=128 TOPS | BN=256 TOPS | wgmma i32-out TOPS | "
+      "| M | N | K | mma.sync TOPS | wgmma ms | wgmma TOPS | BN=128 TOPS | BN=256 TOPS | BN=160 TOPS | wgmma i32-out TOPS | "
       "cuBLAS bf16 TFLOPS | cuBLASLt i8 TOPS | wgmma/bf16 | wgmma/Lt-i8 | int32 mismatches |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   DevBuf<unsigned long long> cnt(1);
   for (auto& [nk, mlist] : plan) {
     const int N = nk.N, K = nk.K, Mmax = *std::max_element(mlist.begin(), mlist.end());
@@ -654,7 +655,7 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
     for (int M : mlist) {
       const double ops = 2.0 * M * double(N) * K;
       unsigned long long bad = 0;
-      for (const char* bn : {(const char*)nullptr, "128", "256"}) {
+      for (const char* bn : {(const char*)nullptr, "128", "256", "160"}) {
         set_wgmma_bn(bn);
         pc::gemm_w8a8(X.p, nullptr, W.p, nullptr, nullptr, A.p, DType::I32, M, N, K, stream);
         CK(cudaMemsetAsync(B.p, 0x55, size_t(M) * N * 4, stream));
@@ -679,6 +680,8 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
       const double t_128 = timer.median_ms(wg_bf16);
       set_wgmma_bn("256");
       const double t_256 = timer.median_ms(wg_bf16);
+      set_wgmma_bn("160");
+      const double t_160 = timer.median_ms(wg_bf16);
       set_wgmma_bn(nullptr);
       std::string note;
       const double t_bf16 = safe_ms(timer, [&] { pc::cublas_gemm_bf16(blas, Wb.p, Xb.p, Y.p, DType::BF16, M, N, K); },
@@ -691,14 +694,14 @@ void run_wgmma(const std::string& dir, bool quick, std::mt19937_64& rng, const s
         note += lt_i8.note();
       CK(cudaStreamSynchronize(stream));
       auto T = [&](double ms) { return ms > 0 ? ops / ms / 1e9 : -1.0; };
-      std::printf("M=%5d N=%5d K=%5d | mma.sync %7.1f | wgmma %8.3f ms %7.1f TOPS (BN128 %7.1f, BN256 %7.1f, i32 %7.1f) | "
+      std::printf("M=%5d N=%5d K=%5d | mma.sync %7.1f | wgmma %8.3f ms %7.1f TOPS (BN128 %7.1f, BN256 %7.1f, BN160 %7.1f, i32 %7.1f) | "
                   "cuBLAS bf16 %7.1f | Lt i8 %7.1f | wgmma/bf16 %.2fx wgmma/Lt %.2fx %s\n",
-                  M, N, K, T(t_mma), t_wg, T(t_wg), T(t_128), T(t_256), T(t_i32), T(t_bf16), T(t_lt),
+                  M, N, K, T(t_mma), t_wg, T(t_wg), T(t_128), T(t_256), T(t_160), T(t_i32), T(t_bf16), T(t_lt),
                   t_bf16 > 0 ? t_bf16 / t_wg : -1.0, t_lt > 0 ? t_lt / t_wg : -1.0, note.c_str());
       std::fflush(stdout);
       char row[640];
-      std::snprintf(row, sizeof row, "| %d | %d | %d | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %llu |\n",
-                    M, N, K, T(t_mma), t_wg, T(t_wg), T(t_128), T(t_256), T(t_i32), T(t_bf16), T(t_lt),
+      std::snprintf(row, sizeof row, "| %d | %d | %d | %.0f | %.3f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %llu |\n",
+                    M, N, K, T(t_mma), t_wg, T(t_wg), T(t_128), T(t_256), T(t_160), T(t_i32), T(t_bf16), T(t_lt),
                     t_bf16 > 0 ? t_bf16 / t_wg : -1.0, t_lt > 0 ? t_lt / t_wg : -1.0, bad);
       md += row;
     }
