@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -144,7 +145,7 @@ TEST(CudaGemmW8A8, ExactInt32AndFusedEpilogueUnalignedShapes) {
 }
 
 // The experimental sm_90a wgmma kernel (TMA + wgmma, not dispatched to yet) under the same checks:
-// int32 vs int64 exactly, epilogues vs float64, with M, N off its 128 × (128|256) tiles, K a
+// int32 vs int64 exactly, epilogues vs float64, with M, N off its 128 × (128|160|256) tiles, K a
 // multiple of 16 but not of its 128-byte k-tile (TMA zero-fills the rest), and a shape with more
 // tiles than SMs (persistent CTAs loop over tiles: stage/phase bookkeeping across tiles). Run
 // under each column-tile width (PERRY_WGMMA_BN, read per call).
@@ -190,7 +191,7 @@ TEST(CudaGemmW8A8, WgmmaExperimentalExactOnSm90) {
 // exact int32 sums: y = bf16_rn(fma(float(acc), sa[m]·sw[n], bias[n])). Shapes where CTAs take
 // several tiles (1400 × 3400: 154 tiles of 128 × 256), a K of 2 k-tiles (144), rows past M (1400,
 // 77), a tile at the N edge (3400 = 13 × 256 + 72: the element path beside the 16-byte one), under
-// both schedules and both tile widths (no workspace: unsplit; WgmmaSplitKMatchesUnsplitBitForBit
+// both schedules and each tile width (no workspace: unsplit; WgmmaSplitKMatchesUnsplitBitForBit
 // holds the split outputs to these bits). A misplaced, stale or missing store is an O(1) error
 // here; the float64 test above allows 1e-2. (Written for the thirty-fifth session's deferred
 // epilogue stores, measured 2–3% slower and reverted; the test stays: it pins the epilogue's bits.)
@@ -256,6 +257,11 @@ TEST(CudaGemmW8A8, WgmmaDefaultScheduleMatchesCooperativeBits) {
   std::mt19937 g(23);
   const int shapes[][3] = {{1024, 6144, 256}, {2048, 4096, 512}, {1024, 2560, 384}, {4096, 2560, 8192}};
   unsetenv("PERRY_WGMMA_BN");
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  // (The rules count tiles per SM: with another SM count these shapes may take other branches —
+  // still compared bit for bit, but the rules' kernels may not be the ones that ran.)
+  if (sms != 132) std::printf("[note] %d SMs, not 132: the shapes may not reach each rule's branch\n", sms);
   for (auto& sh : shapes) {
     const int M = sh[0], N = sh[1], K = sh[2];
     SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K);

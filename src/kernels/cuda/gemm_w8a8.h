@@ -46,12 +46,15 @@ namespace perry::cuda {
 // src/kernels/cuda/gemm_w8a8_sm90.cu, docs/cuda-gemm-w8a8-sm90.md: the same contract as
 // gemm_w8a8, on sm_90a (CudaLinear's w8a8 kernel there past gemm_small_m): TMA loads into a
 // 128-byte-swizzled mbarrier ring, a producer warpgroup and 2 consumer warpgroups issuing wgmma
-// m64n256k32 (or n128), cooperative or ping-pong schedule (64-row tiles, or 128-row tiles whose
-// two halves one warpgroup issues), persistent grid, fused epilogue.
+// m64n256k32 (or n128, or n160 where 160-column tiles give the busiest SM fewer columns),
+// cooperative or ping-pong schedule (64-row tiles, or 128-row tiles whose two halves one
+// warpgroup issues), persistent grid, fused epilogue.
 // Throws perry::Error on other devices. Environment (read per call, for the lab and the tests):
-// PERRY_WGMMA_BN=128|256 forces the column tile width, PERRY_WGMMA_PINGPONG=0|1|2 the schedule
+// PERRY_WGMMA_BN=128|256|160 forces the column tile width (160: int8, cooperative, unless
+// PERRY_WGMMA_PINGPONG=1|2 forces a ping-pong), PERRY_WGMMA_PINGPONG=0|1|2 the schedule
 // (cooperative / ping-pong / ping-pong on 128-row tiles, which a forced width or
 // PERRY_WGMMA_PING128=0 rules out unless PERRY_WGMMA_PINGPONG=2 asks for it),
+// PERRY_WGMMA_COOP160=0 the default's 160-column tiles off,
 // PERRY_WGMMA_SPLITK=0|N split-K off / N splits (at most one CTA a unit),
 // PERRY_WGMMA_SPLITK_FIXUP=0 the split-K sums added by a second kernel even with tile flags.
 bool gemm_w8a8_wgmma_supported();

@@ -483,10 +483,10 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
 }
 
 // Column tile width: 256 unless that leaves clearly more of the last wave idle than 128 does.
-// PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments and tests). Widths in between (160 /
-// 192 / 224 cooperative tiles chosen by the waves' time) measured no faster at M 64-2048 on the
-// five issue-6 shapes (s31-2: within ±2%, e.g. M 1024 N 2560 K 10240 41.1 vs 41.6 µs with 128
-// tiles of 160 columns in one wave against 80 of 256): the layer is not wave-bound there.
+// PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments and tests). 160-column tiles are
+// coop160_schedule's choice, on the busiest SM's columns rather than the last wave's fill (both
+// 128 and 256 fill their waves "well" at N 2560, M 1024, where 160 is 1.4× faster); 192 / 224
+// measured no faster (s31-2).
 int pick_bn(int M, int N, int sms) {
   const char* e = std::getenv("PERRY_WGMMA_BN");  // read per call: the lab and tests switch it
   const int forced = e ? std::atoi(e) : 0;
@@ -623,9 +623,10 @@ bool ping128_schedule(int M, int N, int K, int sms, bool ping, bool wide, bool f
 // (read per call: the tests and the lab switch them).
 bool coop160_schedule(int M, int N, int K, int sms, bool fp8) {
   if (fp8) return false;  // (no e4m3 m64n160 wrapper: e4m3 keeps 128 / 256)
-  const char* bn = std::getenv("PERRY_WGMMA_BN");
-  if (bn && *bn) return std::atoi(bn) == 160;
   const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
+  const bool forced_ping = pp && *pp && pp[0] != '0';  // (a forced ping-pong wins, as for 128 / 256)
+  const char* bn = std::getenv("PERRY_WGMMA_BN");
+  if (bn && *bn) return std::atoi(bn) == 160 && !forced_ping;
   if ((pp && *pp) || split_env("PERRY_WGMMA_COOP160") == 0) return false;  // (a forced schedule: its kernel)
   if (M < 1024) return false;
   const long long tm = (M + kBM - 1) / kBM;
