@@ -482,6 +482,11 @@ void launch(const void* dX, const float* dSa, const void* dW, const float* dSw, 
   check_launch(name);
 }
 
+// Tiles of kBM rows × bn columns over an M × N output, and how many of them the busiest of sms
+// SMs runs in series (the persistent grid deals them out in turn).
+long long tile_count(int M, int N, int bn) { return (long long)((M + kBM - 1) / kBM) * ((N + bn - 1) / bn); }
+long long waves(long long tiles, int sms) { return (tiles + sms - 1) / sms; }
+
 // Column tile width: 256 unless that leaves clearly more of the last wave idle than 128 does.
 // PERRY_WGMMA_BN=128|256 forces one (kernel-lab experiments and tests). 160-column tiles are
 // coop160_schedule's choice, on the busiest SM's columns rather than the last wave's fill (both
@@ -491,10 +496,9 @@ int pick_bn(int M, int N, int sms) {
   const char* e = std::getenv("PERRY_WGMMA_BN");  // read per call: the lab and tests switch it
   const int forced = e ? std::atoi(e) : 0;
   if (forced == 128 || forced == 256) return forced;
-  const long long tm = (M + kBM - 1) / kBM;
   auto eff = [&](int bn) {
-    const long long t = tm * ((N + bn - 1) / bn), waves = (t + sms - 1) / sms;
-    return double(t) / double(waves * sms);
+    const long long t = tile_count(M, N, bn);
+    return double(t) / double(waves(t, sms) * sms);
   };
   return eff(128) > 1.1 * eff(256) ? 128 : 256;
 }
@@ -512,7 +516,7 @@ int splitk_splits(int M, int N, int K, int sms, int& kt_per) {
   const int forced = split_env("PERRY_WGMMA_SPLITK");
   if (forced == 0 || forced == 1) return 1;
   const int bn = pick_bn(M, N, sms);
-  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + bn - 1) / bn);
+  const long long tiles = tile_count(M, N, bn);
   int splits = forced;
   if (forced < 0) {
     splits = fill_splits(tiles, ktiles, sms);
@@ -548,7 +552,7 @@ bool fixup_enabled() { return split_env("PERRY_WGMMA_SPLITK_FIXUP") != 0; }
 // cover M × N) at least the second kernel's splits·M·N slices.
 size_t split_workspace_bytes(int M, int N, int splits, bool wide) {
   const int bn = wide ? 256 : 128;
-  const size_t units = size_t((M + kBM - 1) / kBM) * size_t((N + bn - 1) / bn) * size_t(splits);
+  const size_t units = size_t(tile_count(M, N, bn)) * size_t(splits);
   return units * size_t(kBM) * size_t(bn) * 4;
 }
 
@@ -595,8 +599,7 @@ bool ping128_schedule(int M, int N, int K, int sms, bool ping, bool wide, bool f
   if (pp && *pp) return pp[0] == '2';
   const char* bn = std::getenv("PERRY_WGMMA_BN");
   if (fp8 || (bn && *bn) || split_env("PERRY_WGMMA_PING128") == 0) return false;
-  const long long tiles = (long long)((M + kBM - 1) / kBM) * ((N + 127) / 128);
-  if (M < 1024 || tiles < 2LL * sms) return false;
+  if (M < 1024 || tile_count(M, N, 128) < 2LL * sms) return false;
   return (!ping && !wide) || (wide && K <= 8192 && M >= 2048);
 }
 
@@ -620,21 +623,20 @@ bool ping128_schedule(int M, int N, int K, int sms, bool ping, bool wide, bool f
 // (s31 had measured 160 no faster, 41.1 vs 41.6 µs, in the one run whose N 2560 rows were 26%
 // faster than every run since.) From M 1024, where it was measured.
 // PERRY_WGMMA_COOP160=0 rules it out; PERRY_WGMMA_BN=160 forces it for every unsplit int8 call
-// (read per call: the tests and the lab switch them).
-bool coop160_schedule(int M, int N, int K, int sms, bool fp8) {
-  if (fp8) return false;  // (no e4m3 m64n160 wrapper: e4m3 keeps 128 / 256)
+// (read per call: the tests and the lab switch them). int8 only (dispatch asks only then: there is
+// no e4m3 m64n160 wrapper, e4m3 keeps 128 / 256).
+bool coop160_schedule(int M, int N, int K, int sms) {
   const char* pp = std::getenv("PERRY_WGMMA_PINGPONG");
   const bool forced_ping = pp && *pp && pp[0] != '0';  // (a forced ping-pong wins, as for 128 / 256)
   const char* bn = std::getenv("PERRY_WGMMA_BN");
   if (bn && *bn) return std::atoi(bn) == 160 && !forced_ping;
   if ((pp && *pp) || split_env("PERRY_WGMMA_COOP160") == 0) return false;  // (a forced schedule: its kernel)
   if (M < 1024) return false;
-  const long long tm = (M + kBM - 1) / kBM;
-  auto padded = [&](int w) { return (long long)((N + w - 1) / w) * w; };
-  auto busiest = [&](int w) { return ((tm * (padded(w) / w) + sms - 1) / sms) * w; };
+  auto busiest = [&](int w) { return waves(tile_count(M, N, w), sms) * w; };  // its columns
   const long long b160 = busiest(160), b128 = busiest(128), b256 = busiest(256);
   if (double(b160) <= 0.85 * double(std::min(b128, b256))) return true;
-  return K >= 8192 && b160 <= b128 && b160 < b256 && padded(160) <= padded(128);
+  const bool no_more_padding = (N + 159) / 160 * 160 <= (N + 127) / 128 * 128;
+  return K >= 8192 && b160 <= b128 && b160 < b256 && no_more_padding;
 }
 
 template <int kOut, bool kFp8 = false>
@@ -660,8 +662,8 @@ void dispatch(const void* dX, const float* dSa, const void* dW, const float* dSw
       return;
     }
   }
-  if (coop160_schedule(M, N, K, sms, kFp8)) {
-    if constexpr (!kFp8) {
+  if constexpr (!kFp8) {
+    if (coop160_schedule(M, N, K, sms)) {
       launch<kOut, 160, false, false>(dX, dSa, dW, dSw, dBias, dY, M, N, K, vec_ok, sms, stream, name);
       return;
     }
