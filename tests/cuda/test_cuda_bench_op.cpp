@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "cuda/cuda_test_util.h"
 #include "core/dtype.h"
 #include "kernels/cuda/bench_peers.h"
+#include "kernels/cuda/device_query.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
@@ -185,13 +187,20 @@ TEST(CudaBenchOp, LinearPathChoice) {
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t1 - 1, 4096, true), wg ? tl : LinearPath::GemmQuant);
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, t1, 4096, true),
             wg ? LinearPath::ExpandTwoLevelWgmma : LinearPath::GemmQuant);
-  // Below it the register-A kernel where its tiles fill half the SMs (wide layers, N given), the
-  // grouped kernels (split-K) where they would not.
+  // Below it the register-A kernel where its work units fill half the SMs (N given): wide layers
+  // by their tiles, narrow ones over a long K by its split-K; the grouped kernels (split-K) where
+  // they would not — N 4096 × K 14336 at M 128 with the kernel's split-K off.
   if (wg && tl == LinearPath::TwoLevelWgmma) {
-    EXPECT_TRUE(pc::gemm_w4a8_two_level_wgmma_fills(128, 14336));
-    EXPECT_FALSE(pc::gemm_w4a8_two_level_wgmma_fills(128, 4096));
+    EXPECT_TRUE(pc::gemm_w4a8_two_level_wgmma_fills(128, 14336, 4096));
     EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 128, 4096, true, 14336), LinearPath::TwoLevelWgmma);
+    if (pc::sm_count() == 132) {
+      EXPECT_TRUE(pc::gemm_w4a8_two_level_wgmma_fills(128, 4096, 14336));
+      EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 128, 14336, true, 4096), LinearPath::TwoLevelWgmma);
+    }
+    setenv("PERRY_TWO_LEVEL_SPLITK", "0", 1);
+    EXPECT_FALSE(pc::gemm_w4a8_two_level_wgmma_fills(128, 4096, 14336));
     EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 128, 14336, true, 4096), LinearPath::WgmmaQuant);
+    unsetenv("PERRY_TWO_LEVEL_SPLITK");
     EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 128, 4096, false, 14336), LinearPath::WgmmaQuant);  // not two-level
     EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 16, 4096, true, 14336), LinearPath::SmallM);
   }

@@ -727,6 +727,74 @@ TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// The same kernel with its split-K workspace and tile counters (kGemmW8A8TileFlags, zeroed once for
+// the whole test program: every call must leave them zero, which each call checks).
+uint32_t* split_tile_flags() {
+  static Dev<uint32_t>* flags = [] {
+    auto* f = new Dev<uint32_t>(size_t(pc::kGemmW8A8TileFlags));
+    EXPECT_EQ(cudaMemset(f->p, 0, f->n * 4), cudaSuccess);
+    return f;
+  }();
+  return flags->p;
+}
+void two_level_rs_split_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
+                             const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+  perry::quant::TwoLevelScales f;
+  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, s, N, K, f));
+  Dev<float> ch(f.channel);
+  Dev<int8_t> mul(f.multiplier);
+  const size_t ws = pc::gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K);
+  Dev<int32_t> part(ws / 4 + 4);
+  ASSERT_EQ(cudaMemset(part.p, 0x5A, part.n * 4), cudaSuccess);  // (not zeros: a slot never written shows)
+  pc::gemm_w4a8_two_level_wgmma(x, sa, w, mul.p, ch.p, bias, y, out, M, N, K, stream, part.p, ws,
+                                split_tile_flags());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint32_t> fl(size_t(pc::kGemmW8A8TileFlags));
+  ASSERT_EQ(cudaMemcpy(fl.data(), split_tile_flags(), fl.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::count(fl.begin(), fl.end(), 0u), ptrdiff_t(fl.size())) << "the split-K tile counters were left non-zero";
+}
+
+// Split-K of the register-A kernel: the tile's last split adds the others' int32 sums, so every
+// output — the int32 sums, F32, BF16 with a bias — equals the unsplit kernel's bit for bit (whose
+// sums are exact against the host in TwoLevelRegisterAMatchesExactAndExpanded). Forced counts
+// (even and uneven k-ranges, one stage a split, both ends of the tile widths, M and N edges) and
+// the default plan where it splits on 132 SMs; the counters are shared by every call.
+TEST(CudaGemmQuantWgmma, TwoLevelSplitKIsBitExact) {
+  REQUIRE_SM90();
+  std::mt19937 g(53);
+  ScopedEnv sk("PERRY_TWO_LEVEL_SPLITK", nullptr), bx("PERRY_TWO_LEVEL_BX", nullptr);
+  for (const char* width : {"128", "256"}) {
+    bx.set(width);
+    for (const char* splits : {"2", "3", "7"}) {
+      sk.set(splits);
+      const std::string nm = std::string("split-K ") + splits + ", " + width + " tokens";
+      EXPECT_GT(pc::gemm_w4a8_two_level_wgmma_splits(300, 384, 2048), 1) << nm;
+      for (DType out : {DType::I32, DType::F32, DType::BF16})
+        expect_same_bits(two_level_rs_split_gemm, two_level_rs_gemm, 300, 384, 2048, out, g, nm);
+      expect_same_bits(two_level_rs_split_gemm, two_level_rs_gemm, 77, 131, 1152, DType::BF16, g, nm + " (edges)");
+    }
+    sk.set("16");  // K 1152 = 9 stages: 9 splits of one stage
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_splits(300, 384, 1152), 9);
+    expect_same_bits(two_level_rs_split_gemm, two_level_rs_gemm, 300, 384, 1152, DType::I32, g, "one stage a split");
+    run_gemm_case(QuantMode::W4A8_G128, 300, 384, 1152, true, DType::F32, g, two_level_rs_split_gemm,
+                  "gemm_w4a8_two_level_wgmma, 9 k-splits ");
+  }
+  bx.set(nullptr);
+  sk.set(nullptr);
+  // The default plan: a short prompt on N 4096 × K 14336 (32 tiles of 128 tokens) splits; a long
+  // one on N 14336 does not; PERRY_TWO_LEVEL_SPLITK=0 turns it off.
+  if (pc::sm_count() == 132) {
+    EXPECT_GT(pc::gemm_w4a8_two_level_wgmma_splits(128, 4096, 14336), 1);
+    EXPECT_GT(pc::gemm_w4a8_two_level_wgmma_workspace_bytes(128, 4096, 14336), 0u);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_splits(4096, 14336, 4096), 1);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_workspace_bytes(4096, 14336, 4096), 0u);
+    for (DType out : {DType::I32, DType::BF16})
+      expect_same_bits(two_level_rs_split_gemm, two_level_rs_gemm, 128, 4096, 14336, out, g, "default plan");
+  }
+  sk.set("0");
+  EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_splits(128, 4096, 14336), 1);
+}
+
 TEST(CudaGemmQuantWgmma, BadArgumentsThrow) {
   REQUIRE_SM90();
   Dev<int8_t> x(16 * 256), w(64 * 256);

@@ -248,6 +248,7 @@ prefill_ab() {
         splitfixup) env+=(PERRY_WGMMA_SPLITK_FIXUP=1) ;;  # ... its split-K sums added inside the GEMM (the default since s31)
         splitkernel) env+=(PERRY_WGMMA_SPLITK_FIXUP=0) ;;  # ... added by the second kernel (before s31)
         tl256) env+=(PERRY_TWO_LEVEL_BX=256) ;;  # w4a8-g128's register-A kernel: 256-token tiles only (s30's choice at M >= 1024)
+        notlsplit) env+=(PERRY_TWO_LEVEL_SPLITK=0) ;;  # ... never split over K (before s39)
         nogqsplit) env+=(PERRY_GQ_SPLITK=0) ;;  # ... nor the grouped W*A8 one (gemm_quant_wgmma)
         noexpand) env+=(PERRY_NO_INT4_EXPAND=1) ;;  # int4 W*A8: the int4 GEMM at every M (no int8 expansion)
         grouped) env+=(PERRY_NO_INT4_TWO_LEVEL=1) ;;  # w4a8-g128: the grouped kernels, not the two-level per-channel path

@@ -46,6 +46,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
+#include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/two_level_scales.h"
@@ -375,6 +376,8 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
         splitk = std::max(splitk, expanded_int4_splitk_bytes(op_info(op).mode, m, int(N), int(K)));
       else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K), int(N)) == LinearPath::ExpandTwoLevelWgmma)
         splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
+      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K), int(N)) == LinearPath::TwoLevelWgmma)
+        splitk = std::max(splitk, gemm_w4a8_two_level_wgmma_workspace_bytes(m, int(N), int(K)));
     }
   splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
   flags_ = DeviceBuffer(pool_, size_t(kGemmW8A8TileFlags) * 4, "bench-op split-K tile flags");  // (zeroed: as CudaLinear)

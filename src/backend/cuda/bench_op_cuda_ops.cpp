@@ -246,7 +246,7 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
     case LinearPath::TwoLevelWgmma:
       PERRY_CHECK(a.multipliers && a.channel_scales, "bench-op: {} needs the two-level scale factors", op_info(op).name);
       gemm_w4a8_two_level_wgmma(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, out, M, N, K,
-                                c.stream);
+                                c.stream, c.splitk, c.splitk_bytes, c.splitk_flags);
       return;
     case LinearPath::Fp8Wgmma:
       gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, out, M, N, K,
@@ -271,7 +271,13 @@ std::string kernel_name(Op op, int M, int K, const OpContext& c, int N) {
   if (decode_kernel_row(op, M, K))
     return pq::quant_scheme(mode).int8_activations ? "gemv_decode (fp32 row quantized in the kernel)"
                                                     : "gemv_decode (fp32 row)";
-  const std::string name = linear_path_name(mode, op_path(op, M, K, N));
+  const LinearPath path = op_path(op, M, K, N);
+  std::string name = linear_path_name(mode, path);
+  if (path == LinearPath::TwoLevelWgmma && N > 0) {  // (its split-K, where the workspace holds it)
+    const int splits = gemm_w4a8_two_level_wgmma_splits(M, N, K);
+    if (splits > 1 && c.splitk && c.splitk_flags && c.splitk_bytes >= gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K))
+      name += fmt::format(" ({} k-splits)", splits);
+  }
   return pq::quant_scheme(mode).int8_activations ? "quantize_per_token + " + name : name;
 }
 

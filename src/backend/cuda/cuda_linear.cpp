@@ -190,6 +190,7 @@ size_t CudaLinear::splitk_bytes(int M) const {
     case Path::WgmmaQuant: return gemm_quant_wgmma_workspace_bytes(mode_, M, n_, k_);
     case Path::ExpandWgmma: return expanded_int4_splitk_bytes(mode_, M, n_, k_);
     case Path::ExpandTwoLevelWgmma: return gemm_w8a8_wgmma_workspace_bytes(M, n_, k_);
+    case Path::TwoLevelWgmma: return gemm_w4a8_two_level_wgmma_workspace_bytes(M, n_, k_);
     default: return 0;
   }
 }
@@ -254,7 +255,8 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       return;
     case Path::TwoLevelWgmma:
       gemm_w4a8_two_level_wgmma(x.i8, x.scale, weight_.get(), multipliers_.get<int8_t>(), channel_scales_.get<float>(),
-                                bias, y, out, M, n_, k_, ctx.stream);
+                                bias, y, out, M, n_, k_, ctx.stream, ctx.splitk.get<int32_t>(), ctx.splitk.bytes(),
+                                ctx.splitk_flags.get<uint32_t>());
       return;
     case Path::Fp8Wgmma:
       PERRY_CHECK(ctx.fp8_act.bytes() >= fp8_act_bytes(M) && ctx.fp8_scale.bytes() >= size_t(M) * 4,
@@ -331,9 +333,10 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
     // Below the crossover the register-A kernel (no expansion pass to pay) still beats the grouped
     // kernels where its tiles fill at least half the SMs — wide layers (H100, thirtieth session,
     // bench-op: M 128 at N 14336 1.68x cuBLAS bf16 vs 1.21x, N 10240 1.23x vs 0.89x); with few
-    // tiles the grouped kernels' split-K wins (N 4096 at K 14336: 0.70x vs 1.42x).
+    // tiles and no split the grouped kernels' split-K won (N 4096 at K 14336: 0.70x vs 1.42x), so
+    // the kernel's own split-K (thirty-ninth session) counts: units, not tiles.
     static const bool from_forced = std::getenv("PERRY_INT4_TWO_LEVEL_MIN_M") != nullptr;  // (lab: the pure crossover)
-    if (rs && N > 0 && !from_forced && gemm_w4a8_two_level_wgmma_fills(M, N))
+    if (rs && N > 0 && !from_forced && gemm_w4a8_two_level_wgmma_fills(M, N, K))
       return Path::TwoLevelWgmma;
   }
   const int expand_from =

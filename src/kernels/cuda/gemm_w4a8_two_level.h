@@ -15,9 +15,17 @@
 // Requirements (checked, perry::Error): an sm_90 device; M, N >= 1; K a positive multiple of 128,
 // at most 65536; x, qweight 16-byte aligned; y aligned to its element; sa / channel scales / bias
 // 4-byte aligned. Asynchronous on `stream`.
+// Split-K: with a workspace of at least gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K) bytes
+// (16-byte aligned) and tile_flags (kGemmW8A8TileFlags uint32 of gemm_w8a8.h, zeroed by the caller
+// once; every call leaves them zero — the buffer gemm_w8a8_wgmma's split-K uses), shapes whose
+// tiles leave SMs idle run split over K into gemm_w4a8_two_level_wgmma_splits(M, N, K) k-ranges;
+// the tile's last split adds the others' int32 sums inside the kernel, so the outputs are the
+// unsplit kernel's bit for bit. Without them the kernel runs unsplit. Calls that share tile_flags
+// must not run concurrently (one stream). PERRY_TWO_LEVEL_SPLITK=0|N: off / N splits (read per call).
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -25,14 +33,17 @@
 namespace perry::cuda {
 
 bool gemm_w4a8_two_level_wgmma_supported();  // true on an sm_90 device with the sm_90a code built
-// Whether M × N gives the kernel tiles for at least half the SMs (below that, short prompts run
-// faster on the grouped kernels, which split K).
-bool gemm_w4a8_two_level_wgmma_fills(int M, int N);
+// Whether M × N × K gives the kernel work units (tiles × splits, as planned with a workspace) for
+// at least half the SMs (below that, short prompts run faster on the grouped kernels).
+bool gemm_w4a8_two_level_wgmma_fills(int M, int N, int K);
 // The tokens of the kernel's tiles at M × N (128, 160, 192, 224 or 256: the width whose waves
 // take the least time on this device's SMs; PERRY_TWO_LEVEL_BX forces one).
 int gemm_w4a8_two_level_wgmma_tile_tokens(int M, int N);
+int gemm_w4a8_two_level_wgmma_splits(int M, int N, int K);  // 1: unsplit
+size_t gemm_w4a8_two_level_wgmma_workspace_bytes(int M, int N, int K);  // 0: unsplit
 void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
                                const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
-                               int K, cudaStream_t stream);
+                               int K, cudaStream_t stream, int32_t* workspace = nullptr, size_t workspace_bytes = 0,
+                               uint32_t* tile_flags = nullptr);
 
 }  // namespace perry::cuda

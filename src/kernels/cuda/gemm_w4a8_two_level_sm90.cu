@@ -52,6 +52,7 @@
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
+#include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/mma_sync_common.cuh"
 #include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/sm90_gemm_common.cuh"
@@ -77,7 +78,8 @@ struct TwoLevelCfg {
   static constexpr int kFit = (224 * 1024 - kOutBytes) / kStageBytes;
   static constexpr int kStages = kFit < 8 ? kFit : 8;  // 256 tokens: 4 × 40 KiB; 224: 4; 192, 160: 5; 128: 6
   static_assert(kBX % 32 == 0 && kBX >= 128 && kBX <= 256, "tile widths: 128-256 tokens in output chunks of 32");
-  static constexpr int kSmemBytes = kStages * kStageBytes + kOutBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
+  // + barriers, split-K's role words (two a consumer warpgroup), alignment
+  static constexpr int kSmemBytes = kStages * kStageBytes + kOutBytes + 2 * kStages * 8 + 16 + 1024;
   static_assert(kStages >= 3 && kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
 };
 
@@ -115,6 +117,73 @@ __device__ __forceinline__ void wgmma_step(int (&d)[kBX / 2], const uint32_t (&a
                                            int accumulate) {
   sm90::wgmma_rs<kBX>(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], db, accumulate);
 }
+
+// Split-K: unit u is tile u / splits over k-stages [kt0, kt1) of its split u % splits (splits = 1:
+// the tile, all of K). A tile's splits are neighbouring units, so neighbouring CTAs run them at
+// about the same time.
+__device__ __forceinline__ void unit_range(int u, int splits, int kt_per, int ktiles, int& t, int& kt0, int& kt1) {
+  t = u / splits;
+  kt0 = (u % splits) * kt_per;
+  kt1 = min(ktiles, kt0 + kt_per);
+}
+
+// Split-K's fixup, per consumer warpgroup cw of tile t, with acc its int32 sums over its split's
+// k-stages. The warpgroups of a tile's splits arrive in some order (flags[4t + 2cw], an atomic
+// add by the warpgroup's first thread, shared through a role word): every one but the last writes
+// its sums to the workspace slot of its arrival order and counts its 4 warps on flags[4t + 2cw + 1]
+// (release); the last waits for those 4·(splits − 1) counts (acquire), resets both counters (the
+// caller zeroes them once; every call leaves them zero), adds the slots into acc (int32: exact in
+// any order, so the unsplit kernel's bits) and returns true: it stores the tile. No deadlock
+// whatever the residency: a warpgroup waits only for warpgroups that have already arrived, i.e.
+// finished their MMAs, and they owe nothing but their stores. The role is per warpgroup, not per
+// warp, because the TMA-store epilogue synchronizes the warpgroup's four warps. A slot is [8 warps]
+// [kBX/2 registers][32 lanes] int32 (each register's stores are 128 contiguous bytes), one tile of
+// int32; a tile has splits − 1 slots.
+template <int kBX>
+__device__ __forceinline__ bool splitk_last_adds(int (&acc)[kBX / 2], int t, int splits, int cw, int warp, int lane,
+                                                 int* __restrict__ part, unsigned* __restrict__ flags,
+                                                 volatile unsigned* role_words, uint32_t nu) {
+  constexpr int kVals = kBX / 2;
+  unsigned* const arrived = flags + 4 * size_t(t) + 2 * cw;
+  unsigned* const written = arrived + 1;
+  const bool leader = (threadIdx.x & 127) == 0;
+  // (two words by unit parity: a warp still reading unit nu's word cannot see unit nu + 1's, which
+  // its leader writes only after this warp has passed the next unit's barrier)
+  volatile unsigned* const word = role_words + 2 * cw + (nu & 1);
+  if (leader) *word = atomicAdd(arrived, 1u);
+  sm90::named_barrier(1 + cw, 128);
+  const unsigned order = *word;
+  const int wpos = cw * 4 + warp;
+  auto slot = [&](unsigned i) {
+    return part + ((size_t(t) * size_t(splits - 1) + i) * 8 + size_t(wpos)) * size_t(kVals * 32) + lane;
+  };
+  if (order + 1 < unsigned(splits)) {
+    int* const mine = slot(order);
+#pragma unroll
+    for (int i = 0; i < kVals; ++i) __stcg(mine + 32 * i, acc[i]);
+    __syncwarp();  // (orders the lanes' stores before lane 0's release)
+    if (lane == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(written) : "memory");
+    return false;
+  }
+  if (leader) {
+    const unsigned want = 4u * unsigned(splits - 1);
+    unsigned n = 0;
+    while (true) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(n) : "l"(written) : "memory");
+      if (n >= want) break;
+      __nanosleep(64);
+    }
+    *arrived = 0u;
+    *written = 0u;
+  }
+  sm90::named_barrier(1 + cw, 128);  // (orders the warpgroup's loads after the leader's acquire)
+  for (int v = 0; v + 1 < splits; ++v) {
+    const int* const p = slot(unsigned(v));
+#pragma unroll
+    for (int i = 0; i < kVals; ++i) acc[i] += __ldcg(p + 32 * i);
+  }
+  return true;
+}
 #endif  // PERRY_WGMMA
 
 // kOut: 0 bf16, 1 f32, 2 i32.
@@ -124,7 +193,8 @@ __global__ void __launch_bounds__(384, 1)
                                const __grid_constant__ CUtensorMap tmY, int tma_out,
                                const float* __restrict__ Sa, const int8_t* __restrict__ Mult,
                                const float* __restrict__ Cn, const float* __restrict__ bias, void* __restrict__ Y,
-                               int M, int N, int K, int lab) {
+                               int M, int N, int K, int lab, int splits, int kt_per, int* __restrict__ part,
+                               unsigned* __restrict__ flags) {
 #ifdef PERRY_WGMMA
   using C = TwoLevelCfg<kBX>;
   constexpr int S = C::kStages;
@@ -138,11 +208,14 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t bars = sO + C::kOutBytes;
   auto full = [&](int s) { return bars + 8u * s; };
   auto empty = [&](int s) { return bars + 8u * (S + s); };
+  // split-K: each consumer warpgroup's arrival order on its tile, two words by unit parity
+  volatile unsigned* const role_words = reinterpret_cast<volatile unsigned*>(smem_raw + (bars + 16u * S - raw));
 
   const int wg = threadIdx.x / 128;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int tiles_x = (M + kBX - 1) / kBX, tiles_w = (N + kWRows - 1) / kWRows;
   const int num_tiles = tiles_x * tiles_w;
+  const int num_units = num_tiles * splits;  // unit u: tile u / splits, k-stages of split u % splits
   const int ktiles = K / kBK, G = ktiles;
 
   if (threadIdx.x == 0) {
@@ -161,10 +234,11 @@ __global__ void __launch_bounds__(384, 1)
       prefetch_tensormaps(&tmX, &tmW);
       int s = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-        int x0, n0;
+      for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+        int t, kt0, kt1, x0, n0;
+        unit_range(u, splits, kt_per, ktiles, t, kt0, kt1);
         tile_origin<kBX, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
-        for (int kt = 0; kt < ktiles; ++kt) {
+        for (int kt = kt0; kt < kt1; ++kt) {
           mbar_wait(empty(s), phase ^ 1);
           mbar_arrive_expect_tx(full(s), C::kTileX + C::kTileP);
           tma_load_2d(sX + s * C::kTileX, &tmX, kt * kBK, x0, full(s));
@@ -194,8 +268,10 @@ __global__ void __launch_bounds__(384, 1)
   int s = 0, r = 0;  // the ring slots of the next stage to issue and the next to release
   uint32_t oc = 0;    // fp32 output chunks this warpgroup has stored (its ring position)
   uint32_t phase = 0;
-  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    int x0, n0;
+  uint32_t nu = 0;    // split units this CTA has finished (the parity of its role word)
+  for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+    int t, kt0, kt1, x0, n0;
+    unit_range(u, splits, kt_per, ktiles, t, kt0, kt1);
     tile_origin<kBX, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
     const int n_a = n0 + rt, n_b = n_a + 8;  // this thread's output columns
     // Rows past N read row 0's multipliers: their packed bytes are TMA's zero fill, code 0, and
@@ -257,33 +333,33 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_commit();
     };
     uint32_t ma, mb, na, nb;
-    mult(0, ma, mb);
-    mult(1, na, nb);
+    mult(kt0, ma, mb);
+    mult(kt0 + 1, na, nb);
     mbar_wait(full(s), phase);
     convert(s, ma, mb, fa);
     // Stage kt from set `cur` (converted); after it is issued, stage kt − 1 completes
     // (wait_group 1): its slot is released and stage kt+1 is converted into `nxt`, the set
     // that stage used.
     auto step = [&](int kt, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
-      issue(s, cur, kt == 0);
-      wgmma_wait<1>();  // (a tile's first stage: alone in flight, returns at once)
+      issue(s, cur, kt == kt0);
+      wgmma_wait<1>();  // (a unit's first stage: alone in flight, returns at once)
       fence_operands(acc);
       fence_frag(nxt);  // that stage's fragments stayed live until its wgmmas completed
-      if (kt >= 1) {
+      if (kt > kt0) {
         if (lane == 0) mbar_arrive(empty(r));
         if (++r == S) r = 0;
       }
       if (++s == S) { s = 0; phase ^= 1; }
-      if (kt + 1 < ktiles) {
+      if (kt + 1 < kt1) {
         const uint32_t ua = na, ub = nb;
         mult(kt + 2, na, nb);
         mbar_wait(full(s), phase);
         convert(s, ua, ub, nxt);
       }
     };
-    for (int kt = 0; kt < ktiles; kt += 2) {
+    for (int kt = kt0; kt < kt1; kt += 2) {
       step(kt, fa, fb);
-      if (kt + 1 < ktiles) step(kt + 1, fb, fa);
+      if (kt + 1 < kt1) step(kt + 1, fb, fa);
     }
     // The epilogue's scales and chunk 0's token scales, loaded while the last MMAs run (their
     // latency, once per chunk, was most of what the TMA-store epilogue still cost).
@@ -312,6 +388,9 @@ __global__ void __launch_bounds__(384, 1)
     fence_frag(fb);
     if (lane == 0) mbar_arrive(empty(r));  // the last stage, still held
     if (++r == S) r = 0;
+    // Split-K: the tile's last unit to finish (per consumer warpgroup) adds the others' int32 sums
+    // and stores the tile; the others leave their sums in the workspace.
+    if (splits > 1 && !splitk_last_adds<kBX>(acc, t, splits, cw, warp, lane, part, flags, role_words, nu++)) continue;
 
     if (lab & 2) {  // lab: no stores (wrong outputs; the epilogue's cost) — one, unless the sums are 0
       int x = 0;
@@ -465,9 +544,70 @@ int tile_tokens(int M, int N) {
   return best;
 }
 
+// The launch: tile width, split-K count and k-stages a split.
+struct Plan {
+  int bx = 256, splits = 1, kt_per = 1;
+};
+
+// Split-K (thirty-ninth session): where the tiles leave SMs idle — a short prompt (M 128 on
+// N 4096: 32 tiles of 128 tokens for 132 SMs), or one partial wave over a long K (M 1024 on
+// N 2560 × K 10240: 120 tiles) — units of (tile, k-range) fill them, and the tile's last unit adds
+// the others' int32 sums (splitk_last_adds; exact, so the unsplit kernel's bits). The estimate,
+// in the time of a 256-token k-stage: ceil(units / SMs) × (the unit's stages × the width's share,
+// (tokens + 400) / 656, as tile_tokens) + the fixup, kFixupStages a 256-token slot for each split
+// (one written, splits − 1 read: ~0.9 µs a 64 KiB slot for the w8a8 kernel's owner, s35, against
+// ~0.85 µs a stage). A split must save 5% of the unsplit estimate; at least 4 stages a unit; the
+// tile counters of kGemmW8A8TileFlags (4 a tile) and the caller's workspace bound it.
+// PERRY_TWO_LEVEL_SPLITK=0 turns it off, =N forces N (tests, lab).
+constexpr double kFixupStages = 1.5;
+constexpr int kMinStagesPerSplit = 4, kMaxSplits = 16;
+size_t slot_bytes(int bx) { return size_t(kWRows) * size_t(bx) * 4; }
+size_t plan_workspace_bytes(int M, int N, const Plan& p) {
+  return p.splits > 1 ? size_t(tile_count(M, N, p.bx)) * size_t(p.splits - 1) * slot_bytes(p.bx) : 0;
+}
+Plan make_plan(int M, int N, int K) {
+  Plan p;
+  p.bx = tile_tokens(M, N);
+  const int ktiles = K / kBK;
+  p.kt_per = ktiles;
+  const int forced = split_env("PERRY_TWO_LEVEL_SPLITK");
+  if (forced == 0 || forced == 1 || ktiles < 2) return p;
+  const long long sms = sm_count();
+  auto flags_fit = [&](int bx) { return tile_count(M, N, bx) * 4 <= kGemmW8A8TileFlags; };
+  if (forced > 1) {
+    if (!flags_fit(p.bx)) return p;
+    p.splits = finish_splits(std::min(forced, kMaxSplits), ktiles, p.kt_per);
+    return p;
+  }
+  auto cost = [&](int bx, int splits, int kt_per) {
+    const long long units = tile_count(M, N, bx) * splits;
+    const double share = double(bx + kTileOverheadTokens) / double(256 + kTileOverheadTokens);
+    const double fix = splits > 1 ? kFixupStages * double(bx) / 256.0 * splits : 0.0;
+    return double((units + sms - 1) / sms) * (kt_per * share + fix);
+  };
+  const double unsplit = cost(p.bx, 1, ktiles);
+  double best = 0.95 * unsplit;
+  const bool forced_bx = split_env("PERRY_TWO_LEVEL_BX") > 0;
+  for (int bx : kTileWidths) {
+    if ((forced_bx && bx != p.bx) || !flags_fit(bx)) continue;
+    for (int want = 2; want <= kMaxSplits && want * kMinStagesPerSplit <= ktiles; ++want) {
+      int kt_per = ktiles;
+      const int splits = finish_splits(want, ktiles, kt_per);
+      if (splits < 2) continue;
+      const double c = cost(bx, splits, kt_per);
+      if (c < best) {
+        best = c;
+        p = Plan{bx, splits, kt_per};
+      }
+    }
+  }
+  return p;
+}
+
 template <int kBX, int kOut>
 void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult, const float* cn, const float* bias,
-            void* y, int M, int N, int K, cudaStream_t stream, const char* name) {
+            void* y, int M, int N, int K, const Plan& plan, int32_t* part, uint32_t* flags, cudaStream_t stream,
+            const char* name) {
   using C = TwoLevelCfg<kBX>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
@@ -485,26 +625,28 @@ void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult,
   const bool tma_out = kOut != 2 && reinterpret_cast<uintptr_t>(y) % 16 == 0 && (size_t(N) * es) % 16 == 0 &&
                        split_env("PERRY_TWO_LEVEL_DIRECT_STORE") != 1;
   const CUtensorMap ty = tma_out ? make_map(y, M, N * es, 128, kOutTokens, CU_TENSOR_MAP_SWIZZLE_128B, name) : tx;
-  const long long tiles = tile_count(M, N, kBX);
+  const long long units = tile_count(M, N, kBX) * plan.splits;
   const int sms = sm_count();
-  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
+  const unsigned grid = unsigned(units < sms ? units : sms);
   // PERRY_LAB_TL_FLAGS (lab only, the outputs are wrong): 1 = no int4 conversion (the packed words
   // go to wgmma as they are), 2 = no epilogue stores — what each costs.
   const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 3;
   gemm_w4a8_two_level_kernel<kBX, kOut><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-      tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab);
+      tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab, plan.splits, plan.kt_per, part, flags);
   check_launch(name);
 }
 
 template <int kBX>
 void launch_out(DType out, const int8_t* x, const float* sa, const void* w, const int8_t* mult, const float* cn,
-                const float* bias, void* y, int M, int N, int K, cudaStream_t s) {
+                const float* bias, void* y, int M, int N, int K, const Plan& p, int32_t* part, uint32_t* flags,
+                cudaStream_t s) {
   switch (out) {
     case DType::I32:
-      return launch<kBX, 2>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<i32>");
+      return launch<kBX, 2>(x, sa, w, mult, cn, bias, y, M, N, K, p, part, flags, s, "gemm_w4a8_two_level_wgmma<i32>");
     case DType::F32:
-      return launch<kBX, 1>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<f32>");
-    default: return launch<kBX, 0>(x, sa, w, mult, cn, bias, y, M, N, K, s, "gemm_w4a8_two_level_wgmma<bf16>");
+      return launch<kBX, 1>(x, sa, w, mult, cn, bias, y, M, N, K, p, part, flags, s, "gemm_w4a8_two_level_wgmma<f32>");
+    default:
+      return launch<kBX, 0>(x, sa, w, mult, cn, bias, y, M, N, K, p, part, flags, s, "gemm_w4a8_two_level_wgmma<bf16>");
   }
 }
 
@@ -517,16 +659,26 @@ bool gemm_w4a8_two_level_wgmma_supported() {
   return code;
 }
 
-bool gemm_w4a8_two_level_wgmma_fills(int M, int N) {
-  if (M < 1 || N < 1) return false;
-  return tile_count(M, N, tile_tokens(M, N)) * 2 >= sm_count();
+bool gemm_w4a8_two_level_wgmma_fills(int M, int N, int K) {
+  if (M < 1 || N < 1 || K < kBK || K % kBK != 0) return false;
+  const Plan p = make_plan(M, N, K);
+  return tile_count(M, N, p.bx) * p.splits * 2 >= sm_count();
 }
 
 int gemm_w4a8_two_level_wgmma_tile_tokens(int M, int N) { return M < 1 || N < 1 ? 256 : tile_tokens(M, N); }
 
+int gemm_w4a8_two_level_wgmma_splits(int M, int N, int K) {
+  return M < 1 || N < 1 || K < kBK || K % kBK != 0 ? 1 : make_plan(M, N, K).splits;
+}
+
+size_t gemm_w4a8_two_level_wgmma_workspace_bytes(int M, int N, int K) {
+  return M < 1 || N < 1 || K < kBK || K % kBK != 0 ? 0 : plan_workspace_bytes(M, N, make_plan(M, N, K));
+}
+
 void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
                                const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
-                               int K, cudaStream_t stream) {
+                               int K, cudaStream_t stream, int32_t* workspace, size_t workspace_bytes,
+                               uint32_t* tile_flags) {
   using quant_args::aligned;
   const std::string where = "gemm_w4a8_two_level_wgmma(M=" + std::to_string(M) + ", N=" + std::to_string(N) +
                             ", K=" + std::to_string(K) + ")";
@@ -538,12 +690,22 @@ void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qwe
   if (channel_scales && !aligned(channel_scales, 4)) throw Error(where + ": channel scales misaligned");
   // (the scales argument of the shared check: the channel scales, read only for F32 / BF16 out)
   quant_args::check_gemm_pointers(where, x, sa, qweight, channel_scales, bias, y, out);
-  switch (tile_tokens(M, N)) {
-    case 128: return launch_out<128>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
-    case 160: return launch_out<160>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
-    case 192: return launch_out<192>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
-    case 224: return launch_out<224>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
-    default: return launch_out<256>(out, x, sa, qweight, multipliers, channel_scales, bias, y, M, N, K, stream);
+  Plan p = make_plan(M, N, K);
+  if (p.splits > 1 && (!workspace || !tile_flags || !aligned(workspace, 16) ||
+                       workspace_bytes < plan_workspace_bytes(M, N, p))) {
+    p = Plan{tile_tokens(M, N), 1, K / kBK};  // no room for the split: the unsplit kernel
+  }
+  int32_t* const part = p.splits > 1 ? workspace : nullptr;
+  uint32_t* const fl = p.splits > 1 ? tile_flags : nullptr;
+  const auto* w = qweight;
+  const auto* m = multipliers;
+  const auto* c = channel_scales;
+  switch (p.bx) {
+    case 128: return launch_out<128>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
+    case 160: return launch_out<160>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
+    case 192: return launch_out<192>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
+    case 224: return launch_out<224>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
+    default: return launch_out<256>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
   }
 }
 
