@@ -616,15 +616,41 @@ TEST(CudaGemmQuantWgmma, TwoLevelExpandedMatchesFloat64) {
 }
 
 // The register-A kernel of the same layer (LinearPath::TwoLevelWgmma, gemm_w4a8_two_level.h): no
-// expansion pass, the codes q4·m built in registers as wgmma's A operand.
-void two_level_rs_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
+// expansion pass, the codes q4·m built in registers as wgmma's A operand. `split`: with its split-K
+// workspace and tile counters (kGemmW8A8TileFlags, zeroed once for the whole test program: every
+// call must leave them zero, which each call checks); otherwise none, so it runs unsplit.
+uint32_t* split_tile_flags() {
+  static Dev<uint32_t>* flags = [] {
+    auto* f = new Dev<uint32_t>(size_t(pc::kGemmW8A8TileFlags));
+    EXPECT_EQ(cudaMemset(f->p, 0, f->n * 4), cudaSuccess);
+    return f;
+  }();
+  return flags->p;
+}
+void two_level_rs_call(bool split, QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
                        const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
   perry::quant::TwoLevelScales f;
   ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, s, N, K, f));
   Dev<float> ch(f.channel);
   Dev<int8_t> mul(f.multiplier);
-  pc::gemm_w4a8_two_level_wgmma(x, sa, w, mul.p, ch.p, bias, y, out, M, N, K, stream);
+  const size_t ws = split ? pc::gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K) : 0;
+  Dev<int32_t> part(ws / 4 + 4);
+  ASSERT_EQ(cudaMemset(part.p, 0x5A, part.n * 4), cudaSuccess);  // (not zeros: a slot never written shows)
+  pc::gemm_w4a8_two_level_wgmma(x, sa, w, mul.p, ch.p, bias, y, out, M, N, K, stream, split ? part.p : nullptr, ws,
+                                split ? split_tile_flags() : nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (!split) return;
+  std::vector<uint32_t> fl(size_t(pc::kGemmW8A8TileFlags));
+  ASSERT_EQ(cudaMemcpy(fl.data(), split_tile_flags(), fl.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::count(fl.begin(), fl.end(), 0u), ptrdiff_t(fl.size())) << "the split-K tile counters were left non-zero";
+}
+void two_level_rs_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
+                       const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+  two_level_rs_call(false, mode, x, sa, w, s, bias, y, out, M, N, K, stream);
+}
+void two_level_rs_split_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
+                             const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+  two_level_rs_call(true, mode, x, sa, w, s, bias, y, out, M, N, K, stream);
 }
 
 // Checked three ways, each tile width (128 and 256 tokens, forced; the output through TMA stores
@@ -725,33 +751,6 @@ TEST(CudaGemmQuantWgmma, TwoLevelRegisterAMatchesExactAndExpanded) {
   EXPECT_THROW(call(x.p + 1, m.p, c.p, 256), perry::Error);
   EXPECT_NO_THROW(call(x.p, m.p, c.p, 256));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-}
-
-// The same kernel with its split-K workspace and tile counters (kGemmW8A8TileFlags, zeroed once for
-// the whole test program: every call must leave them zero, which each call checks).
-uint32_t* split_tile_flags() {
-  static Dev<uint32_t>* flags = [] {
-    auto* f = new Dev<uint32_t>(size_t(pc::kGemmW8A8TileFlags));
-    EXPECT_EQ(cudaMemset(f->p, 0, f->n * 4), cudaSuccess);
-    return f;
-  }();
-  return flags->p;
-}
-void two_level_rs_split_gemm(QuantMode mode, const int8_t* x, const float* sa, const void* w, const float* s,
-                             const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
-  perry::quant::TwoLevelScales f;
-  ASSERT_NO_FATAL_FAILURE(factor_device_scales(mode, s, N, K, f));
-  Dev<float> ch(f.channel);
-  Dev<int8_t> mul(f.multiplier);
-  const size_t ws = pc::gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K);
-  Dev<int32_t> part(ws / 4 + 4);
-  ASSERT_EQ(cudaMemset(part.p, 0x5A, part.n * 4), cudaSuccess);  // (not zeros: a slot never written shows)
-  pc::gemm_w4a8_two_level_wgmma(x, sa, w, mul.p, ch.p, bias, y, out, M, N, K, stream, part.p, ws,
-                                split_tile_flags());
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint32_t> fl(size_t(pc::kGemmW8A8TileFlags));
-  ASSERT_EQ(cudaMemcpy(fl.data(), split_tile_flags(), fl.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_EQ(std::count(fl.begin(), fl.end(), 0u), ptrdiff_t(fl.size())) << "the split-K tile counters were left non-zero";
 }
 
 // Split-K of the register-A kernel: the tile's last split adds the others' int32 sums, so every
