@@ -550,16 +550,22 @@ struct Plan {
 };
 
 // Split-K (thirty-ninth session): where the tiles leave SMs idle — a short prompt (M 128 on
-// N 4096: 32 tiles of 128 tokens for 132 SMs), or one partial wave over a long K (M 1024 on
-// N 2560 × K 10240: 120 tiles) — units of (tile, k-range) fill them, and the tile's last unit adds
-// the others' int32 sums (splitk_last_adds; exact, so the unsplit kernel's bits). The estimate,
-// in the time of a 256-token k-stage: ceil(units / SMs) × (the unit's stages × the width's share,
-// (tokens + 400) / 656, as tile_tokens) + the fixup, kFixupStages a 256-token slot for each split
-// (one written, splits − 1 read: ~0.9 µs a 64 KiB slot for the w8a8 kernel's owner, s35, against
-// ~0.85 µs a stage). A split must save 5% of the unsplit estimate; at least 4 stages a unit; the
-// tile counters of kGemmW8A8TileFlags (4 a tile) and the caller's workspace bound it.
-// PERRY_TWO_LEVEL_SPLITK=0 turns it off, =N forces N (tests, lab).
-constexpr double kFixupStages = 1.5;
+// N 4096: 32 tiles of 128 tokens for 132 SMs; M 512 on N 2560: 40 tiles of 256) — units of
+// (tile, k-range) fill them, and the tile's last unit adds the others' int32 sums
+// (splitk_last_adds; exact, so the unsplit kernel's bits). The estimate, in the time of a
+// 256-token k-stage: ceil(units / SMs) × (the unit's stages × the width's share, (tokens + 400) /
+// 656, as tile_tokens) + the fixup, kFixupStages a 256-token slot for each split. Only where every
+// unit runs at once (units <= SMs): with more, each round of units paid its fixup with all SMs
+// moving slots through the L2 together, and the splits lost — H100, s39 run 1 (bench-op `gemm`,
+// split by a 1.5-stage fixup estimate vs unsplit): 6144 × 4096 at M 1024 (2 splits, 3 rounds)
+// 58.6 vs 51.6 µs, 2560 × 10240 at M 1024 / 2048 (3 splits, 2 / 4 rounds) 60.4 / 117.7 vs 56.8 /
+// 100.6 — a fixup of 3–4 stages a 256-token slot and split, which kFixupStages now takes. In one
+// round they won: 4096 × 14336 at M 128 / 256 / 512 38.7 / 60.9 / 66.4 → 29.2 / 39.8 / 53.1 µs,
+// 2560 × 10240 at M 256 / 512 37.6 / 49.1 → 29.8 / 34.0 (unsplit = the grouped kernels there).
+// A split must save 5% of the unsplit estimate; at least 4 stages a unit; the tile counters of
+// kGemmW8A8TileFlags (4 a tile) and the caller's workspace bound it.
+// PERRY_TWO_LEVEL_SPLITK=0 turns it off, =N forces N (tests, lab; any number of rounds).
+constexpr double kFixupStages = 3.5;
 constexpr int kMinStagesPerSplit = 4, kMaxSplits = 16;
 size_t slot_bytes(int bx) { return size_t(kWRows) * size_t(bx) * 4; }
 size_t plan_workspace_bytes(int M, int N, const Plan& p) {
@@ -593,7 +599,7 @@ Plan make_plan(int M, int N, int K) {
     for (int want = 2; want <= kMaxSplits && want * kMinStagesPerSplit <= ktiles; ++want) {
       int kt_per = ktiles;
       const int splits = finish_splits(want, ktiles, kt_per);
-      if (splits < 2) continue;
+      if (splits < 2 || tile_count(M, N, bx) * splits > sms) continue;
       const double c = cost(bx, splits, kt_per);
       if (c < best) {
         best = c;
