@@ -40,9 +40,12 @@
 //     MMAs (direct stores from registers remain for rows that are not 16-byte multiples).
 //   * Persistent grid, grouped tile order, TMA zero fill at the M / N edges (a zero nibble byte
 //     becomes q = 0 whatever m is, so rows past N may read any row's multipliers).
+//   * Split-K (short prompts, thirty-ninth session; make_plan): units of (tile, k-range); the
+//     tile's last unit to finish adds the others' int32 sums from the workspace and stores the tile
+//     (splitk_last_adds), so the outputs are the unsplit kernel's bits.
 // No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (X + packed
 // weight bytes), empty 8 consumer-warp arrives; producer and consumers walk the same
-// (tile, k-stage) sequence.
+// (unit, k-stage) sequence; split-K's last unit waits only for units that have finished their MMAs.
 #include <cuda_bf16.h>
 
 #include <algorithm>
