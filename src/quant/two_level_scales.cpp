@@ -115,4 +115,15 @@ std::optional<TwoLevelScales> two_level_scales(const QuantizedWeight& w) {
   return f;
 }
 
+std::optional<TwoLevelScales> int4_two_level_factors(const QuantizedWeight& w) {
+  const QuantScheme sc = quant_scheme(w.mode);
+  if (sc.group_size != 0) return two_level_scales(w);
+  if (sc.fp8 || !sc.int8_activations || sc.weight_bits != 4 || w.K % 128 != 0) return std::nullopt;
+  if (int64_t(w.scales.size()) != w.N) return std::nullopt;
+  TwoLevelScales f;
+  f.channel = w.scales;
+  f.multiplier.assign(size_t(w.N) * size_t(w.K / 128), int8_t(1));
+  return f;
+}
+
 }  // namespace perry::quant

@@ -29,6 +29,13 @@ struct TwoLevelScales {
 // computes the same products, so a checkpoint whose scales happen to factor qualifies too.
 std::optional<TwoLevelScales> two_level_scales(const QuantizedWeight& w);
 
+// The factors the two-level kernels take for an int4 W*A8 weight of either kind: w4a8-g128's by
+// two_level_scales; per-channel w4a8's as channel = its scales and a multiplier of 1 for every
+// 128-k block (multiplier [N, K/128]: q·1 = q, already int8 codes of the channel scale), so the
+// per-channel layer runs the same register-converting GEMM and expansion pass. nullopt for other
+// modes, scales that do not factor, and per-channel K not a multiple of 128.
+std::optional<TwoLevelScales> int4_two_level_factors(const QuantizedWeight& w);
+
 // The channel scale of a row whose largest |w| is amax: amax/126 rounded to 19 significant bits
 // (so c·m is exact in fp32 for every m <= 18); 0 when amax/126 is below FLT_MIN.
 float two_level_channel_scale(float amax);

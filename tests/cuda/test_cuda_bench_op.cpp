@@ -205,7 +205,14 @@ TEST(CudaBenchOp, LinearPathChoice) {
     EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 16, 4096, true, 14336), LinearPath::SmallM);
   }
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 4096, 4160, true), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
-  EXPECT_EQ(pc::linear_path(QM::W4A8, 4096, 4096, true), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
+  // Per-channel w4a8 with its unit multipliers (int4_two_level_factors) takes the two-level paths
+  // too: the register kernel up to kTwoLevelExpandMinM, the expansion + per-channel GEMM from there;
+  // without them (K off the 128 grid, or no factors) the expansion pass as before.
+  EXPECT_EQ(pc::linear_path(QM::W4A8, 4096, 4096, true), wg ? tl : LinearPath::GemmQuant);
+  EXPECT_EQ(pc::linear_path(QM::W4A8, t1, 4096, true), wg ? LinearPath::ExpandTwoLevelWgmma : LinearPath::GemmQuant);
+  EXPECT_EQ(pc::linear_path(QM::W4A8, 4096, 4096, false), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
+  EXPECT_EQ(pc::linear_path(QM::W4A8, 4096, 4160, true), wg ? LinearPath::ExpandWgmma : LinearPath::GemmQuant);
+  EXPECT_EQ(pc::linear_path_name(QM::W4A8, LinearPath::TwoLevelWgmma), "w4a8:gemm_w4a8_two_level_wgmma_tma");
   EXPECT_EQ(pc::linear_path(QM::W4A8_G128, 8, 4096, true), LinearPath::SmallM);
   EXPECT_EQ(pc::linear_path_name(QM::W4A8_G128, LinearPath::ExpandTwoLevelWgmma),
             "w4a8-g128:expand_int4_two_level+gemm_w8a8_wgmma_tma");

@@ -251,10 +251,11 @@ void run_gemm_case(QuantMode mode, int M, int N, int K, bool with_bias, DType ou
   }
 }
 
-// Two GEMMs of one w4a8-g128 layer (the quantizer's weights, a bias) bit for bit, F32 or BF16 out.
+// Two GEMMs of one w4a8-g128 (or `mode`) layer (the quantizer's weights, a bias) bit for bit, F32 or
+// BF16 out.
 void expect_same_bits(GemmQuantFn a, GemmQuantFn b, int M, int N, int K, DType out, std::mt19937& g,
-                      const std::string& what) {
-  const QuantizedWeight w = make_weight(QuantMode::W4A8_G128, N, K, g);
+                      const std::string& what, QuantMode mode = QuantMode::W4A8_G128) {
+  const QuantizedWeight w = make_weight(mode, N, K, g);
   const Act act = make_act(M, K, g);
   const auto bias = rand_f(size_t(N), g, -1.f, 1.f);
   DevWeight dw(w);
@@ -262,8 +263,8 @@ void expect_same_bits(GemmQuantFn a, GemmQuantFn b, int M, int N, int K, DType o
   Dev<float> dsa(act.sa), db(bias);
   const size_t bytes = size_t(M) * N * (out == DType::BF16 ? 2 : 4);
   Dev<uint8_t> ya(bytes), yb(bytes);
-  a(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, ya.p, out, M, N, K, nullptr);
-  b(QuantMode::W4A8_G128, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, yb.p, out, M, N, K, nullptr);
+  a(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, ya.p, out, M, N, K, nullptr);
+  b(mode, dq.p, dsa.p, dw.q.p, dw.s.p, db.p, yb.p, out, M, N, K, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto ha = ya.get(), hb = yb.get();
   EXPECT_EQ(std::memcmp(ha.data(), hb.data(), bytes), 0) << what << ", out " << int(out);
@@ -544,10 +545,10 @@ void factor_device_scales(QuantMode mode, const float* s, int N, int K, perry::q
   hw.mode = mode;
   hw.N = N;
   hw.K = K;
-  hw.scales.resize(size_t(N) * size_t(K / 128));
+  hw.scales.resize(size_t(N) * size_t(mode == QuantMode::W4A8 ? 1 : K / 128));  // (w4a8: per channel)
   ASSERT_EQ(cudaMemcpy(hw.scales.data(), s, hw.scales.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  const auto got = perry::quant::two_level_scales(hw);
-  ASSERT_TRUE(got.has_value()) << "the quantizer's w4a8-g128 scales do not factor";
+  const auto got = perry::quant::int4_two_level_factors(hw);
+  ASSERT_TRUE(got.has_value()) << "the quantizer's " << mode_name(mode) << " scales do not factor";
   f = *got;
 }
 
@@ -792,6 +793,27 @@ TEST(CudaGemmQuantWgmma, TwoLevelSplitKIsBitExact) {
   }
   sk.set("0");
   EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_splits(128, 4096, 14336), 1);
+}
+
+// Per-channel w4a8 on the two-level kernels (int4_two_level_factors: its scales as the channel
+// scales, multipliers of 1), as CudaLinear runs it since the thirty-ninth session: against the
+// float64 per-channel math, and bit for bit against the expansion pass + gemm_w8a8_wgmma (the
+// int8 codes q·1 are the plain expansion's), unsplit and split.
+TEST(CudaGemmQuantWgmma, TwoLevelKernelsRunPerChannelW4A8) {
+  REQUIRE_SM90();
+  std::mt19937 g(59);
+  ScopedEnv sk("PERRY_TWO_LEVEL_SPLITK", nullptr);
+  const std::string nm = "w4a8 on the two-level kernels ";
+  for (DType out : {DType::F32, DType::BF16}) {
+    run_gemm_case(QuantMode::W4A8, 300, 520, 1024, true, out, g, two_level_rs_gemm, (nm + "(register) ").c_str());
+    run_gemm_case(QuantMode::W4A8, 257, 131, 2048, false, out, g, two_level_gemm, (nm + "(expansion) ").c_str());
+    expect_same_bits(two_level_rs_gemm, two_level_gemm, 300, 392, 2048, out, g, nm + "register vs expansion",
+                     QuantMode::W4A8);
+  }
+  sk.set("3");
+  run_gemm_case(QuantMode::W4A8, 200, 256, 4096, true, DType::F32, g, two_level_rs_split_gemm, (nm + "3 k-splits ").c_str());
+  expect_same_bits(two_level_rs_split_gemm, two_level_gemm, 200, 256, 4096, DType::BF16, g, nm + "split vs expansion",
+                   QuantMode::W4A8);
 }
 
 TEST(CudaGemmQuantWgmma, BadArgumentsThrow) {

@@ -320,3 +320,26 @@ TEST(TwoLevelScales, FactorsOnlyWhatFactors) {
   w.scales[1] = 19 * c;  // a multiplier past 18 (the int8 range)
   EXPECT_FALSE(pq::two_level_scales(w).has_value());
 }
+
+// Per-channel w4a8 in the two-level form (int4_two_level_factors): its own scales as the channel
+// scales, a multiplier of 1 for every 128-k block — so q·m is q itself; w4a8-g128 as
+// two_level_scales factors it; nothing for K off the 128 grid or other modes.
+TEST(TwoLevelScales, PerChannelInt4IsUnitMultipliers) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(size_t(16 * 640));
+  for (auto& v : x) v = nd(rng);
+  const auto w = pq::quantize_weight(x.data(), 16, 640, pq::QuantMode::W4A8);
+  const auto f = pq::int4_two_level_factors(w);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->channel, w.scales);
+  EXPECT_EQ(f->multiplier, std::vector<int8_t>(size_t(16 * 5), int8_t(1)));
+  const auto g = pq::quantize_weight(x.data(), 16, 640, pq::QuantMode::W4A8_G128);
+  const auto fg = pq::int4_two_level_factors(g), want = pq::two_level_scales(g);
+  ASSERT_TRUE(fg.has_value() && want.has_value());
+  EXPECT_EQ(fg->channel, want->channel);
+  EXPECT_EQ(fg->multiplier, want->multiplier);
+  EXPECT_FALSE(pq::int4_two_level_factors(pq::quantize_weight(x.data(), 16, 320, pq::QuantMode::W4A8)).has_value());
+  EXPECT_FALSE(pq::int4_two_level_factors(pq::quantize_weight(x.data(), 16, 640, pq::QuantMode::W8A8)).has_value());
+  EXPECT_FALSE(pq::int4_two_level_factors(pq::quantize_weight(x.data(), 16, 640, pq::QuantMode::W4A16)).has_value());
+}

@@ -93,6 +93,9 @@ struct WeightPool {
   std::map<int, std::vector<DeviceBuffer>> scales;  // scale group (0 = per channel) → copies of [N, G]
   // int4 with groups of 128: the scales are two-level (w4a8-g128's form), these their factors
   std::vector<DeviceBuffer> channel, multipliers;  // copies of fp32 [N], int8 [N, G]
+  // int4 per channel (w4a8) in the two-level form: multipliers of 1 [N, K/128], one per copy (the
+  // channel scales are the per-channel scales themselves; int4_two_level_factors)
+  std::vector<DeviceBuffer> unit_multipliers;
   int take() {
     const int c = next;
     next = (next + 1) % copies;
@@ -283,6 +286,10 @@ OpArgs Bench::args(Op op, int copy, int M) const {
       a.channel_scales = p.channel[size_t(copy)].get<float>();
       a.multipliers = p.multipliers[size_t(copy)].get<int8_t>();
     }
+    if (op == Op::W4A8 && !p.unit_multipliers.empty()) {
+      a.channel_scales = a.scales;
+      a.multipliers = p.unit_multipliers[size_t(copy)].get<int8_t>();
+    }
   }
   return a;
 }
@@ -352,6 +359,10 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
         p.scales[g].emplace_back(pool_, cnt * 4, "bench-op weight scales");
         if (f == WFmt::I4 && g == 128 && K % 128 == 0) fill_two_level_scales(p, N, K, p.scales[g].back());
         else fill_random_f32(p.scales[g].back().get<float>(), cnt, rng_(), 1e-3f, 2e-2f, stream_);
+        if (f == WFmt::I4 && g == 0 && K % 128 == 0) {
+          p.unit_multipliers.emplace_back(pool_, size_t(N) * size_t(K / 128), "bench-op unit multipliers (w4a8)");
+          PERRY_CUDA_CHECK(cudaMemsetAsync(p.unit_multipliers.back().get(), 1, p.unit_multipliers.back().bytes(), stream_));
+        }
       }
     }
     rotation += fmt::format("{}{}×{:.0f} MB", rotation.empty() ? "" : ", ", p.copies, double(p.copy_bytes) * 1e-6);

@@ -142,7 +142,9 @@ void sync_or_hang(cudaStream_t stream, double seconds, const std::string& what) 
 
 LinearPath op_path(Op op, int M, int K, int N) {
   PERRY_CHECK(op_info(op).kind == Kind::Perry, "bench-op: {} is not a perry linear", op_info(op).name);
-  return op == Op::W8A8Mma ? LinearPath::MmaSync : linear_path(op_info(op).mode, M, K, op == Op::W4A8G128, N);
+  // (the int4 W*A8 ops have two-level factors: w4a8-g128's, w4a8's unit multipliers)
+  const bool two_level = op == Op::W4A8G128 || op == Op::W4A8;
+  return op == Op::W8A8Mma ? LinearPath::MmaSync : linear_path(op_info(op).mode, M, K, two_level, N);
 }
 
 bool decode_kernel_row(Op op, int M, int K) {
@@ -433,9 +435,9 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       copy_to_device(dw.get(), qw.qweight.data(), qw.qweight.size());
       copy_to_device(ds.get(), qw.scales.data(), qw.scales.size() * 4);
       deq = pq::dequantize_weight(qw);
-      if (op == Op::W4A8G128) {  // the quantizer's two-level scales, factored as CudaLinear::upload does
-        const auto f = pq::two_level_scales(qw);
-        PERRY_CHECK(f.has_value(), "bench-op check: the w4a8-g128 quantizer wrote scales that do not factor");
+      if ((op == Op::W4A8G128 || op == Op::W4A8) && K % 128 == 0) {  // the factors, as CudaLinear::upload takes them
+        const auto f = pq::int4_two_level_factors(qw);
+        PERRY_CHECK(f.has_value(), "bench-op check: the {} quantizer wrote scales that do not factor", op_info(op).name);
         copy_to_device(dch.get(), f->channel.data(), f->channel.size() * 4);
         copy_to_device(dmul.get(), f->multiplier.data(), f->multiplier.size());
       }

@@ -100,14 +100,15 @@ CudaLinear CudaLinear::upload(DevicePool& pool, const std::vector<const model::L
     l.scales_ = DeviceBuffer(pool, s.size() * 4, "weight scales of " + name);
     copy_to_device(l.scales_.get(), s.data(), s.size() * 4);
     l.weight_bytes_ = q.size() + s.size() * 4;
-    // Two-level int4 scales: the factors of every part, for the prefill path that runs the layer
-    // as a per-channel int8 GEMM (ExpandTwoLevelWgmma). A part whose scales do not factor (an
-    // older checkpoint) leaves the whole layer on the grouped kernels.
-    if (l.mode_ == pq::QuantMode::W4A8_G128) {
+    // Two-level int4 scales: the factors of every part, for the prefill paths that run the layer
+    // as a per-channel int8 GEMM (TwoLevelWgmma, ExpandTwoLevelWgmma) — w4a8-g128's factored
+    // scales, per-channel w4a8's own scales with multipliers of 1. A part whose scales do not
+    // factor (an older checkpoint) leaves the whole layer on the grouped kernels.
+    if (l.mode_ == pq::QuantMode::W4A8_G128 || l.mode_ == pq::QuantMode::W4A8) {
       pq::TwoLevelScales f;
       bool all = true;
       for (const model::Linear* p : parts) {
-        const auto part = pq::two_level_scales(p->quantized()->canonical());
+        const auto part = pq::int4_two_level_factors(p->quantized()->canonical());
         if (!(all = part.has_value())) break;
         f.channel.insert(f.channel.end(), part->channel.begin(), part->channel.end());
         f.multiplier.insert(f.multiplier.end(), part->multiplier.begin(), part->multiplier.end());
@@ -317,13 +318,16 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   static const bool expand = !env_flag("PERRY_NO_INT4_EXPAND");
   // Two-level w4a8-g128 (quant/two_level_scales.h): the expanded weight is a per-channel int8 one,
   // so it takes gemm_w8a8_wgmma (1.6-1.9x cuBLAS bf16 at M >= 1024, where the grouped kernel's
-  // fold holds it to 0.9-1.1x) from the per-channel w4a8 crossover.
+  // fold holds it to 0.9-1.1x) from the per-channel w4a8 crossover. Per-channel w4a8 (thirty-ninth
+  // session) takes the same paths with multipliers of 1: the register kernel instead of the
+  // expansion pass below kTwoLevelExpandMinM, and the same expansion + GEMM from there.
   static const bool use_two_level = !env_flag("PERRY_NO_INT4_TWO_LEVEL");
   static const int two_level_from = env_int("PERRY_INT4_TWO_LEVEL_MIN_M", CudaLinear::kExpandTwoLevelMinM, 1, 1 << 30);
   // The register-A kernel needs no expansion pass (gemm_w4a8_two_level.h); PERRY_INT4_TWO_LEVEL_EXPAND=1
   // keeps the pass + gemm_w8a8_wgmma for A/B runs.
   static const bool two_level_expand = env_flag("PERRY_INT4_TWO_LEVEL_EXPAND");
-  if (expand && two_level && use_two_level && mode == pq::QuantMode::W4A8_G128 && K % 128 == 0) {
+  const bool int4_a8 = mode == pq::QuantMode::W4A8_G128 || mode == pq::QuantMode::W4A8;
+  if (expand && two_level && use_two_level && int4_a8 && K % 128 == 0) {
     const bool rs = !two_level_expand && gemm_w4a8_two_level_wgmma_supported();
     // PERRY_INT4_TWO_LEVEL_RS_MAX_M: where long prompts switch to the expansion pass (lab).
     static const int two_level_expand_from =

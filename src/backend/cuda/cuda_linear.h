@@ -41,9 +41,10 @@ struct LinearInput {
 // Which kernels a linear layer runs for M rows (CudaLinear::run has one case per value).
 // ExpandWgmma: int4 W*A8 at prefill sizes — the packed weight expanded to int8 in the dequant
 // scratch, then the int8 wgmma GEMM of the same scales (run_expanded_int4).
-// ExpandTwoLevelWgmma: w4a8-g128 whose group scales are two-level (quant/two_level_scales.h) at
-// prefill sizes — the int4 weight expanded with its multipliers, then the per-channel int8 wgmma
-// GEMM of the channel scales (run_expanded_int4_two_level): no per-group fold.
+// ExpandTwoLevelWgmma: w4a8-g128 whose group scales are two-level (quant/two_level_scales.h), or
+// per-channel w4a8 (multipliers of 1: int4_two_level_factors), at prefill sizes — the int4 weight
+// expanded with its multipliers, then the per-channel int8 wgmma GEMM of the channel scales
+// (run_expanded_int4_two_level): no per-group fold.
 // TwoLevelWgmma: the same layer without the expansion pass — gemm_w4a8_two_level_wgmma converts the
 // packed int4 weight with its multipliers in registers, as wgmma's A operand (where the kernel runs,
 // below CudaLinear::kTwoLevelExpandMinM rows; PERRY_INT4_TWO_LEVEL_EXPAND=1 keeps
@@ -142,7 +143,8 @@ class CudaLinear {
   bool decode_fusable() const;
 
   quant::QuantMode mode() const { return mode_; }
-  // Whether the layer has two-level int4 group scales (their factors are on the GPU).
+  // Whether the layer has two-level int4 scale factors on the GPU (w4a8-g128's, or per-channel
+  // w4a8's unit multipliers: int4_two_level_factors).
   bool two_level() const { return multipliers_.get() != nullptr; }
   ActFormat input_format() const { return cuda::input_format(mode_); }
   int rows() const { return n_; }
