@@ -62,15 +62,9 @@ constexpr int kBM = 128, kBN = 128, kBK = 128;  // X rows (tokens), weight rows,
 constexpr int kHelpers = 96;  // producer warps 1-3
 constexpr int kGroupTiles = 8;
 
-// Split-K (grouped and per-channel layouts): work unit u is k-stages [kt0, kt1) = [sp·kt_per,
-// +kt_per) of tile u / splits, sp = u % splits (splits = 1: unit = tile, all of K). Producer,
-// helpers and consumers walk the same units. A stage holds whole groups (128 k = one g128 or two
-// g64 groups), so a grouped unit folds whole groups.
-__device__ __forceinline__ void unit_range(int u, int splits, int kt_per, int ktiles, int& t, int& kt0, int& kt1) {
-  t = u / splits;
-  kt0 = (u % splits) * kt_per;
-  kt1 = min(ktiles, kt0 + kt_per);
-}
+// Split-K (grouped and per-channel layouts): work units of (tile, k-range) (unit_range,
+// sm90_gemm_common.cuh); producer, helpers and consumers walk the same units. A stage holds whole
+// groups (128 k = one g128 or two g64 groups), so a grouped unit folds whole groups.
 
 // kSwap (the grouped modes): the weight tile is the wgmma A operand and the activations B, so the
 // accumulator's rows are output columns n and a thread's group scales are two values (its two

@@ -121,15 +121,6 @@ __device__ __forceinline__ void wgmma_step(int (&d)[kBX / 2], const uint32_t (&a
   sm90::wgmma_rs<kBX>(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], db, accumulate);
 }
 
-// Split-K: unit u is tile u / splits over k-stages [kt0, kt1) of its split u % splits (splits = 1:
-// the tile, all of K). A tile's splits are neighbouring units, so neighbouring CTAs run them at
-// about the same time.
-__device__ __forceinline__ void unit_range(int u, int splits, int kt_per, int ktiles, int& t, int& kt0, int& kt1) {
-  t = u / splits;
-  kt0 = (u % splits) * kt_per;
-  kt1 = min(ktiles, kt0 + kt_per);
-}
-
 // Split-K's fixup, per consumer warpgroup cw of tile t, with acc its int32 sums over its split's
 // k-stages. The warpgroups of a tile's splits arrive in some order (flags[4t + 2cw], an atomic
 // add by the warpgroup's first thread, shared through a role word): every one but the last writes

@@ -245,6 +245,16 @@ __device__ __forceinline__ void tile_origin(int t, int tiles_m, int tiles_n, int
   n0 = (in_group / group_m) * bn;
 }
 
+// Split-K's work units of the persistent kernels (gemm_quant_wgmma, gemm_w4a8_two_level_wgmma): unit
+// u is tile u / splits over k-stages [kt0, kt1) = [sp·kt_per, +kt_per) of its split sp = u % splits
+// (splits = 1: the tile, all of K). A tile's splits are neighbouring units, so neighbouring CTAs run
+// them at about the same time; every role of a kernel walks the same units.
+__device__ __forceinline__ void unit_range(int u, int splits, int kt_per, int ktiles, int& t, int& kt0, int& kt1) {
+  t = u / splits;
+  kt0 = (u % splits) * kt_per;
+  kt1 = min(ktiles, kt0 + kt_per);
+}
+
 // bf16 epilogue store helpers for the wgmma accumulator layout (quad thread tq holds, for one
 // row, the column pairs 8jj + 2tq, +1 of four 8-column blocks jj = 0..3, packed as bf16x2 in
 // pk[jj]): a 4×4 transpose inside the quad. quad_exchange (3 shuffles; all 32 lanes must call it)
