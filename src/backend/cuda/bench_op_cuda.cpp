@@ -46,7 +46,6 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
-#include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/two_level_scales.h"
@@ -377,19 +376,11 @@ void Bench::run_shape(int N, int K, const std::vector<int>& Ms) {
   }
   y_ = DeviceBuffer(pool_, size_t(Mmax) * N * 4, "bench-op outputs");
   scratch_ = DeviceBuffer(pool_, size_t(N) * K * 2, "bench-op dequantized weight scratch");
-  size_t splitk = 0;  // what CudaLinear's split-K uses at the Ms timed here (w8a8; grouped W*A8)
+  size_t splitk = 0;  // what CudaLinear's split-K uses at the Ms timed here
   for (Op op : ops_)
-    for (int m : Ms) {
-      if (op == Op::W8A8) splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
-      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K), int(N)) == LinearPath::WgmmaQuant)
-        splitk = std::max(splitk, gemm_quant_wgmma_workspace_bytes(op_info(op).mode, m, int(N), int(K)));
-      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K), int(N)) == LinearPath::ExpandWgmma)
-        splitk = std::max(splitk, expanded_int4_splitk_bytes(op_info(op).mode, m, int(N), int(K)));
-      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K), int(N)) == LinearPath::ExpandTwoLevelWgmma)
-        splitk = std::max(splitk, gemm_w8a8_wgmma_workspace_bytes(m, int(N), int(K)));
-      else if (op_info(op).kind == Kind::Perry && op_path(op, m, int(K), int(N)) == LinearPath::TwoLevelWgmma)
-        splitk = std::max(splitk, gemm_w4a8_two_level_wgmma_workspace_bytes(m, int(N), int(K)));
-    }
+    for (int m : Ms)
+      if (op_info(op).kind == Kind::Perry)
+        splitk = std::max(splitk, linear_splitk_bytes(op_info(op).mode, op_path(op, m, int(K), int(N)), m, int(N), int(K)));
   splitk_ = DeviceBuffer(pool_, splitk, "bench-op split-K partial sums");
   flags_ = DeviceBuffer(pool_, size_t(kGemmW8A8TileFlags) * 4, "bench-op split-K tile flags");  // (zeroed: as CudaLinear)
   PERRY_CUDA_CHECK(cudaMemsetAsync(flags_.get(), 0, flags_.bytes(), stream_));

@@ -185,16 +185,18 @@ bool CudaLinear::bf16_output(int M) const {
   }
 }
 
-size_t CudaLinear::splitk_bytes(int M) const {
-  switch (path(M)) {
-    case Path::Wgmma: return gemm_w8a8_wgmma_workspace_bytes(M, n_, k_);
-    case Path::WgmmaQuant: return gemm_quant_wgmma_workspace_bytes(mode_, M, n_, k_);
-    case Path::ExpandWgmma: return expanded_int4_splitk_bytes(mode_, M, n_, k_);
-    case Path::ExpandTwoLevelWgmma: return gemm_w8a8_wgmma_workspace_bytes(M, n_, k_);
-    case Path::TwoLevelWgmma: return gemm_w4a8_two_level_wgmma_workspace_bytes(M, n_, k_);
+size_t linear_splitk_bytes(pq::QuantMode mode, LinearPath path, int M, int N, int K) {
+  switch (path) {
+    case LinearPath::Wgmma: return gemm_w8a8_wgmma_workspace_bytes(M, N, K);
+    case LinearPath::WgmmaQuant: return gemm_quant_wgmma_workspace_bytes(mode, M, N, K);
+    case LinearPath::ExpandWgmma: return expanded_int4_splitk_bytes(mode, M, N, K);
+    case LinearPath::ExpandTwoLevelWgmma: return gemm_w8a8_wgmma_workspace_bytes(M, N, K);
+    case LinearPath::TwoLevelWgmma: return gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K);
     default: return 0;
   }
 }
+
+size_t CudaLinear::splitk_bytes(int M) const { return linear_splitk_bytes(mode_, path(M), M, n_, k_); }
 
 void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearContext& ctx) const {
   PERRY_CHECK(M > 0, "{}: no rows", name_);

@@ -65,6 +65,9 @@ enum class LinearPath {
 LinearPath linear_path(quant::QuantMode mode, int M, int K, bool two_level = false, int N = 0);
 // The kernels of a path as logs and bench-op print them ("w8a8:gemm_w8a8_wgmma_tma").
 std::string linear_path_name(quant::QuantMode mode, LinearPath path);
+// Bytes of the split-K workspace (LinearContext::splitk) that `path` uses for an M × N × K layer of
+// `mode` (0: none at this M). Shared by CudaLinear::splitk_bytes and bench-op's sizing.
+size_t linear_splitk_bytes(quant::QuantMode mode, LinearPath path, int M, int N, int K);
 // LinearPath::ExpandWgmma for a w4a8 / w4a8-g128 layer: expand_int4_weight into `scratch` (N·K
 // bytes, 16-byte aligned), then gemm_w8a8_wgmma (w4a8) or gemm_quant_wgmma as w8a8-g128
 // (w4a8-g128) with the layer's scales and the split-K workspace when it is large enough

@@ -562,6 +562,7 @@ struct Plan {
 constexpr double kFixupStages = 3.5;
 constexpr int kMinStagesPerSplit = 4, kMaxSplits = 16;
 size_t slot_bytes(int bx) { return size_t(kWRows) * size_t(bx) * 4; }
+bool plannable(int M, int N, int K) { return M >= 1 && N >= 1 && K >= kBK && K % kBK == 0; }
 size_t plan_workspace_bytes(int M, int N, const Plan& p) {
   return p.splits > 1 ? size_t(tile_count(M, N, p.bx)) * size_t(p.splits - 1) * slot_bytes(p.bx) : 0;
 }
@@ -660,7 +661,7 @@ bool gemm_w4a8_two_level_wgmma_supported() {
 }
 
 bool gemm_w4a8_two_level_wgmma_fills(int M, int N, int K) {
-  if (M < 1 || N < 1 || K < kBK || K % kBK != 0) return false;
+  if (!plannable(M, N, K)) return false;
   const Plan p = make_plan(M, N, K);
   return tile_count(M, N, p.bx) * p.splits * 2 >= sm_count();
 }
@@ -668,11 +669,11 @@ bool gemm_w4a8_two_level_wgmma_fills(int M, int N, int K) {
 int gemm_w4a8_two_level_wgmma_tile_tokens(int M, int N) { return M < 1 || N < 1 ? 256 : tile_tokens(M, N); }
 
 int gemm_w4a8_two_level_wgmma_splits(int M, int N, int K) {
-  return M < 1 || N < 1 || K < kBK || K % kBK != 0 ? 1 : make_plan(M, N, K).splits;
+  return plannable(M, N, K) ? make_plan(M, N, K).splits : 1;
 }
 
 size_t gemm_w4a8_two_level_wgmma_workspace_bytes(int M, int N, int K) {
-  return M < 1 || N < 1 || K < kBK || K % kBK != 0 ? 0 : plan_workspace_bytes(M, N, make_plan(M, N, K));
+  return plannable(M, N, K) ? plan_workspace_bytes(M, N, make_plan(M, N, K)) : 0;
 }
 
 void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
@@ -695,17 +696,18 @@ void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qwe
                        workspace_bytes < plan_workspace_bytes(M, N, p))) {
     p = Plan{tile_tokens(M, N), 1, K / kBK};  // no room for the split: the unsplit kernel
   }
-  int32_t* const part = p.splits > 1 ? workspace : nullptr;
-  uint32_t* const fl = p.splits > 1 ? tile_flags : nullptr;
+  // (unsplit, the kernel never reads the workspace or the tile counters)
   const auto* w = qweight;
   const auto* m = multipliers;
   const auto* c = channel_scales;
+  int32_t* const ws = workspace;
+  uint32_t* const fl = tile_flags;
   switch (p.bx) {
-    case 128: return launch_out<128>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
-    case 160: return launch_out<160>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
-    case 192: return launch_out<192>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
-    case 224: return launch_out<224>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
-    default: return launch_out<256>(out, x, sa, w, m, c, bias, y, M, N, K, p, part, fl, stream);
+    case 128: return launch_out<128>(out, x, sa, w, m, c, bias, y, M, N, K, p, ws, fl, stream);
+    case 160: return launch_out<160>(out, x, sa, w, m, c, bias, y, M, N, K, p, ws, fl, stream);
+    case 192: return launch_out<192>(out, x, sa, w, m, c, bias, y, M, N, K, p, ws, fl, stream);
+    case 224: return launch_out<224>(out, x, sa, w, m, c, bias, y, M, N, K, p, ws, fl, stream);
+    default: return launch_out<256>(out, x, sa, w, m, c, bias, y, M, N, K, p, ws, fl, stream);
   }
 }
 
