@@ -795,6 +795,44 @@ TEST(CudaGemmQuantWgmma, TwoLevelSplitKIsBitExact) {
   EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_splits(128, 4096, 14336), 1);
 }
 
+// The tail split (fortieth session): whole tiles first, then split ones — the last partial wave's
+// tiles by default, any number forced (PERRY_TWO_LEVEL_WHOLE_TILES with PERRY_TWO_LEVEL_SPLITK). The
+// split tiles number their workspace slots and counters from the first of them; a CTA runs whole
+// tiles and then split units. Bit for bit the unsplit kernel's, counters left zero.
+TEST(CudaGemmQuantWgmma, TwoLevelTailSplitIsBitExact) {
+  REQUIRE_SM90();
+  std::mt19937 g(61);
+  ScopedEnv sk("PERRY_TWO_LEVEL_SPLITK", "3"), whole("PERRY_TWO_LEVEL_WHOLE_TILES", "5"),
+      tail("PERRY_TWO_LEVEL_SPLIT_TAIL", nullptr), bx("PERRY_TWO_LEVEL_BX", "128");
+  // 9 tiles of 128 tokens: 5 whole, 4 split in 3 (K 2048's 16 stages as 6 + 6 + 4)
+  EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_splits(300, 384, 2048), 3);
+  EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_whole_tiles(300, 384, 2048), 5);
+  for (DType out : {DType::I32, DType::F32, DType::BF16})
+    expect_same_bits(two_level_rs_split_gemm, two_level_rs_gemm, 300, 384, 2048, out, g, "5 whole tiles, 4 split in 3");
+  run_gemm_case(QuantMode::W4A8_G128, 300, 384, 2048, true, DType::F32, g, two_level_rs_split_gemm,
+                "gemm_w4a8_two_level_wgmma, tail split ");
+  // More units than SMs: CTAs run whole tiles, then several split units each (192 tiles of 128
+  // tokens on N 1536, M 2048: 100 whole, 92 × 3 split units).
+  whole.set("100");
+  EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_whole_tiles(2048, 1536, 1024), 100);
+  expect_same_bits(two_level_rs_split_gemm, two_level_rs_gemm, 2048, 1536, 1024, DType::I32, g, "100 whole, 92 split");
+  sk.set(nullptr);
+  whole.set(nullptr);
+  bx.set(nullptr);
+  // The default plan on 132 SMs: N 6144 × K 4096 at M 1024 is 192 tiles of 256 tokens — one whole
+  // wave and 60 tiles split in two; PERRY_TWO_LEVEL_SPLIT_TAIL=0 leaves it unsplit.
+  if (pc::sm_count() == 132) {
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_splits(1024, 6144, 4096), 2);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_whole_tiles(1024, 6144, 4096), 132);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_tile_tokens(1024, 6144), 224);  // (the unsplit width)
+    for (DType out : {DType::I32, DType::BF16})
+      expect_same_bits(two_level_rs_split_gemm, two_level_rs_gemm, 1024, 6144, 4096, out, g, "default tail split");
+    tail.set("0");
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_splits(1024, 6144, 4096), 1);
+    EXPECT_EQ(pc::gemm_w4a8_two_level_wgmma_whole_tiles(1024, 6144, 4096), 240);
+  }
+}
+
 // Per-channel w4a8 on the two-level kernels (int4_two_level_factors: its scales as the channel
 // scales, multipliers of 1), as CudaLinear runs it since the thirty-ninth session: against the
 // float64 per-channel math, and bit for bit against the expansion pass + gemm_w8a8_wgmma (the

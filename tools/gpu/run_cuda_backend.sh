@@ -249,6 +249,7 @@ prefill_ab() {
         splitkernel) env+=(PERRY_WGMMA_SPLITK_FIXUP=0) ;;  # ... added by the second kernel (before s31)
         tl256) env+=(PERRY_TWO_LEVEL_BX=256) ;;  # w4a8-g128's register-A kernel: 256-token tiles only (s30's choice at M >= 1024)
         notlsplit) env+=(PERRY_TWO_LEVEL_SPLITK=0) ;;  # ... never split over K (before s39)
+        notltail) env+=(PERRY_TWO_LEVEL_SPLIT_TAIL=0) ;;  # ... only short prompts split, not the last partial wave (before s40)
         nogqsplit) env+=(PERRY_GQ_SPLITK=0) ;;  # ... nor the grouped W*A8 one (gemm_quant_wgmma)
         noexpand) env+=(PERRY_NO_INT4_EXPAND=1) ;;  # int4 W*A8: the int4 GEMM at every M (no int8 expansion)
         grouped) env+=(PERRY_NO_INT4_TWO_LEVEL=1) ;;  # w4a8-g128: the grouped kernels, not the two-level per-channel path

@@ -18,10 +18,12 @@
 // Split-K: with a workspace of at least gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K) bytes
 // (16-byte aligned) and tile_flags (kGemmW8A8TileFlags uint32 of gemm_w8a8.h, zeroed by the caller
 // once; every call leaves them zero — the buffer gemm_w8a8_wgmma's split-K uses), shapes whose
-// tiles leave SMs idle run split over K into gemm_w4a8_two_level_wgmma_splits(M, N, K) k-ranges;
+// tiles leave SMs idle (all of them, or the last partial wave's) run split over K into
+// gemm_w4a8_two_level_wgmma_splits(M, N, K) k-ranges;
 // the tile's last split adds the others' int32 sums inside the kernel, so the outputs are the
 // unsplit kernel's bit for bit. Without them the kernel runs unsplit. Calls that share tile_flags
-// must not run concurrently (one stream). PERRY_TWO_LEVEL_SPLITK=0|N: off / N splits (read per call).
+// must not run concurrently (one stream). PERRY_TWO_LEVEL_SPLITK=0|N: off / N splits (read per call);
+// PERRY_TWO_LEVEL_SPLIT_TAIL=0: no tail split.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -40,6 +42,9 @@ bool gemm_w4a8_two_level_wgmma_fills(int M, int N, int K);
 // take the least time on this device's SMs; PERRY_TWO_LEVEL_BX forces one).
 int gemm_w4a8_two_level_wgmma_tile_tokens(int M, int N);
 int gemm_w4a8_two_level_wgmma_splits(int M, int N, int K);  // 1: unsplit
+// The tiles run whole, over all of K, before the split ones (all of them where unsplit; 0 where
+// every tile is split): a tail split keeps the whole waves of tiles and splits the last wave's.
+int gemm_w4a8_two_level_wgmma_whole_tiles(int M, int N, int K);
 size_t gemm_w4a8_two_level_wgmma_workspace_bytes(int M, int N, int K);  // 0: unsplit
 void gemm_w4a8_two_level_wgmma(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
                                const float* channel_scales, const float* bias, void* y, DType out, int M, int N,

@@ -42,7 +42,9 @@
 //     becomes q = 0 whatever m is, so rows past N may read any row's multipliers).
 //   * Split-K (short prompts, thirty-ninth session; make_plan): units of (tile, k-range); the
 //     tile's last unit to finish adds the others' int32 sums from the workspace and stores the tile
-//     (splitk_last_adds), so the outputs are the unsplit kernel's bits.
+//     (splitk_last_adds), so the outputs are the unsplit kernel's bits. Where the tiles fill whole
+//     waves and a partial one (fortieth session), only the partial wave's tiles are split: the
+//     first `whole` units are whole tiles, and each SM ends with at most one split unit.
 // No deadlock by construction: per use of a stage, full gets 1 arrive.expect_tx (X + packed
 // weight bytes), empty 8 consumer-warp arrives; producer and consumers walk the same
 // (unit, k-stage) sequence; split-K's last unit waits only for units that have finished their MMAs.
@@ -121,8 +123,8 @@ __device__ __forceinline__ void wgmma_step(int (&d)[kBX / 2], const uint32_t (&a
   sm90::wgmma_rs<kBX>(d, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], db, accumulate);
 }
 
-// Split-K's fixup, per consumer warpgroup cw of tile t, with acc its int32 sums over its split's
-// k-stages. The warpgroups of a tile's splits arrive in some order (flags[4t + 2cw], an atomic
+// Split-K's fixup, per consumer warpgroup cw of split tile t (numbered from the first split tile),
+// with acc its int32 sums over its split's k-stages. The warpgroups of a tile's splits arrive in some order (flags[4t + 2cw], an atomic
 // add by the warpgroup's first thread, shared through a role word): every one but the last writes
 // its sums to the workspace slot of its arrival order and counts its 4 warps on flags[4t + 2cw + 1]
 // (release); the last waits for those 4·(splits − 1) counts (acquire), resets both counters (the
@@ -187,8 +189,8 @@ __global__ void __launch_bounds__(384, 1)
                                const __grid_constant__ CUtensorMap tmY, int tma_out,
                                const float* __restrict__ Sa, const int8_t* __restrict__ Mult,
                                const float* __restrict__ Cn, const float* __restrict__ bias, void* __restrict__ Y,
-                               int M, int N, int K, int lab, int splits, int kt_per, int* __restrict__ part,
-                               unsigned* __restrict__ flags) {
+                               int M, int N, int K, int lab, int whole, int splits, int kt_per,
+                               int* __restrict__ part, unsigned* __restrict__ flags) {
 #ifdef PERRY_WGMMA
   using C = TwoLevelCfg<kBX>;
   constexpr int S = C::kStages;
@@ -209,7 +211,8 @@ __global__ void __launch_bounds__(384, 1)
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int tiles_x = (M + kBX - 1) / kBX, tiles_w = (N + kWRows - 1) / kWRows;
   const int num_tiles = tiles_x * tiles_w;
-  const int num_units = num_tiles * splits;  // unit u: tile u / splits, k-stages of split u % splits
+  // units: the first `whole` tiles over all of K, then each later tile's `splits` k-ranges (unit_range)
+  const int num_units = whole + (num_tiles - whole) * splits;
   const int ktiles = K / kBK, G = ktiles;
 
   if (threadIdx.x == 0) {
@@ -230,7 +233,7 @@ __global__ void __launch_bounds__(384, 1)
       uint32_t phase = 0;
       for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
         int t, kt0, kt1, x0, n0;
-        unit_range(u, splits, kt_per, ktiles, t, kt0, kt1);
+        unit_range(u, whole, splits, kt_per, ktiles, t, kt0, kt1);
         tile_origin<kBX, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
         for (int kt = kt0; kt < kt1; ++kt) {
           mbar_wait(empty(s), phase ^ 1);
@@ -265,7 +268,7 @@ __global__ void __launch_bounds__(384, 1)
   uint32_t nu = 0;    // split units this CTA has finished (the parity of its role word)
   for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
     int t, kt0, kt1, x0, n0;
-    unit_range(u, splits, kt_per, ktiles, t, kt0, kt1);
+    unit_range(u, whole, splits, kt_per, ktiles, t, kt0, kt1);
     tile_origin<kBX, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
     const int n_a = n0 + rt, n_b = n_a + 8;  // this thread's output columns
     // Rows past N read row 0's multipliers: their packed bytes are TMA's zero fill, code 0, and
@@ -384,7 +387,10 @@ __global__ void __launch_bounds__(384, 1)
     if (++r == S) r = 0;
     // Split-K: the tile's last unit to finish (per consumer warpgroup) adds the others' int32 sums
     // and stores the tile; the others leave their sums in the workspace.
-    if (splits > 1 && !splitk_last_adds<kBX>(acc, t, splits, cw, warp, lane, part, flags, role_words, nu++)) continue;
+    // (slots and counters are numbered from the first split tile)
+    if (splits > 1 && t >= whole &&
+        !splitk_last_adds<kBX>(acc, t - whole, splits, cw, warp, lane, part, flags, role_words, nu++))
+      continue;
 
     if (lab & 2) {  // lab: no stores (wrong outputs; the epilogue's cost) — one, unless the sums are 0
       int x = 0;
@@ -538,9 +544,10 @@ int tile_tokens(int M, int N) {
   return best;
 }
 
-// The launch: tile width, split-K count and k-stages a split.
+// The launch: tile width, split-K count and k-stages a split, and the tiles run whole before the
+// split ones (0: every tile split, or none).
 struct Plan {
-  int bx = 256, splits = 1, kt_per = 1;
+  int bx = 256, splits = 1, kt_per = 1, whole = 0;
 };
 
 // Split-K (thirty-ninth session): where the tiles leave SMs idle — a short prompt (M 128 on
@@ -557,14 +564,23 @@ struct Plan {
 // round they won: 4096 × 14336 at M 128 / 256 / 512 38.7 / 60.9 / 66.4 → 29.2 / 39.8 / 53.1 µs,
 // 2560 × 10240 at M 256 / 512 37.6 / 49.1 → 29.8 / 34.0 (unsplit = the grouped kernels there).
 // A split must save 5% of the unsplit estimate; at least 4 stages a unit; the tile counters of
-// kGemmW8A8TileFlags (4 a tile) and the caller's workspace bound it.
-// PERRY_TWO_LEVEL_SPLITK=0 turns it off, =N forces N (tests, lab; any number of rounds).
+// kGemmW8A8TileFlags (4 a split tile) and the caller's workspace bound it.
+// The tail split (fortieth session): where the tiles fill w whole waves and a partial one (M 1024:
+// 192 tiles of 256 tokens on N 6144, 448 on N 14336; 132 SMs), the first w · SMs tiles run whole
+// and only the last wave's tiles are split, each SM ending with at most one split unit — one
+// round of fixups, the case that won in s39, instead of the rounds that lost. Estimated as w waves
+// of whole tiles plus one round of split units with their fixup.
+// PERRY_TWO_LEVEL_SPLITK=0 turns splitting off, =N forces N splits of every tile (tests, lab; any
+// number of rounds), with PERRY_TWO_LEVEL_WHOLE_TILES=n of all but the first n;
+// PERRY_TWO_LEVEL_SPLIT_TAIL=0 leaves the default plan only the short prompts' splits (A/B).
 constexpr double kFixupStages = 3.5;
 constexpr int kMinStagesPerSplit = 4, kMaxSplits = 16;
 size_t slot_bytes(int bx) { return size_t(kWRows) * size_t(bx) * 4; }
 bool plannable(int M, int N, int K) { return M >= 1 && N >= 1 && K >= kBK && K % kBK == 0; }
+long long split_tiles(int M, int N, const Plan& p) { return p.splits > 1 ? tile_count(M, N, p.bx) - p.whole : 0; }
+long long plan_units(int M, int N, const Plan& p) { return p.whole + (tile_count(M, N, p.bx) - p.whole) * p.splits; }
 size_t plan_workspace_bytes(int M, int N, const Plan& p) {
-  return p.splits > 1 ? size_t(tile_count(M, N, p.bx)) * size_t(p.splits - 1) * slot_bytes(p.bx) : 0;
+  return size_t(split_tiles(M, N, p)) * size_t(p.splits - 1) * slot_bytes(p.bx);
 }
 Plan make_plan(int M, int N, int K) {
   Plan p;
@@ -574,31 +590,46 @@ Plan make_plan(int M, int N, int K) {
   const int forced = split_env("PERRY_TWO_LEVEL_SPLITK");
   if (forced == 0 || forced == 1 || ktiles < 2) return p;
   const long long sms = sm_count();
-  auto flags_fit = [&](int bx) { return tile_count(M, N, bx) * 4 <= kGemmW8A8TileFlags; };
-  if (forced > 1) {
-    if (!flags_fit(p.bx)) return p;
+  // the tile counters (4 a split tile) of kGemmW8A8TileFlags
+  auto flags_fit = [&](long long split_tiles) { return split_tiles * 4 <= kGemmW8A8TileFlags; };
+  if (forced > 1) {  // (PERRY_TWO_LEVEL_WHOLE_TILES=n: the first n tiles whole, as a tail split; tests)
+    const long long tiles = tile_count(M, N, p.bx);
+    const long long whole = std::max(0, split_env("PERRY_TWO_LEVEL_WHOLE_TILES"));
+    if (whole >= tiles || !flags_fit(tiles - whole)) return p;
     p.splits = finish_splits(std::min(forced, kMaxSplits), ktiles, p.kt_per);
+    p.whole = p.splits > 1 ? int(whole) : 0;
     return p;
   }
-  auto cost = [&](int bx, int splits, int kt_per) {
-    const long long units = tile_count(M, N, bx) * splits;
+  // In 256-token k-stages: `whole` tiles in whole waves, then the split units (at most one round).
+  auto cost = [&](int bx, long long whole, long long split_units, int splits, int kt_per) {
     const double share = double(bx + kTileOverheadTokens) / double(256 + kTileOverheadTokens);
     const double fix = splits > 1 ? kFixupStages * double(bx) / 256.0 * splits : 0.0;
-    return double((units + sms - 1) / sms) * (kt_per * share + fix);
+    return double((whole + sms - 1) / sms) * ktiles * share +
+           double((split_units + sms - 1) / sms) * (kt_per * share + fix);
   };
-  const double unsplit = cost(p.bx, 1, ktiles);
+  const double unsplit = cost(p.bx, tile_count(M, N, p.bx), 0, 1, ktiles);
   double best = 0.95 * unsplit;
   const bool forced_bx = split_env("PERRY_TWO_LEVEL_BX") > 0;
+  const bool tail = split_env("PERRY_TWO_LEVEL_SPLIT_TAIL") != 0;
   for (int bx : kTileWidths) {
-    if ((forced_bx && bx != p.bx) || !flags_fit(bx)) continue;
-    for (int want = 2; want <= kMaxSplits && want * kMinStagesPerSplit <= ktiles; ++want) {
-      int kt_per = ktiles;
-      const int splits = finish_splits(want, ktiles, kt_per);
-      if (splits < 2 || tile_count(M, N, bx) * splits > sms) continue;
-      const double c = cost(bx, splits, kt_per);
-      if (c < best) {
-        best = c;
-        p = Plan{bx, splits, kt_per};
+    if (forced_bx && bx != p.bx) continue;
+    const long long tiles = tile_count(M, N, bx);
+    // every tile split (a short prompt), or the whole waves kept and the last, partial one split
+    long long wholes[2] = {0, 0};
+    int candidates = 1;
+    if (tail && tiles > sms) wholes[candidates++] = tiles / sms * sms;
+    for (int i = 0; i < candidates; ++i) {
+      const long long whole = wholes[i], rest = tiles - whole;
+      if (rest <= 0 || !flags_fit(rest)) continue;
+      for (int want = 2; want <= kMaxSplits && want * kMinStagesPerSplit <= ktiles; ++want) {
+        int kt_per = ktiles;
+        const int splits = finish_splits(want, ktiles, kt_per);
+        if (splits < 2 || rest * splits > sms) continue;
+        const double c = cost(bx, whole, rest * splits, splits, kt_per);
+        if (c < best) {
+          best = c;
+          p = Plan{bx, splits, kt_per, int(whole)};
+        }
       }
     }
   }
@@ -626,14 +657,15 @@ void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult,
   const bool tma_out = kOut != 2 && reinterpret_cast<uintptr_t>(y) % 16 == 0 && (size_t(N) * es) % 16 == 0 &&
                        split_env("PERRY_TWO_LEVEL_DIRECT_STORE") != 1;
   const CUtensorMap ty = tma_out ? make_map(y, M, N * es, 128, kOutTokens, CU_TENSOR_MAP_SWIZZLE_128B, name) : tx;
-  const long long units = tile_count(M, N, kBX) * plan.splits;
+  const long long units = plan_units(M, N, plan);
   const int sms = sm_count();
   const unsigned grid = unsigned(units < sms ? units : sms);
   // PERRY_LAB_TL_FLAGS (lab only, the outputs are wrong): 1 = no int4 conversion (the packed words
   // go to wgmma as they are), 2 = no epilogue stores — what each costs.
   const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 3;
   gemm_w4a8_two_level_kernel<kBX, kOut><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-      tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab, plan.splits, plan.kt_per, part, flags);
+      tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab, plan.whole, plan.splits, plan.kt_per, part,
+      flags);
   check_launch(name);
 }
 
@@ -663,13 +695,19 @@ bool gemm_w4a8_two_level_wgmma_supported() {
 bool gemm_w4a8_two_level_wgmma_fills(int M, int N, int K) {
   if (!plannable(M, N, K)) return false;
   const Plan p = make_plan(M, N, K);
-  return tile_count(M, N, p.bx) * p.splits * 2 >= sm_count();
+  return plan_units(M, N, p) * 2 >= sm_count();
 }
 
 int gemm_w4a8_two_level_wgmma_tile_tokens(int M, int N) { return M < 1 || N < 1 ? 256 : tile_tokens(M, N); }
 
 int gemm_w4a8_two_level_wgmma_splits(int M, int N, int K) {
   return plannable(M, N, K) ? make_plan(M, N, K).splits : 1;
+}
+
+int gemm_w4a8_two_level_wgmma_whole_tiles(int M, int N, int K) {
+  if (!plannable(M, N, K)) return 0;
+  const Plan p = make_plan(M, N, K);
+  return p.splits > 1 ? p.whole : int(tile_count(M, N, p.bx));
 }
 
 size_t gemm_w4a8_two_level_wgmma_workspace_bytes(int M, int N, int K) {

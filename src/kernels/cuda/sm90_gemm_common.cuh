@@ -254,6 +254,19 @@ __device__ __forceinline__ void unit_range(int u, int splits, int kt_per, int kt
   kt0 = (u % splits) * kt_per;
   kt1 = min(ktiles, kt0 + kt_per);
 }
+// With a data-parallel head (gemm_w4a8_two_level_wgmma's tail split): units u < whole are tiles u
+// over all of K; the tiles after them are split, unit whole + i being unit i of those tiles.
+__device__ __forceinline__ void unit_range(int u, int whole, int splits, int kt_per, int ktiles, int& t, int& kt0,
+                                           int& kt1) {
+  if (u < whole) {
+    t = u;
+    kt0 = 0;
+    kt1 = ktiles;
+    return;
+  }
+  unit_range(u - whole, splits, kt_per, ktiles, t, kt0, kt1);
+  t += whole;
+}
 
 // bf16 epilogue store helpers for the wgmma accumulator layout (quad thread tq holds, for one
 // row, the column pairs 8jj + 2tq, +1 of four 8-column blocks jj = 0..3, packed as bf16x2 in
