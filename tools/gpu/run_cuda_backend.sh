@@ -232,10 +232,11 @@ prefill_ab() {
     if [[ $m == *-g* || $m == w4a8* ]] && hung test_cuda_quant_linear; then
       say "- $mv skipped: test_cuda_quant_linear hung (gemm_quant_wgmma)"; continue
     fi
-    env=()
+    env=() bin="$P"
     for sw in ${v//+/ }; do
       case $sw in
         base) ;;
+        alt) bin="$T/bin/perry-alt" ;;  # the bundle's ALT_REV build (make_bundle.sh): two commits in one call
         separate) env+=(PERRY_PREFILL_SEPARATE=1) ;;  # split_qkv + rope + append + fp32 attention out
         deltaf32) env+=(PERRY_DELTA_F32=1) ;;  # o_proj / down_proj outputs in fp32 (not rounded to bf16)
         gateupf32) env+=(PERRY_GATE_UP_F32=1) ;;  # gate|up in fp32
@@ -266,7 +267,8 @@ prefill_ab() {
         *) say "- unknown prefill variant $v"; continue 2 ;;
       esac
     done
-    timeout 200 env "${env[@]}" "$P" bench --device cuda --synthetic "$preset" --modes "$m" -p ${PREFILL_LENGTHS:-2048 4096 8192} \
+    [ -x "$bin" ] || { say "- $mv skipped: no $bin"; continue; }
+    timeout 200 env "${env[@]}" "$bin" bench --device cuda --synthetic "$preset" --modes "$m" -p ${PREFILL_LENGTHS:-2048 4096 8192} \
       -b 1 -n 2 -r 3 -o "$T/pre-$preset-$m-$v" > "$T/pre-$preset-$m-$v.log" 2>&1
     say "- $preset $m $v (exit $?):"
     grep -E "prefill|linears" "$T/pre-$preset-$m-$v.log" | grep -v "^mode" | sed 's/^/    /' | tee -a "$S"

@@ -108,6 +108,20 @@ __device__ __forceinline__ void int4_times_m(uint32_t wa, uint32_t wb, uint32_t 
   hi = __byte_perm(pe, po, 0x7362) ^ 0x80808080u;  // k16 k17 k18 k19
 }
 
+// Two fp32 → bf16 (round to nearest even) in one word, lo in the low half (the lower address).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Four 8 × 8 b16 blocks from their mma fragments (register i: block i), each stored transposed:
+// lane 8i + k gives the shared address of block i's stored row k (16 bytes).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Keeps a register set in program order here (see the file comment: live until its wgmmas are
 // known complete).
 template <int R>
@@ -360,7 +374,10 @@ __global__ void __launch_bounds__(384, 1)
     }
     // The epilogue's scales and chunk 0's token scales, loaded while the last MMAs run (their
     // latency, once per chunk, was most of what the TMA-store epilogue still cost).
-    float cn[2] = {0.f, 0.f}, bn[2] = {0.f, 0.f}, sa_cur[8], sa_next[8];
+    // Token scales: a ring of kSaAhead chunks in flight (s40: one chunk ahead left each chunk
+    // waiting on its L2 loads; the fragment registers are free once the MMAs are done).
+    constexpr int kSaAhead = kBX >= 256 ? 3 : 4;  // (4 at 256 tokens spilled)
+    float cn[2] = {0.f, 0.f}, bn[2] = {0.f, 0.f}, sa_ring[kSaAhead][8];
     auto load_sa = [&](int c, float (&v)[8]) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {  // i = 2jj + e: token row 8jj + 2tq + e of chunk c
@@ -377,7 +394,7 @@ __global__ void __launch_bounds__(384, 1)
           bn[hh] = bias ? __ldg(bias + n) : 0.f;
         }
       }
-      if (tma_out) load_sa(0, sa_cur);
+      if (tma_out) load_sa(0, sa_ring[0]);
     }
     wgmma_wait<0>();
     fence_operands(acc);
@@ -385,6 +402,12 @@ __global__ void __launch_bounds__(384, 1)
     fence_frag(fb);
     if (lane == 0) mbar_arrive(empty(r));  // the last stage, still held
     if (++r == S) r = 0;
+    if constexpr (kOut != 2) {
+      if (tma_out) {
+#pragma unroll
+        for (int c = 1; c < kSaAhead; ++c) load_sa(c, sa_ring[c]);
+      }
+    }
     // Split-K: the tile's last unit to finish (per consumer warpgroup) adds the others' int32 sums
     // and stores the tile; the others leave their sums in the workspace.
     // (slots and counters are numbered from the first split tile)
@@ -410,9 +433,9 @@ __global__ void __launch_bounds__(384, 1)
       // 32 tokens × this warpgroup's 64 columns (8 KiB fp32, 4 KiB bf16) in 32 KiB a warpgroup:
       // half a tile in fp32, a whole tile in bf16 (two chunk buffers a warpgroup waited for 3/4 of
       // the tile's bytes to drain: 15% of the layer, s30-3). The buffers use the 128-byte swizzle (16-byte
-      // unit u of row r at u ^ (r % 8)): a warp's 32 writes then fall in distinct banks (fp32) or
-      // pairs of lanes share a word (bf16). Rows past M and columns past N are clipped by the TMA
-      // unit.
+      // unit u of row r at u ^ (r % 8)): a warp's 32 writes then fall in distinct banks (fp32), and
+      // each 8 × 8 block's 8 rows of 16 bytes in distinct units (bf16, stmatrix). Rows past M and
+      // columns past N are clipped by the TMA unit.
       constexpr int kChunkBytes = kOut == 1 ? 8192 : 4096, kNB = kOutRing / kChunkBytes;
       constexpr int kChunks = kBX / kOutTokens;
       // bf16: the whole tile fits the ring, so its chunks go as one group — one wait, one proxy
@@ -434,33 +457,47 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int c = c0; c < c0 + kGroup; ++c) {
           const uint32_t buf = chunk_buf(c, c0);
-          if (c + 1 < kChunks) load_sa(c + 1, sa_next);  // (in flight through this chunk)
+          const float(&sa_cur)[8] = sa_ring[c % kSaAhead];
+          if constexpr (kOut == 1) {  // two boxes of [32 rows × 32 fp32]
 #pragma unroll
-          for (int jj = 0; jj < kOutTokens / 8; ++jj)
+            for (int jj = 0; jj < kOutTokens / 8; ++jj)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int r = 8 * jj + 2 * tq + e;  // the chunk's token row
-              const float sam = sa_cur[2 * jj + e];
+              for (int e = 0; e < 2; ++e) {
+                const int r = 8 * jj + 2 * tq + e;  // the chunk's token row
 #pragma unroll
-              for (int hh = 0; hh < 2; ++hh) {
-                const float v = value(kOutTokens / 8 * c + jj, e, hh, sam);
-                const int col = warp * 16 + 8 * hh + g;  // 0..63
-                if constexpr (kOut == 1) {  // two boxes of [32 rows × 32 fp32]
+                for (int hh = 0; hh < 2; ++hh) {
+                  const float v = value(kOutTokens / 8 * c + jj, e, hh, sa_cur[2 * jj + e]);
+                  const int col = warp * 16 + 8 * hh + g;  // 0..63
                   const uint32_t unit = ((col & 31) >> 2) ^ (r & 7);
                   const uint32_t a = buf + (col >> 5) * 4096 + r * 128 + unit * 16 + (col & 3) * 4;
                   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
-                } else {  // one box of [32 rows × 64 bf16]
-                  const uint32_t unit = uint32_t(col >> 3) ^ (r & 7);
-                  const uint32_t a = buf + r * 128 + unit * 16 + (col & 7) * 2;
-                  const __nv_bfloat16 b = __float2bfloat16_rn(v);
-                  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(a),
-                               "h"(*reinterpret_cast<const unsigned short*>(&b))
-                               : "memory");
                 }
               }
-            }
+          } else {
+            // One box of [32 rows × 64 bf16]. The accumulators are the transpose of the output
+            // (rows = columns n, columns = tokens): per 8 × 8 block (token block jj, column half
+            // hh) a thread holds row g's tokens 2tq, 2tq+1 — stmatrix's fragment — so they go as
+            // one bf16 pair and stmatrix .trans writes the block transposed, four blocks an
+            // instruction (s40: a thread's 16 two-byte stores a chunk became two stmatrix).
+            uint32_t pk[kOutTokens / 8][2];
 #pragma unroll
-          for (int i = 0; i < 8; ++i) sa_cur[i] = sa_next[i];
+            for (int jj = 0; jj < kOutTokens / 8; ++jj)
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh)
+                pk[jj][hh] = pack_bf16x2(value(kOutTokens / 8 * c + jj, 0, hh, sa_cur[2 * jj]),
+                                         value(kOutTokens / 8 * c + jj, 1, hh, sa_cur[2 * jj + 1]));
+            // Lanes 8q..8q+7 address the 8 stored rows (tokens 8jj + k) of block q = (jj, hh):
+            // 16 bytes of columns 8(2·warp + hh) .. +7, the 128-byte swizzle's unit u ^ k.
+            const int q = lane >> 3, k = lane & 7;
+#pragma unroll
+            for (int half = 0; half < kOutTokens / 16; ++half) {
+              const int jj = 2 * half + (q >> 1), hh = q & 1;
+              const uint32_t a = buf + (8 * jj + k) * 128 + (uint32_t((2 * warp + hh) ^ k) << 4);
+              stmatrix_x4_trans(a, pk[2 * half][0], pk[2 * half][1], pk[2 * half + 1][0], pk[2 * half + 1][1]);
+            }
+          }
+          // (this chunk's token scales are used: the ring slot takes chunk c + kSaAhead's)
+          if (c + kSaAhead < kChunks) load_sa(c + kSaAhead, sa_ring[c % kSaAhead]);
         }
         fence_proxy_async_smem();  // the generic writes above, before the TMA unit reads them
         named_barrier(1 + cw, 128);
