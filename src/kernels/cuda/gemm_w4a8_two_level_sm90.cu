@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(384, 1)
                                const __grid_constant__ CUtensorMap tmY, int tma_out,
                                const float* __restrict__ Sa, const int8_t* __restrict__ Mult,
                                const float* __restrict__ Cn, const float* __restrict__ bias, void* __restrict__ Y,
-                               int M, int N, int K, int lab, int lag_cycles, int whole, int splits, int kt_per,
+                               int M, int N, int K, int lab, int whole, int splits, int kt_per,
                                int* __restrict__ part, unsigned* __restrict__ flags) {
 #ifdef PERRY_WGMMA
   using C = TwoLevelCfg<kBX>;
@@ -280,16 +280,6 @@ __global__ void __launch_bounds__(384, 1)
   uint32_t oc = 0;    // fp32 output chunks this warpgroup has stored (its ring position)
   uint32_t phase = 0;
   uint32_t nu = 0;    // split units this CTA has finished (the parity of its role word)
-  // The lag (fortieth session): consumer warpgroup 1 starts lag_cycles after the first stage's
-  // data is in, so that the two warpgroups' epilogues, which leave the tensor core idle when both
-  // run them at once, fall under the other's MMAs. The offset persists: both walk the same stages,
-  // and the ring (S stages) lets the leader run that far ahead. Timed by the SM clock at the start,
-  // not counted in the main loop: one more live register there spilled at 256 tokens.
-  if (cw == 1 && lag_cycles > 0) {
-    mbar_wait(full(0), 0);
-    const long long c0 = clock64();
-    while (clock64() - c0 < lag_cycles) __nanosleep(64);
-  }
   for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
     int t, kt0, kt1, x0, n0;
     unit_range(u, whole, splits, kt_per, ktiles, t, kt0, kt1);
@@ -386,7 +376,7 @@ __global__ void __launch_bounds__(384, 1)
     // latency, once per chunk, was most of what the TMA-store epilogue still cost).
     // Token scales: a ring of kSaAhead chunks in flight (s40: one chunk ahead left each chunk
     // waiting on its L2 loads; the fragment registers are free once the MMAs are done).
-    constexpr int kSaAhead = kBX >= 256 ? 2 : 4;  // (more at 256 tokens spilled)
+    constexpr int kSaAhead = kBX >= 256 ? 3 : 4;  // (4 at 256 tokens spilled)
     float cn[2] = {0.f, 0.f}, bn[2] = {0.f, 0.f}, sa_ring[kSaAhead][8];
     auto load_sa = [&](int c, float (&v)[8]) {
 #pragma unroll
@@ -683,14 +673,6 @@ Plan make_plan(int M, int N, int K) {
   return p;
 }
 
-// Consumer warpgroup 1's lag behind warpgroup 0 in SM clock cycles (see the kernel; a 256-token
-// k-stage takes ~1400 at 1.98 GHz). PERRY_TWO_LEVEL_LAG=cycles for A/B runs.
-int plan_lag_cycles() {
-  constexpr int kDefaultLagCycles = 0;
-  const int forced = split_env("PERRY_TWO_LEVEL_LAG");
-  return forced >= 0 ? std::min(forced, 1 << 20) : kDefaultLagCycles;
-}
-
 template <int kBX, int kOut>
 void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult, const float* cn, const float* bias,
             void* y, int M, int N, int K, const Plan& plan, int32_t* part, uint32_t* flags, cudaStream_t stream,
@@ -718,10 +700,9 @@ void launch(const int8_t* x, const float* sa, const void* w, const int8_t* mult,
   // PERRY_LAB_TL_FLAGS (lab only, the outputs are wrong): 1 = no int4 conversion (the packed words
   // go to wgmma as they are), 2 = no epilogue stores — what each costs.
   const int lab = std::max(0, split_env("PERRY_LAB_TL_FLAGS")) & 3;
-  const int lag_cycles = plan_lag_cycles();
   gemm_w4a8_two_level_kernel<kBX, kOut><<<grid, C::kThreads, C::kSmemBytes, stream>>>(
-      tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab, lag_cycles, plan.whole, plan.splits, plan.kt_per,
-      part, flags);
+      tx, tw, ty, tma_out ? 1 : 0, sa, mult, cn, bias, y, M, N, K, lab, plan.whole, plan.splits, plan.kt_per, part,
+      flags);
   check_launch(name);
 }
 
