@@ -277,8 +277,7 @@ std::string kernel_name(Op op, int M, int K, const OpContext& c, int N) {
   std::string name = linear_path_name(mode, path);
   if (path == LinearPath::TwoLevelWgmma && N > 0) {  // (its split-K, where the workspace holds it)
     const int splits = gemm_w4a8_two_level_wgmma_splits(M, N, K);
-    if (splits > 1 && c.splitk && c.splitk_flags && c.splitk_bytes >= gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K))
-    {
+    if (splits > 1 && c.splitk && c.splitk_flags && c.splitk_bytes >= gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K)) {
       const int whole = gemm_w4a8_two_level_wgmma_whole_tiles(M, N, K);
       name += whole > 0 ? fmt::format(" ({} k-splits after {} whole tiles)", splits, whole)
                         : fmt::format(" ({} k-splits)", splits);

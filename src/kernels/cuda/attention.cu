@@ -214,8 +214,8 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const float* sv = s[2 * kk + hf];
-        const uint32_t pa = pack_bf16(exp2_ftz(sv[0] - base_a), exp2_ftz(sv[1] - base_a));
-        const uint32_t pb = pack_bf16(exp2_ftz(sv[2] - base_b), exp2_ftz(sv[3] - base_b));
+        const uint32_t pa = pack_bf16x2(exp2_ftz(sv[0] - base_a), exp2_ftz(sv[1] - base_a));
+        const uint32_t pb = pack_bf16x2(exp2_ftz(sv[2] - base_b), exp2_ftz(sv[3] - base_b));
         l_a += bf16_lo(pa) + bf16_hi(pa);
         l_b += bf16_lo(pb) + bf16_hi(pb);
         pf[kk][hf * 2 + 0] = pa;  // a0 / a2: row g, keys 16kk + 8hf + 2t..

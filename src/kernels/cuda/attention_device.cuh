@@ -63,10 +63,7 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 // Two floats → packed bf16x2 (RNE); `lo` lands in the low half = the lower column / key.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using mma_sync::pack_bf16x2;
 
 // Query values for the bf16 tensor-core fragments, from fp32 q (rounded here, RNE) or from bf16
 // q16 (rope_append_qkv's bf16 form wrote exactly those bits): 2 values at element offset off
@@ -74,12 +71,12 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ uint32_t q_pair_bf16(const float* q, const uint16_t* q16, size_t off) {
   if (q16) return *reinterpret_cast<const uint32_t*>(q16 + off);
   const float2 x = *reinterpret_cast<const float2*>(q + off);
-  return pack_bf16(x.x, x.y);
+  return pack_bf16x2(x.x, x.y);
 }
 __device__ __forceinline__ uint2 q_quad_bf16(const float* q, const uint16_t* q16, size_t off) {
   if (q16) return *reinterpret_cast<const uint2*>(q16 + off);
   const float4 x = *reinterpret_cast<const float4*>(q + off);
-  return make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
+  return make_uint2(pack_bf16x2(x.x, x.y), pack_bf16x2(x.z, x.w));
 }
 using elementwise_detail::bf16_hi;
 using elementwise_detail::bf16_lo;
@@ -173,8 +170,8 @@ __device__ __forceinline__ void softmax_weights(const float (&s)[kNT][4], int kk
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const float* sv = s[2 * kk + hf];
-    const uint32_t pa = pack_bf16(exp2_ftz(fmaf(sv[0], scale_log2, -base[0])), exp2_ftz(fmaf(sv[1], scale_log2, -base[0])));
-    const uint32_t pb = pack_bf16(exp2_ftz(fmaf(sv[2], scale_log2, -base[1])), exp2_ftz(fmaf(sv[3], scale_log2, -base[1])));
+    const uint32_t pa = pack_bf16x2(exp2_ftz(fmaf(sv[0], scale_log2, -base[0])), exp2_ftz(fmaf(sv[1], scale_log2, -base[0])));
+    const uint32_t pb = pack_bf16x2(exp2_ftz(fmaf(sv[2], scale_log2, -base[1])), exp2_ftz(fmaf(sv[3], scale_log2, -base[1])));
     l[0] += bf16_lo(pa) + bf16_hi(pa);
     l[1] += bf16_lo(pb) + bf16_hi(pb);
     pf[hf * 2 + 0] = pa;

@@ -89,6 +89,7 @@ struct TwoLevelCfg {
 };
 
 #ifdef PERRY_WGMMA
+using mma_sync::pack_bf16x2;
 using mma_sync::xor_and;  // (a ^ x) & m as one LOP3
 
 // Two 32-bit words of a packed row chunk (wa: packed bytes 0-3 or 4-7 of the k32 step's 16; wb:
@@ -106,12 +107,6 @@ __device__ __forceinline__ void int4_times_m(uint32_t wa, uint32_t wb, uint32_t 
   const uint32_t pe = te * m + cb, po = to * m + cb;
   lo = __byte_perm(pe, po, 0x5140) ^ 0x80808080u;  // k0 k1 k2 k3
   hi = __byte_perm(pe, po, 0x7362) ^ 0x80808080u;  // k16 k17 k18 k19
-}
-
-// Two fp32 → bf16 (round to nearest even) in one word, lo in the low half (the lower address).
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // Four 8 × 8 b16 blocks from their mma fragments (register i: block i), each stored transposed:
@@ -614,10 +609,10 @@ constexpr double kFixupStages = 3.5;
 constexpr int kMinStagesPerSplit = 4, kMaxSplits = 16;
 size_t slot_bytes(int bx) { return size_t(kWRows) * size_t(bx) * 4; }
 bool plannable(int M, int N, int K) { return M >= 1 && N >= 1 && K >= kBK && K % kBK == 0; }
-long long split_tiles(int M, int N, const Plan& p) { return p.splits > 1 ? tile_count(M, N, p.bx) - p.whole : 0; }
+// (unsplit plans have whole = 0: units = tiles, no slots)
 long long plan_units(int M, int N, const Plan& p) { return p.whole + (tile_count(M, N, p.bx) - p.whole) * p.splits; }
 size_t plan_workspace_bytes(int M, int N, const Plan& p) {
-  return size_t(split_tiles(M, N, p)) * size_t(p.splits - 1) * slot_bytes(p.bx);
+  return size_t(tile_count(M, N, p.bx) - p.whole) * size_t(p.splits - 1) * slot_bytes(p.bx);
 }
 Plan make_plan(int M, int N, int K) {
   Plan p;

@@ -3,12 +3,18 @@
 // and bit tricks they share — cp.async, ldmatrix, mma.sync m16n8k32 s8, streaming 16-byte loads,
 // int4 → int8 unpacking. Everything is __forceinline__: including it changes no generated code.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace perry::cuda::mma_sync {
 
+// Two fp32 → packed bf16x2 (round to nearest even); `lo` lands in the low half (the lower address).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
