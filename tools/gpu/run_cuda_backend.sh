@@ -203,6 +203,8 @@ decode_ab() {
         attnchunk[0-9]*) env+=("PERRY_DECODE_ATTN_MIN_CHUNK=${sw#attnchunk}") ;;  # decode attention chunks of n keys (16..64)
         labbound[0-9]*) env+=("PERRY_LAB_DECODE_BOUNDARIES=${sw#labbound}") ;;  # lab: an empty N-block kernel after each step
         gsteps[0-9]*) env+=("PERRY_DECODE_GRAPH_STEPS=${sw#gsteps}") ;;  # decode_greedy's steps a launch (1 = a graph a step)
+        smalla8max[0-9]*) env+=("PERRY_SMALL_M_A8_MAX_M=${sw#smalla8max}") ;;  # W*A8 batched rows: gemm_small_m up to N, then the wgmma GEMMs
+        gemvonly[0-9]*) env+=("PERRY_GEMV_ONLY_MAX_M=${sw#gemvonly}") ;;  # gemv_quant up to N rows
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done

@@ -308,8 +308,14 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   // wins at M <= 2-3 (w8a8 M=2: 19.9 vs 25.7 us), gemm_small_m from 4 (26.1 vs 27.0); for the W*A8
   // modes the tensor-core GEMMs win again above 32 rows (w8a8 M=64: 43 vs 65 us), for the
   // weight-only modes gemm_small_m beats dequantize + cuBLAS up to 64 rows (98 vs 206 us).
-  if (M <= kGemvOnlyMaxM) return Path::Gemv;
-  if (M <= (a8 ? kSmallMA8MaxM : kGemmSmallMMaxM)) return Path::SmallM;
+  // Lab knobs for the crossovers below (bench-op A/B runs): PERRY_GEMV_ONLY_MAX_M,
+  // PERRY_SMALL_M_A8_MAX_M (W*A8: gemm_small_m to here, then the wgmma GEMMs) and
+  // PERRY_SMALL_M_A16_MAX_M (weight-only: gemm_small_m to here, then dequantize + cuBLAS).
+  static const int gemv_only_max = env_int("PERRY_GEMV_ONLY_MAX_M", kGemvOnlyMaxM, 0, kGemvMaxM);
+  static const int small_a8_max = env_int("PERRY_SMALL_M_A8_MAX_M", kSmallMA8MaxM, 0, kGemmSmallMMaxM);
+  static const int small_a16_max = env_int("PERRY_SMALL_M_A16_MAX_M", kGemmSmallMMaxM, 0, kGemmSmallMMaxM);
+  if (M <= gemv_only_max) return Path::Gemv;
+  if (M <= (a8 ? small_a8_max : small_a16_max)) return Path::SmallM;
   if (!a8) return Path::DequantCublas;
   if (mode == pq::QuantMode::W8A8) return wgmma_enabled() ? Path::Wgmma : Path::MmaSync;
   if (!wgmma_enabled() || !gemm_quant_wgmma_supported()) return Path::GemmQuant;
