@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
+#include "kernels/cuda/gemm_small_m_sm90.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_decode.h"
@@ -249,6 +250,10 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
       PERRY_CHECK(a.multipliers && a.channel_scales, "bench-op: {} needs the two-level scale factors", op_info(op).name);
       gemm_w4a8_two_level_wgmma(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, out, M, N, K,
                                 c.stream, c.splitk, c.splitk_bytes, c.splitk_flags);
+      return;
+    case LinearPath::SmallMWgmma:
+      gemm_small_m_wgmma(mode, a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, out, M, N, K,
+                         c.stream, c.splitk, c.splitk_bytes, c.splitk_flags);
       return;
     case LinearPath::Fp8Wgmma:
       gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, out, M, N, K,

@@ -14,6 +14,7 @@
 #include "kernels/cuda/expand_int4.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemm_quant_sm90.h"
+#include "kernels/cuda/gemm_small_m_sm90.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/two_level_scales.h"
@@ -192,6 +193,7 @@ size_t linear_splitk_bytes(pq::QuantMode mode, LinearPath path, int M, int N, in
     case LinearPath::ExpandWgmma: return expanded_int4_splitk_bytes(mode, M, N, K);
     case LinearPath::ExpandTwoLevelWgmma: return gemm_w8a8_wgmma_workspace_bytes(M, N, K);
     case LinearPath::TwoLevelWgmma: return gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K);
+    case LinearPath::SmallMWgmma: return gemm_small_m_wgmma_workspace_bytes(M, N, K);
     default: return 0;
   }
 }
@@ -226,6 +228,10 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       dequantize_weight_bf16(weight_.get(), scales_.get<float>(), bits_, group_size_, n_, k_,
                              ctx.dequant_scratch.get<uint16_t>(), ctx.stream);
       gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, out, M, n_, k_, bias, ctx);
+      return;
+    case Path::SmallMWgmma:
+      gemm_small_m_wgmma(mode_, x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_,
+                         ctx.stream, ctx.splitk.get(), ctx.splitk.bytes(), ctx.splitk_flags.get<uint32_t>());
       return;
     case Path::Wgmma:  // (the GEMMs split only when the workspace is large enough; else they run unsplit)
       gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream,
@@ -315,6 +321,14 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   static const int small_a8_max = env_int("PERRY_SMALL_M_A8_MAX_M", kSmallMA8MaxM, 0, kGemmSmallMMaxM);
   static const int small_a16_max = env_int("PERRY_SMALL_M_A16_MAX_M", kGemmSmallMMaxM, 0, kGemmSmallMMaxM);
   if (M <= gemv_only_max) return Path::Gemv;
+  // int8 weights, int8 activations, up to 64 rows on sm_90: the weight stream of
+  // gemm_small_m_wgmma (gemm_small_m_sm90.h). PERRY_SMALL_M_WGMMA_MAX_M (A/B runs): up to that M
+  // (0: never).
+  static const int small_wgmma_max =
+      env_int("PERRY_SMALL_M_WGMMA_MAX_M", kGemmSmallMWgmmaMaxM, 0, kGemmSmallMWgmmaMaxM);
+  if (M <= small_wgmma_max && gemm_small_m_wgmma_mode(mode) && K % 16 == 0 && wgmma_enabled() &&
+      gemm_small_m_wgmma_supported())
+    return Path::SmallMWgmma;
   if (M <= (a8 ? small_a8_max : small_a16_max)) return Path::SmallM;
   if (!a8) return Path::DequantCublas;
   if (mode == pq::QuantMode::W8A8) return wgmma_enabled() ? Path::Wgmma : Path::MmaSync;
@@ -400,6 +414,7 @@ std::string linear_path_name(pq::QuantMode qmode, LinearPath path) {
   switch (path) {
     case Path::CublasBf16: return "bf16:cublas_gemm";
     case Path::SmallM: return mode + ":gemm_small_m";
+    case Path::SmallMWgmma: return mode + ":gemm_small_m_wgmma";
     case Path::Gemv: return mode + ":gemv_quant";
     case Path::DequantCublas: return mode + ":dequantize_bf16+cublas_gemm";
     case Path::Wgmma: return mode + ":gemm_w8a8_wgmma_tma";

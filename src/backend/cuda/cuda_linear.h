@@ -51,7 +51,7 @@ struct LinearInput {
 // ExpandTwoLevelWgmma at every M for A/B runs).
 enum class LinearPath {
   CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, ExpandWgmma, ExpandTwoLevelWgmma,
-  TwoLevelWgmma, Fp8Wgmma
+  TwoLevelWgmma, Fp8Wgmma, SmallMWgmma
 };
 // The choice for a layer of `mode` with K inputs at M rows: the one place it is made, so that
 // CudaLinear runs and `perry bench-op --device cuda` times the same kernels. two_level: the
