@@ -21,6 +21,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/bench_peers.h"
 #include "kernels/cuda/device_query.h"
+#include "kernels/cuda/gemm_small_m_sm90.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
@@ -141,9 +142,8 @@ TEST(CudaBenchOp, Fp8ReferenceMatchesIndependentSum) {
   }
 }
 
-// The path choice bench-op and CudaLinear share (linear_path), at the M where it does not depend
-// on the device (the wgmma question is asked only above 32 rows in the W*A8 modes), and the
-// bench's perry ops following it.
+// The path choice bench-op and CudaLinear share (linear_path) at small M (the sm_90 kernels
+// where the device has them), and the bench's perry ops following it.
 TEST(CudaBenchOp, LinearPathChoice) {
   using pc::LinearPath;
   using QM = pq::QuantMode;
@@ -153,10 +153,16 @@ TEST(CudaBenchOp, LinearPathChoice) {
     EXPECT_EQ(pc::linear_path(QM::W8A8, M, 1000), LinearPath::Gemv) << M;  // K not a multiple of 16
     EXPECT_EQ(pc::linear_path(QM::W4A8, M, 48), LinearPath::Gemv) << M;    // int4: K % 32
   }
+  // Past gemv_quant's rows: int8 weights take gemm_small_m_wgmma on sm_90 (to its M limit), int4
+  // weights and other GPUs gemm_small_m.
+  const bool small_wgmma = pc::linear_path(QM::W8A8, 16, 4096) == LinearPath::SmallMWgmma;
+  EXPECT_EQ(small_wgmma, pc::gemm_small_m_wgmma_supported());
   for (QM mode : {QM::W8A8, QM::W8A8_G128, QM::W8A8_G64, QM::W4A8, QM::W4A8_G128}) {
+    const bool int8_w = pc::gemm_small_m_wgmma_mode(mode);
     for (int M = 1; M <= pc::CudaLinear::kGemvOnlyMaxM; ++M) EXPECT_EQ(pc::linear_path(mode, M, 4096), LinearPath::Gemv);
     for (int M = pc::CudaLinear::kGemvOnlyMaxM + 1; M <= pc::CudaLinear::kSmallMA8MaxM; ++M)
-      EXPECT_EQ(pc::linear_path(mode, M, 4096), LinearPath::SmallM) << M;
+      EXPECT_EQ(pc::linear_path(mode, M, 4096), small_wgmma && int8_w ? LinearPath::SmallMWgmma : LinearPath::SmallM)
+          << M;
   }
   for (QM mode : {QM::W8A16, QM::W4A16}) {
     EXPECT_EQ(pc::linear_path(mode, 3, 4096), LinearPath::Gemv);
@@ -264,7 +270,8 @@ TEST(CudaBenchOp, StartupCheckCoversPaths) {
   }
   const LinearPath gemm = pc::linear_path(pq::QuantMode::W8A8_G128, 1000, 1024);
   EXPECT_TRUE(gemm == LinearPath::GemmQuant || gemm == LinearPath::WgmmaQuant);
-  EXPECT_EQ(a8, (std::set<LinearPath>{LinearPath::Gemv, LinearPath::SmallM, gemm}));
+  const LinearPath small = pc::gemm_small_m_wgmma_supported() ? LinearPath::SmallMWgmma : LinearPath::SmallM;
+  EXPECT_EQ(a8, (std::set<LinearPath>{LinearPath::Gemv, small, gemm}));
   EXPECT_EQ(w16, (std::set<LinearPath>{LinearPath::Gemv, LinearPath::SmallM, LinearPath::DequantCublas}));
   EXPECT_GT(*std::max_element(std::begin(kStartupCheckMs), std::end(kStartupCheckMs)), 128);
   // ... and, where the wgmma GEMMs run, the int4 prefill paths past their crossover (w4a8-g128 with

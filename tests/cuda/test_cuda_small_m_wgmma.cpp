@@ -37,6 +37,7 @@ using namespace perry::cuda::testing;
   if (!pc::gemm_small_m_wgmma_supported()) GTEST_SKIP() << "not an sm_90 device: gemm_small_m_wgmma skipped"
 
 // One call's device state: inputs, workspace, tile counters (zeroed once, as CudaLinear does).
+// Without the workspace the kernel gives each CTA whole tiles; both forms are checked.
 struct Case {
   QuantizedWeight w;
   Act a;
@@ -112,6 +113,13 @@ TEST(CudaGemmSmallMWgmma, PerChannelExactAndGemmW8A8Bits) {
         EXPECT_TRUE(y.get() == want.get()) << what << (out == DType::F32 ? " f32" : " bf16") << ": not gemm_w8a8_wgmma's bits";
       }
       EXPECT_TRUE(c.flags_zero()) << what << ": tile counters left non-zero";
+      // Without a workspace (whole tiles a CTA): the same bits.
+      Dev<float> y1(size_t(M) * N), y2(size_t(M) * N);
+      c.run(y1.p, DType::F32, true);
+      pc::gemm_small_m_wgmma(QuantMode::W8A8, c.dx.p, c.dsa.p, c.dw.p, c.ds.p, c.dbias.p, y2.p, DType::F32, M, N, K,
+                             nullptr, nullptr, 0, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      EXPECT_TRUE(y1.get() == y2.get()) << what << ": whole-tile shares differ from stream-K";
     }
 }
 
@@ -141,6 +149,11 @@ TEST(CudaGemmSmallMWgmma, GroupedMatchFloat64AndRepeat) {
         for (size_t i = 0; i < yf.size(); ++i) bad += ybh[i] != perry::f32_to_bf16(yf[i]);
         EXPECT_EQ(bad, 0u) << what << ": bf16 output is not the f32 output rounded";
         EXPECT_TRUE(c.flags_zero()) << what << ": tile counters left non-zero";
+        Dev<float> y3(size_t(M) * N);
+        pc::gemm_small_m_wgmma(mode, c.dx.p, c.dsa.p, c.dw.p, c.ds.p, c.dbias.p, y3.p, DType::F32, M, N, K, nullptr,
+                               nullptr, 0, nullptr);  // whole tiles: one CTA folds all of a tile's groups
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        expect_close(y3.get(), ref, mag, what + " (no workspace)");
       }
 }
 
@@ -190,9 +203,6 @@ TEST(CudaGemmSmallMWgmma, BadArgumentsThrow) {
   EXPECT_THROW(call(QuantMode::W8A16, 4, 64, 128), perry::Error);
   EXPECT_THROW(call(QuantMode::W8A8_G128, 4, 64, 128, DType::I32), perry::Error);  // I32 is per channel
   EXPECT_THROW(call(QuantMode::W8A8, 4, 64, 128, DType::F32, nullptr, nullptr, x.p + 1), perry::Error);  // misaligned
-  EXPECT_THROW(pc::gemm_small_m_wgmma(QuantMode::W8A8, x.p, sa.p, w.p, s.p, nullptr, y.p, DType::F32, 4, 64, 128,
-                                      nullptr, nullptr, 0, flags.p),
-               perry::Error);  // no workspace
   EXPECT_NO_THROW(call(QuantMode::W8A8, 64, 256, 256));
   EXPECT_NO_THROW(call(QuantMode::W8A8_G64, 1, 1, 16));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -12,9 +12,11 @@
 //   * Swapped operands: the weight tile [128 rows × 128 k] is A (two m64 halves), the activation
 //     tile [kMT tokens × 128 k] is B: wgmma.m64n{8,16,32,64}k32.s32.s8.s8 from shared memory, both
 //     K-major with the 128-byte swizzle TMA writes. M is padded to kMT by TMA's zero fill.
-//   * One producer warp (one thread issues TMA) and one consumer warpgroup; a ring of ~96 KiB
-//     (4-5 stages: 64-80 KiB of weights in flight an SM, more than Little's law asks at HBM
-//     latency) so a CTA of the next kernel still fits beside it on the SM.
+//   * One producer warp (one thread issues TMA) and one consumer warpgroup; a ring of ~200 KiB
+//     (8-11 stages, 128-176 KiB of weights in flight an SM). A ~96 KiB ring, which would have
+//     left room for the next kernel's CTA on the SM, read at 62% of the copy bandwidth (s41 run 3,
+//     H100: 31.6 us at N 14336 × K 4096, M 16, where gemm_w8a8_wgmma's ~200 KiB of 64-row tiles
+//     took 27.5): under load the HBM latency wants more bytes in flight than Little's law at idle.
 //   * Programmatic dependent launch: the producer issues the first stages' weight boxes before
 //     griddepcontrol.wait (no kernel writes weights), the activation boxes after it; the
 //     consumers wait before reading sa or touching y, the workspace and the counters.
@@ -38,6 +40,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -62,9 +65,19 @@ struct SmallCfg {
   static constexpr int kW = kRows * kStageK;  // 16 KiB
   static constexpr int kX = kMT * kStageK;    // 1-8 KiB: multiples of the 1 KiB swizzle atom
   static constexpr int kStage = kW + kX;
-  static constexpr int kStages = (96 * 1024) / kStage < 4 ? 4 : (96 * 1024) / kStage;
-  static constexpr int kSmem = kStages * kStage + 1024 + 16 * kStages + 16;  // + alignment, barriers, a word
+  static constexpr int kMaxStages = (200 * 1024) / kStage;  // 8-11
+  // + alignment, barriers, a word
+  static constexpr int smem_bytes(int stages) { return stages * kStage + 1024 + 16 * stages + 16; }
 };
+
+// The ring's stages: ~200 KiB (PERRY_SMALL_M_RING_KB, read per call, for A/B runs: 36..200).
+template <int kMT>
+int ring_stages() {
+  using C = SmallCfg<kMT>;
+  const char* e = std::getenv("PERRY_SMALL_M_RING_KB");
+  const int kb = e && *e ? std::max(36, std::min(200, std::atoi(e))) : 200;
+  return std::max(2, std::min(C::kMaxStages, kb * 1024 / C::kStage));
+}
 
 // The token-column count of the tiles for M rows.
 int tile_tokens(int M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64; }
@@ -99,9 +112,14 @@ __device__ __forceinline__ void wgmma_small(int (&d)[kMT / 2], uint64_t da, uint
 }
 #endif  // PERRY_WGMMA
 
-// The CTA of `grid` whose share [b·T/G, (b+1)·T/G) holds iteration i.
-__device__ __forceinline__ int owner_of(long long i, long long total, int grid) {
-  return int(((i + 1) * grid - 1) / total);
+// CTA b's share of the iterations: quanta [b·Q/G, (b+1)·Q/G) of `quantum` iterations each (Q =
+// total / quantum: quantum 1 is stream-K, quantum = ks whole tiles, the form without a workspace).
+__device__ __forceinline__ long long share_start(int b, long long total, int quantum, int grid) {
+  return (long long)b * (total / quantum) / grid * quantum;
+}
+// The CTA whose share holds iteration i.
+__device__ __forceinline__ int owner_of(long long i, long long total, int quantum, int grid) {
+  return int(((i / quantum + 1) * grid - 1) / (total / quantum));
 }
 
 // kGS: 0 per channel, 64 / 128 the group size. kOut: 0 bf16, 1 f32, 2 i32 (per channel only).
@@ -110,10 +128,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     gemm_small_m_wgmma_kernel(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,
                               const float* __restrict__ Sa, const float* __restrict__ Sw,
                               const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int ks,
-                              long long total, uint32_t* __restrict__ ws, unsigned* __restrict__ flags) {
+                              long long total, int quantum, int S, uint32_t* __restrict__ ws,
+                              unsigned* __restrict__ flags) {
 #ifdef PERRY_WGMMA
   using C = SmallCfg<kMT>;
-  constexpr int S = C::kStages;
   constexpr int R = kMT / 2;  // accumulators a thread and m64 half
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -123,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto empty = [&](int s) { return bars + 8u * (S + s); };
   volatile int* const word = reinterpret_cast<volatile int*>(smem_raw + (bars + 16u * S - raw));
   const int grid = gridDim.x, b = blockIdx.x;
-  const long long i0 = (long long)b * total / grid, i1 = (long long)(b + 1) * total / grid;
+  const long long i0 = share_start(b, total, quantum, grid), i1 = share_start(b + 1, total, quantum, grid);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
@@ -301,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x == 0) *word = int(atomicAdd(flags + t, 1u));
       named_barrier(1, 128);
       const long long t_first = (long long)t * ks, t_last = t_first + ks - 1;
-      const int c0 = owner_of(t_first, total, grid), c1 = owner_of(t_last, total, grid);
+      const int c0 = owner_of(t_first, total, quantum, grid), c1 = owner_of(t_last, total, quantum, grid);
       if (*word == c1 - c0) {  // the last to arrive: every share of the tile is in its slot
         __threadfence();
         int sum_i[2][R];
@@ -311,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int k = 0; k < R; ++k) sum_i[h][k] = 0, sum_f[h][k] = 0.f;
         for (int c = c0; c <= c1; ++c) {  // CTA order: the same sum whichever arrives last
-          const long long c_start = (long long)c * total / grid;
+          const long long c_start = share_start(c, total, quantum, grid);
           const int cw = t == int(c_start / ks) ? 0 : 1;
           const uint32_t* const cs = ws + (size_t(c) * 2 + cw) * kSlot;
 #pragma unroll
@@ -345,16 +363,20 @@ void launch(const int8_t* x, const float* sa, const int8_t* w, const float* sw, 
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [&] {
-    attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    C::smem_bytes(C::kMaxStages));
   });
+  const int stages = ring_stages<kMT>();
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap tx = make_map(x, M, K, kStageK, kMT, CU_TENSOR_MAP_SWIZZLE_128B, name);
   const CUtensorMap tw = make_map(w, N, K, kStageK, kRows, CU_TENSOR_MAP_SWIZZLE_128B, name);
   const int ks = (K + kStageK - 1) / kStageK;
-  const long long total = (long long)((N + kRows - 1) / kRows) * ks;
-  const int grid = int(std::min<long long>(sm_count(), total));
-  pdl::launch(name, kernel, dim3(grid), dim3(kThreads), C::kSmem, stream, tx, tw, sa, sw, bias, y, M, N, K, ks,
-              total, ws, flags);
+  const long long tiles = (N + kRows - 1) / kRows, total = tiles * ks;
+  // Without a workspace the shares are whole tiles (no partial sums to add).
+  const int quantum = ws && flags ? 1 : ks;
+  const int grid = int(std::min<long long>(sm_count(), total / quantum));
+  pdl::launch(name, kernel, dim3(grid), dim3(kThreads), C::smem_bytes(stages), stream, tx, tw, sa, sw, bias, y, M, N,
+              K, ks, total, quantum, stages, ws, flags);
 }
 
 template <int kMT, int kGS>
@@ -414,10 +436,11 @@ void gemm_small_m_wgmma(quant::QuantMode mode, const int8_t* x, const float* sa,
   quant_args::check_gemm_pointers(where, x, sa, qweight, scales, bias, y, out);
   const long long tiles = (N + kRows - 1) / kRows;
   if (tiles > kGemmW8A8TileFlags) throw Error(where + ": more than " + std::to_string(kGemmW8A8TileFlags) + " tiles of 128 rows");
-  if (!workspace || !tile_flags || !aligned(workspace, 16) ||
-      workspace_bytes < gemm_small_m_wgmma_workspace_bytes(M, N, K))
-    throw Error(where + ": needs a 16-byte aligned workspace of gemm_small_m_wgmma_workspace_bytes() and tile flags");
-  auto* ws = static_cast<uint32_t*>(workspace);
+  // Stream-K needs the workspace and the counters; without them (or too small) whole tiles.
+  const bool stream_k = workspace && tile_flags && aligned(workspace, 16) &&
+                        workspace_bytes >= gemm_small_m_wgmma_workspace_bytes(M, N, K);
+  auto* ws = stream_k ? static_cast<uint32_t*>(workspace) : nullptr;
+  if (!stream_k) tile_flags = nullptr;
   switch (group) {
     case 0: return launch_mt<0>(out, x, sa, qweight, scales, bias, y, M, N, K, ws, tile_flags, stream);
     case 64: return launch_mt<64>(out, x, sa, qweight, scales, bias, y, M, N, K, ws, tile_flags, stream);

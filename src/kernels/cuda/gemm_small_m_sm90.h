@@ -22,9 +22,10 @@
 // Requirements (checked, perry::Error): an sm_90 device with the sm_90a code built; mode w8a8,
 // w8a8-g128 or w8a8-g64; 1 <= M <= 64; N >= 1; K a positive multiple of 16 (the TMA row stride),
 // at most 65536; x, qweight 16-byte aligned; sa / scales / bias 4-byte aligned; y aligned to its
-// element; a workspace of gemm_small_m_wgmma_workspace_bytes(M, N, K) bytes (16-byte aligned) and
-// tile_flags (kGemmW8A8TileFlags uint32, zeroed once by the caller; every call leaves them zero —
-// the buffer the other sm_90 GEMMs' split-K uses; calls sharing it must not run concurrently).
+// element. Stream-K needs a workspace of gemm_small_m_wgmma_workspace_bytes(M, N, K) bytes (16-byte
+// aligned) and tile_flags (kGemmW8A8TileFlags uint32, zeroed once by the caller; every call leaves
+// them zero — the buffer the other sm_90 GEMMs' split-K uses; calls sharing it must not run
+// concurrently); without them each CTA takes whole tiles (slower where the tiles are few).
 // Launched programmatically dependent on the previous kernel of `stream` (pdl.cuh).
 #pragma once
 #include <cuda_runtime.h>
