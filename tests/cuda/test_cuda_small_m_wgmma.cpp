@@ -1,6 +1,7 @@
 // gemm_small_m_wgmma (sm_90a, M = 1..64): per channel its int32 sums exactly the host's and its
 // F32 / BF16 outputs gemm_w8a8_wgmma's bits (the same expression on the same sums); the grouped
-// modes against the float64 reference of gemv_quant.h's math. The shapes cover the stream-K
+// modes against the float64 reference of gemv_quant.h's math; the int4 two-level form exactly and
+// gemm_w4a8_two_level_wgmma's bits. The shapes cover the stream-K
 // shares: tiles split over many CTAs (1000 × 4160: 264 stages on 132 CTAs), shares that end
 // whole tiles and start partial ones (20000 × 512), single-stage tiles (K 16), partial 128-k
 // stages and groups (K 320, 4160), rows past N, every token-column width (M 1..64).
@@ -17,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cuda/gemm_small_m_sm90.h"
+#include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/quant.h"
@@ -157,6 +159,64 @@ TEST(CudaGemmSmallMWgmma, GroupedMatchFloat64AndRepeat) {
       }
 }
 
+// The int4 form (two-level w4a8-g128 / per-channel w4a8): int32 sums exactly the host's Σ x·q·m,
+// F32 / BF16 outputs gemm_w4a8_two_level_wgmma's bits (its unsplit kernel, the same expression).
+TEST(CudaGemmSmallMWgmma, TwoLevelInt4ExactAndRegisterKernelBits) {
+  REQUIRE_SM90();
+  std::mt19937 g(64);
+  const std::tuple<int, int, std::vector<int>> shapes[] = {
+      {200, 384, {1, 9, 16, 33, 64}}, {1000, 4096, {4, 16, 40}}, {20000, 512, {16}}, {130, 128, {3, 64}}};
+  for (const auto& [N, K, Ms] : shapes)
+    for (int M : Ms) {
+      const std::string what = "two-level M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K);
+      const int G = K / 128;
+      std::uniform_int_distribution<int> dq(-7, 7), dm(0, 18);
+      std::vector<int8_t> q(size_t(N) * K), mult(size_t(N) * G);
+      std::vector<uint8_t> packed(size_t(N) * K / 2);
+      for (auto& v : q) v = int8_t(dq(g));
+      for (auto& v : mult) v = int8_t(dm(g));
+      mult[0] = 18;
+      for (size_t i = 0; i < packed.size(); ++i)
+        packed[i] = uint8_t((uint8_t(q[2 * i]) & 0xF) | ((uint8_t(q[2 * i + 1]) & 0xF) << 4));
+      const auto xq = rand_i8(size_t(M) * K, g);
+      const auto sa = rand_f(size_t(M), g, 0.001f, 0.02f), cn = rand_f(size_t(N), g, 0.001f, 0.01f);
+      const auto bias = rand_f(size_t(N), g, -1.f, 1.f);
+      Dev<uint8_t> dw(packed);
+      Dev<int8_t> dm8(mult), dx(xq);
+      Dev<float> dsa(sa), dcn(cn), dbias(bias);
+      Dev<uint8_t> ws(pc::gemm_small_m_wgmma_workspace_bytes(M, N, K));
+      Dev<uint32_t> flags(std::vector<uint32_t>(pc::kGemmW8A8TileFlags, 0u));
+      Dev<int32_t> yi(size_t(M) * N);
+      pc::gemm_small_m_wgmma_two_level(dx.p, dsa.p, dw.p, dm8.p, dcn.p, nullptr, yi.p, DType::I32, M, N, K, nullptr,
+                                       ws.p, ws.n, flags.p);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      const auto got = yi.get();
+      size_t bad = 0;
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+          int64_t acc = 0;
+          for (int k = 0; k < K; ++k)
+            acc += int64_t(xq[size_t(m) * K + k]) * q[size_t(n) * K + k] * mult[size_t(n) * G + k / 128];
+          bad += got[size_t(m) * N + n] != int32_t(acc);
+        }
+      EXPECT_EQ(bad, 0u) << what << ": int32 sums";
+      for (DType out : {DType::F32, DType::BF16}) {
+        const size_t es = out == DType::F32 ? 4 : 2;
+        Dev<uint8_t> y(size_t(M) * N * es), want(size_t(M) * N * es);
+        ASSERT_EQ(cudaMemset(y.p, 0xFF, y.n), cudaSuccess);
+        pc::gemm_small_m_wgmma_two_level(dx.p, dsa.p, dw.p, dm8.p, dcn.p, dbias.p, y.p, out, M, N, K, nullptr, ws.p,
+                                         ws.n, flags.p);
+        pc::gemm_w4a8_two_level_wgmma(dx.p, dsa.p, dw.p, dm8.p, dcn.p, dbias.p, want.p, out, M, N, K, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        EXPECT_TRUE(y.get() == want.get()) << what << (out == DType::F32 ? " f32" : " bf16")
+                                           << ": not gemm_w4a8_two_level_wgmma's bits";
+      }
+      bool zero = true;
+      for (uint32_t f : flags.get()) zero = zero && f == 0;
+      EXPECT_TRUE(zero) << what << ": tile counters left non-zero";
+    }
+}
+
 // On a stream, programmatically after another kernel writing the activations it reads.
 TEST(CudaGemmSmallMWgmma, AfterItsProducerOnAStream) {
   REQUIRE_SM90();
@@ -199,7 +259,16 @@ TEST(CudaGemmSmallMWgmma, BadArgumentsThrow) {
   EXPECT_THROW(call(QuantMode::W8A8, 4, 0, 128), perry::Error);
   EXPECT_THROW(call(QuantMode::W8A8, 4, 64, 8), perry::Error);    // K < 16
   EXPECT_THROW(call(QuantMode::W8A8, 4, 64, 136), perry::Error);  // K % 16
-  EXPECT_THROW(call(QuantMode::W4A8, 4, 64, 128), perry::Error);  // int4 weights
+  EXPECT_THROW(call(QuantMode::W4A8, 4, 64, 128), perry::Error);  // int4 weights: the two-level entry
+  Dev<int8_t> mult(256 * 2);
+  EXPECT_THROW(pc::gemm_small_m_wgmma_two_level(x.p, sa.p, w.p, mult.p, s.p, nullptr, y.p, DType::F32, 4, 64, 192,
+                                                nullptr, ws.p, ws.n, flags.p),
+               perry::Error);  // K % 128
+  EXPECT_THROW(pc::gemm_small_m_wgmma_two_level(x.p, sa.p, w.p, nullptr, s.p, nullptr, y.p, DType::F32, 4, 64, 128,
+                                                nullptr, ws.p, ws.n, flags.p),
+               perry::Error);  // no multipliers
+  EXPECT_NO_THROW(pc::gemm_small_m_wgmma_two_level(x.p, sa.p, w.p, mult.p, s.p, nullptr, y.p, DType::F32, 16, 256, 256,
+                                                   nullptr, ws.p, ws.n, flags.p));
   EXPECT_THROW(call(QuantMode::W8A16, 4, 64, 128), perry::Error);
   EXPECT_THROW(call(QuantMode::W8A8_G128, 4, 64, 128, DType::I32), perry::Error);  // I32 is per channel
   EXPECT_THROW(call(QuantMode::W8A8, 4, 64, 128, DType::F32, nullptr, nullptr, x.p + 1), perry::Error);  // misaligned

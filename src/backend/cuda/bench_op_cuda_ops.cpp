@@ -252,8 +252,15 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
                                 c.stream, c.splitk, c.splitk_bytes, c.splitk_flags);
       return;
     case LinearPath::SmallMWgmma:
-      gemm_small_m_wgmma(mode, a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, out, M, N, K,
-                         c.stream, c.splitk, c.splitk_bytes, c.splitk_flags);
+      if (sc.weight_bits == 4) {
+        PERRY_CHECK(a.multipliers && a.channel_scales, "bench-op: {} needs the two-level scale factors",
+                    op_info(op).name);
+        gemm_small_m_wgmma_two_level(a.xq, a.sa, a.w, a.multipliers, a.channel_scales, nullptr, y, out, M, N, K,
+                                     c.stream, c.splitk, c.splitk_bytes, c.splitk_flags);
+      } else {
+        gemm_small_m_wgmma(mode, a.xq, a.sa, static_cast<const int8_t*>(a.w), a.scales, nullptr, y, out, M, N, K,
+                           c.stream, c.splitk, c.splitk_bytes, c.splitk_flags);
+      }
       return;
     case LinearPath::Fp8Wgmma:
       gemm_fp8_wgmma(a.xf8, a.sf8, static_cast<const uint8_t*>(a.w), a.scales, nullptr, y, out, M, N, K,

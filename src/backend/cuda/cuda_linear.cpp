@@ -230,8 +230,13 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       gemm_bf16_cublas(x.bf16, ctx.dequant_scratch.get<uint16_t>(), y, out, M, n_, k_, bias, ctx);
       return;
     case Path::SmallMWgmma:
-      gemm_small_m_wgmma(mode_, x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_,
-                         ctx.stream, ctx.splitk.get(), ctx.splitk.bytes(), ctx.splitk_flags.get<uint32_t>());
+      if (bits_ == 4)  // (two-level scales: linear_path takes int4 here only with them)
+        gemm_small_m_wgmma_two_level(x.i8, x.scale, weight_.get(), multipliers_.get<int8_t>(),
+                                     channel_scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream,
+                                     ctx.splitk.get(), ctx.splitk.bytes(), ctx.splitk_flags.get<uint32_t>());
+      else
+        gemm_small_m_wgmma(mode_, x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_,
+                           ctx.stream, ctx.splitk.get(), ctx.splitk.bytes(), ctx.splitk_flags.get<uint32_t>());
       return;
     case Path::Wgmma:  // (the GEMMs split only when the workspace is large enough; else they run unsplit)
       gemm_w8a8_wgmma(x.i8, x.scale, weight_.get<int8_t>(), scales_.get<float>(), bias, y, out, M, n_, k_, ctx.stream,
@@ -326,7 +331,11 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   // (0: never).
   static const int small_wgmma_max =
       env_int("PERRY_SMALL_M_WGMMA_MAX_M", kGemmSmallMWgmmaMaxM, 0, kGemmSmallMWgmmaMaxM);
-  if (M <= small_wgmma_max && gemm_small_m_wgmma_mode(mode) && K % 16 == 0 && wgmma_enabled() &&
+  // Its int4 form takes two-level w4a8-g128 and per-channel w4a8 (PERRY_SMALL_M_WGMMA_W4=0: not).
+  static const bool small_wgmma_w4 = env_int("PERRY_SMALL_M_WGMMA_W4", 1, 0, 1) == 1;
+  const bool small_w4 = small_wgmma_w4 && two_level && K % 128 == 0 && !env_flag("PERRY_NO_INT4_TWO_LEVEL") &&
+                        (mode == pq::QuantMode::W4A8_G128 || mode == pq::QuantMode::W4A8);
+  if (M <= small_wgmma_max && (gemm_small_m_wgmma_mode(mode) || small_w4) && K % 16 == 0 && wgmma_enabled() &&
       gemm_small_m_wgmma_supported())
     return Path::SmallMWgmma;
   if (M <= (a8 ? small_a8_max : small_a16_max)) return Path::SmallM;

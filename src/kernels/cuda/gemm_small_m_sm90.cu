@@ -43,11 +43,13 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/device_query.h"
 #include "kernels/cuda/gemm_w8a8.h"
 #include "kernels/cuda/gemv_quant.h"
+#include "kernels/cuda/mma_sync_common.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/sm90_gemm_common.cuh"
@@ -60,10 +62,12 @@ constexpr int kRows = 128;    // weight rows (output channels) a tile: two m64 h
 constexpr int kStageK = 128;  // k a stage: one 128-byte TMA box row
 constexpr int kThreads = 160;  // consumer warpgroup (warps 0-3) + producer warp 4
 
-template <int kMT>
+// A stage: the activation tile (kX bytes, 128-byte swizzle) then the weight tile (kW: int8 rows
+// of 128 B with the 128-byte swizzle, or packed int4 rows of 64 B with the 64-byte swizzle).
+template <int kMT, bool kW4 = false>
 struct SmallCfg {
-  static constexpr int kW = kRows * kStageK;  // 16 KiB
-  static constexpr int kX = kMT * kStageK;    // 1-8 KiB: multiples of the 1 KiB swizzle atom
+  static constexpr int kW = kRows * kStageK / (kW4 ? 2 : 1);  // 16 or 8 KiB
+  static constexpr int kX = kMT * kStageK;                     // 1-8 KiB: multiples of the 1 KiB swizzle atom
   static constexpr int kStage = kW + kX;
   static constexpr int kMaxStages = (200 * 1024) / kStage;  // 8-11
   // + alignment, barriers, a word
@@ -71,9 +75,9 @@ struct SmallCfg {
 };
 
 // The ring's stages: ~200 KiB (PERRY_SMALL_M_RING_KB, read per call, for A/B runs: 36..200).
-template <int kMT>
+template <int kMT, bool kW4>
 int ring_stages() {
-  using C = SmallCfg<kMT>;
+  using C = SmallCfg<kMT, kW4>;
   const char* e = std::getenv("PERRY_SMALL_M_RING_KB");
   const int kb = e && *e ? std::max(36, std::min(200, std::atoi(e))) : 200;
   return std::max(2, std::min(C::kMaxStages, kb * 1024 / C::kStage));
@@ -110,6 +114,43 @@ __device__ __forceinline__ void wgmma_small(int (&d)[kMT / 2], uint64_t da, uint
 #undef PERRY_R4
 #undef PERRY_SMALL_WGMMA
 }
+
+// The same with A from registers (wgmma "RS", the fragment layout of sm90::wgmma_rs): the int4
+// form's converted codes.
+template <int kMT>
+__device__ __forceinline__ void wgmma_small_rs(int (&d)[kMT / 2], const uint32_t* a, uint64_t db, int accumulate) {
+  const uint32_t a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+#define PERRY_SMALL_WGMMA_RS(SHAPE, REGS, AREGS, PRED, DESC, ...)                                                \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                                \
+               "wgmma.mma_async.sync.aligned." SHAPE ".s32.s8.s8 {" REGS "}, {" AREGS "}, " DESC ", p;\n}\n" \
+               : __VA_ARGS__                                                                                  \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(accumulate))
+#define PERRY_R4(b) "+r"(d[b]), "+r"(d[(b) + 1]), "+r"(d[(b) + 2]), "+r"(d[(b) + 3])
+  if constexpr (kMT == 8) {
+    PERRY_SMALL_WGMMA_RS("m64n8k32", "%0, %1, %2, %3", "%4, %5, %6, %7", "%9", "%8", PERRY_R4(0));
+  } else if constexpr (kMT == 16) {
+    PERRY_SMALL_WGMMA_RS("m64n16k32", "%0, %1, %2, %3, %4, %5, %6, %7", "%8, %9, %10, %11", "%13", "%12", PERRY_R4(0),
+                         PERRY_R4(4));
+  } else if constexpr (kMT == 32) {
+    PERRY_SMALL_WGMMA_RS("m64n32k32", "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15",
+                         "%16, %17, %18, %19", "%21", "%20", PERRY_R4(0), PERRY_R4(4), PERRY_R4(8), PERRY_R4(12));
+  } else {
+    static_assert(kMT == 64, "wgmma_small_rs: 8, 16, 32 or 64 token columns");
+    PERRY_SMALL_WGMMA_RS("m64n64k32",
+                         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31",
+                         "%32, %33, %34, %35", "%37", "%36", PERRY_R4(0), PERRY_R4(4), PERRY_R4(8), PERRY_R4(12),
+                         PERRY_R4(16), PERRY_R4(20), PERRY_R4(24), PERRY_R4(28));
+  }
+#undef PERRY_R4
+#undef PERRY_SMALL_WGMMA_RS
+}
+
+template <int R>
+__device__ __forceinline__ void fence_regs(uint32_t (&a)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
 #endif  // PERRY_WGMMA
 
 // CTA b's share of the iterations: quanta [b·Q/G, (b+1)·Q/G) of `quantum` iterations each (Q =
@@ -123,15 +164,19 @@ __device__ __forceinline__ int owner_of(long long i, long long total, int quantu
 }
 
 // kGS: 0 per channel, 64 / 128 the group size. kOut: 0 bf16, 1 f32, 2 i32 (per channel only).
-template <int kMT, int kGS, int kOut>
+// kW4: packed int4 weights with two-level multipliers (Mult [N, K/128]; Sw the channel scales),
+// converted to int8 codes q·m in registers (mma_sync::int4_times_m) — one int32 sum over K.
+template <int kMT, int kGS, int kOut, bool kW4 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_small_m_wgmma_kernel(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,
                               const float* __restrict__ Sa, const float* __restrict__ Sw,
-                              const float* __restrict__ bias, void* __restrict__ Y, int M, int N, int K, int ks,
+                              const int8_t* __restrict__ Mult, const float* __restrict__ bias,
+                              void* __restrict__ Y, int M, int N, int K, int ks,
                               long long total, int quantum, int S, uint32_t* __restrict__ ws,
                               unsigned* __restrict__ flags) {
 #ifdef PERRY_WGMMA
-  using C = SmallCfg<kMT>;
+  using C = SmallCfg<kMT, kW4>;
+  static_assert(!kW4 || kGS == 0, "the int4 form is per channel (two-level multipliers in the codes)");
   constexpr int R = kMT / 2;  // accumulators a thread and m64 half
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -163,13 +208,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const long long i = i0 + q;
         const int t = int(i / ks), kk = int(i - (long long)t * ks);
         mbar_arrive_expect_tx(full(q), C::kStage);
-        tma_load_2d(base + q * C::kStage, &tmW, kk * kStageK, t * kRows, full(q));
+        tma_load_2d(base + q * C::kStage + C::kX, &tmW, kk * (C::kW / kRows), t * kRows, full(q));
       }
       pdl::wait();
       for (int q = 0; q < pre; ++q) {
         const long long i = i0 + q;
         const int kk = int(i % ks);
-        tma_load_2d(base + q * C::kStage + C::kW, &tmX, kk * kStageK, 0, full(q));
+        tma_load_2d(base + q * C::kStage, &tmX, kk * kStageK, 0, full(q));
       }
       int q = pre;
       for (long long i = i0 + pre; i < i1; ++i, ++q) {
@@ -177,8 +222,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(empty(s), ((q / S) & 1) ^ 1);
         const int t = int(i / ks), kk = int(i - (long long)t * ks);
         mbar_arrive_expect_tx(full(s), C::kStage);
-        tma_load_2d(base + s * C::kStage, &tmW, kk * kStageK, t * kRows, full(s));
-        tma_load_2d(base + s * C::kStage + C::kW, &tmX, kk * kStageK, 0, full(s));
+        tma_load_2d(base + s * C::kStage + C::kX, &tmW, kk * (C::kW / kRows), t * kRows, full(s));
+        tma_load_2d(base + s * C::kStage, &tmX, kk * kStageK, 0, full(s));
       }
     } else {
       pdl::wait();
@@ -244,8 +289,58 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int n0 = t * kRows;
     for (int kk = kk0; kk < kk1; ++kk, ++q) {
       const int s = q % S;
-      const uint32_t wS = base + s * C::kStage, xS = wS + C::kW;
-      if constexpr (kGS == 0) {
+      const uint32_t xS = base + s * C::kStage, wS = xS + C::kX;
+      if constexpr (kW4) {
+        // This stage's multipliers (group kk) for the thread's four rows, before the wait; rows
+        // past N: their codes are TMA's zero fill, 0·m = 0.
+        uint32_t mr[2][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int n = n0 + 64 * h + r0 + 8 * hh;
+            mr[h][hh] = n < N ? uint32_t(__ldg(reinterpret_cast<const uint8_t*>(Mult) + size_t(n) * ks + kk)) : 0u;
+          }
+        mbar_wait(full(s), (q / S) & 1);
+        // The packed tile [128 rows × 64 B], 64-byte swizzle: 16-byte chunk j of row r at chunk
+        // j ^ ((r / 2) % 4); this thread's bytes of each chunk at 4·(tq / 2) and + 8
+        // (gemm_w4a8_two_level_sm90.cu explains the layout and the conversion).
+        const uint8_t* const tile = smem_raw + (wS - raw);
+        const uint32_t sel = (tq & 1) ? 0x7632u : 0x5410u;
+        uint32_t a[2][16];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = 64 * h + r0 + 8 * hh;
+            const uint8_t* const row = tile + r * 64 + 4 * (tq >> 1);
+            const int swz = (r >> 1) & 3;
+            const uint32_t m = mr[h][hh], cb = 0x80808080u - m * 0x08080808u;
+            uint32_t w[4][2];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              const uint8_t* const chunk = row + ((j ^ swz) << 4);
+              w[j][0] = *reinterpret_cast<const uint32_t*>(chunk);
+              w[j][1] = *reinterpret_cast<const uint32_t*>(chunk + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              mma_sync::int4_times_m(w[j][0], w[j][1], sel, m, cb, a[h][4 * j + hh], a[h][4 * j + 2 + hh]);
+          }
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int accumulate = kk > kk0 || j > 0;
+          wgmma_small_rs<kMT>(acc[0], &a[0][4 * j], make_desc_sw128(xS + 32 * j), accumulate);
+          wgmma_small_rs<kMT>(acc[1], &a[1][4 * j], make_desc_sw128(xS + 32 * j), accumulate);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(acc[0]);
+        fence_operands(acc[1]);
+        fence_regs(a[0]);
+        fence_regs(a[1]);
+      } else if constexpr (kGS == 0) {
         mbar_wait(full(s), (q / S) & 1);
         wgmma_fence();
 #pragma unroll
@@ -355,51 +450,89 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // PERRY_WGMMA
 }
 
-template <int kMT, int kGS, int kOut>
-void launch(const int8_t* x, const float* sa, const int8_t* w, const float* sw, const float* bias, void* y, int M,
-            int N, int K, uint32_t* ws, uint32_t* flags, cudaStream_t stream, const char* name) {
-  using C = SmallCfg<kMT>;
-  auto* kernel = gemm_small_m_wgmma_kernel<kMT, kGS, kOut>;
+template <int kMT, int kGS, int kOut, bool kW4>
+void launch(const int8_t* x, const float* sa, const void* w, const float* sw, const int8_t* mult, const float* bias,
+            void* y, int M, int N, int K, uint32_t* ws, uint32_t* flags, cudaStream_t stream, const char* name) {
+  using C = SmallCfg<kMT, kW4>;
+  auto* kernel = gemm_small_m_wgmma_kernel<kMT, kGS, kOut, kW4>;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [&] {
     attr_err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     C::smem_bytes(C::kMaxStages));
   });
-  const int stages = ring_stages<kMT>();
+  const int stages = ring_stages<kMT, kW4>();
   if (attr_err != cudaSuccess) throw_cuda(std::string("cudaFuncSetAttribute(") + name + ")", attr_err);
   const CUtensorMap tx = make_map(x, M, K, kStageK, kMT, CU_TENSOR_MAP_SWIZZLE_128B, name);
-  const CUtensorMap tw = make_map(w, N, K, kStageK, kRows, CU_TENSOR_MAP_SWIZZLE_128B, name);
+  const CUtensorMap tw = kW4 ? make_map(w, N, K / 2, kStageK / 2, kRows, CU_TENSOR_MAP_SWIZZLE_64B, name)
+                             : make_map(w, N, K, kStageK, kRows, CU_TENSOR_MAP_SWIZZLE_128B, name);
   const int ks = (K + kStageK - 1) / kStageK;
   const long long tiles = (N + kRows - 1) / kRows, total = tiles * ks;
   // Without a workspace the shares are whole tiles (no partial sums to add).
   const int quantum = ws && flags ? 1 : ks;
   const int grid = int(std::min<long long>(sm_count(), total / quantum));
-  pdl::launch(name, kernel, dim3(grid), dim3(kThreads), C::smem_bytes(stages), stream, tx, tw, sa, sw, bias, y, M, N,
-              K, ks, total, quantum, stages, ws, flags);
+  pdl::launch(name, kernel, dim3(grid), dim3(kThreads), C::smem_bytes(stages), stream, tx, tw, sa, sw, mult, bias, y,
+              M, N, K, ks, total, quantum, stages, ws, flags);
 }
 
-template <int kMT, int kGS>
-void launch_out(DType out, const int8_t* x, const float* sa, const int8_t* w, const float* sw, const float* bias,
-                void* y, int M, int N, int K, uint32_t* ws, uint32_t* flags, cudaStream_t s) {
+// The launch arguments past the template choice.
+struct Args {
+  const int8_t* x;
+  const float* sa;
+  const void* w;
+  const float* sw;  // scales [N, G], or the channel scales (int4)
+  const int8_t* mult;
+  const float* bias;
+  void* y;
+  int M, N, K;
+  uint32_t* ws;
+  uint32_t* flags;
+  cudaStream_t stream;
+};
+
+template <int kMT, int kGS, bool kW4>
+void launch_out(DType out, const Args& a) {
+  auto go = [&](auto kind, const char* name) {
+    launch<kMT, kGS, decltype(kind)::value, kW4>(a.x, a.sa, a.w, a.sw, a.mult, a.bias, a.y, a.M, a.N, a.K, a.ws,
+                                                 a.flags, a.stream, name);
+  };
   if constexpr (kGS == 0) {
     if (out == DType::I32)
-      return launch<kMT, kGS, 2>(x, sa, w, sw, bias, y, M, N, K, ws, flags, s, "gemm_small_m_wgmma<i32>");
+      return go(std::integral_constant<int, 2>{}, kW4 ? "gemm_small_m_wgmma<w4, i32>" : "gemm_small_m_wgmma<i32>");
   }
   if (out == DType::F32)
-    return launch<kMT, kGS, 1>(x, sa, w, sw, bias, y, M, N, K, ws, flags, s, "gemm_small_m_wgmma<f32>");
-  return launch<kMT, kGS, 0>(x, sa, w, sw, bias, y, M, N, K, ws, flags, s, "gemm_small_m_wgmma<bf16>");
+    return go(std::integral_constant<int, 1>{}, kW4 ? "gemm_small_m_wgmma<w4, f32>" : "gemm_small_m_wgmma<f32>");
+  return go(std::integral_constant<int, 0>{}, kW4 ? "gemm_small_m_wgmma<w4, bf16>" : "gemm_small_m_wgmma<bf16>");
 }
 
-template <int kGS>
-void launch_mt(DType out, const int8_t* x, const float* sa, const int8_t* w, const float* sw, const float* bias,
-               void* y, int M, int N, int K, uint32_t* ws, uint32_t* flags, cudaStream_t s) {
-  switch (tile_tokens(M)) {
-    case 8: return launch_out<8, kGS>(out, x, sa, w, sw, bias, y, M, N, K, ws, flags, s);
-    case 16: return launch_out<16, kGS>(out, x, sa, w, sw, bias, y, M, N, K, ws, flags, s);
-    case 32: return launch_out<32, kGS>(out, x, sa, w, sw, bias, y, M, N, K, ws, flags, s);
-    default: return launch_out<64, kGS>(out, x, sa, w, sw, bias, y, M, N, K, ws, flags, s);
+template <int kGS, bool kW4>
+void launch_mt(DType out, const Args& a) {
+  switch (tile_tokens(a.M)) {
+    case 8: return launch_out<8, kGS, kW4>(out, a);
+    case 16: return launch_out<16, kGS, kW4>(out, a);
+    case 32: return launch_out<32, kGS, kW4>(out, a);
+    default: return launch_out<64, kGS, kW4>(out, a);
   }
+}
+
+// The checks both entry points share; returns the workspace to use (null: whole tiles).
+uint32_t* check_common(const std::string& where, const int8_t* x, const float* sa, const void* qweight,
+                       const float* scales, const float* bias, const void* y, DType out, int M, int N, int K,
+                       void* workspace, size_t workspace_bytes, uint32_t*& tile_flags) {
+  using quant_args::aligned;
+  if (!gemm_small_m_wgmma_supported()) throw Error(where + ": needs an sm_90 device (H100/H200)");
+  if (M < 1 || M > kGemmSmallMWgmmaMaxM || N < 1 || K < 16 || K % 16 != 0 || K > 65536)
+    throw Error(where + ": need 1 <= M <= 64, N >= 1 and K a multiple of 16, at most 65536");
+  if (out != DType::I32 && !scales) throw Error(where + ": null scales");
+  quant_args::check_gemm_pointers(where, x, sa, qweight, scales, bias, y, out);
+  const long long tiles = (N + kRows - 1) / kRows;
+  if (tiles > kGemmW8A8TileFlags)
+    throw Error(where + ": more than " + std::to_string(kGemmW8A8TileFlags) + " tiles of 128 rows");
+  // Stream-K needs the workspace and the counters; without them (or too small) whole tiles.
+  const bool stream_k = workspace && tile_flags && aligned(workspace, 16) &&
+                        workspace_bytes >= gemm_small_m_wgmma_workspace_bytes(M, N, K);
+  if (!stream_k) tile_flags = nullptr;
+  return stream_k ? static_cast<uint32_t*>(workspace) : nullptr;
 }
 
 }  // namespace
@@ -423,29 +556,33 @@ size_t gemm_small_m_wgmma_workspace_bytes(int M, int N, int K) {
 void gemm_small_m_wgmma(quant::QuantMode mode, const int8_t* x, const float* sa, const int8_t* qweight,
                         const float* scales, const float* bias, void* y, DType out, int M, int N, int K,
                         cudaStream_t stream, void* workspace, size_t workspace_bytes, uint32_t* tile_flags) {
-  using quant_args::aligned;
   const std::string where = "gemm_small_m_wgmma(" + std::string(quant_mode_bits(mode).name) + ", M=" +
                             std::to_string(M) + ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")";
   if (!gemm_small_m_wgmma_mode(mode)) throw Error(where + ": int8 weights with int8 activations only");
-  if (!gemm_small_m_wgmma_supported()) throw Error(where + ": needs an sm_90 device (H100/H200)");
-  if (M < 1 || M > kGemmSmallMWgmmaMaxM || N < 1 || K < 16 || K % 16 != 0 || K > 65536)
-    throw Error(where + ": need 1 <= M <= 64, N >= 1 and K a multiple of 16, at most 65536");
   const int group = quant_mode_bits(mode).group_size;
   if (out == DType::I32 && group != 0) throw Error(where + ": I32 output is per channel only");
-  if (out != DType::I32 && !scales) throw Error(where + ": null scales");
-  quant_args::check_gemm_pointers(where, x, sa, qweight, scales, bias, y, out);
-  const long long tiles = (N + kRows - 1) / kRows;
-  if (tiles > kGemmW8A8TileFlags) throw Error(where + ": more than " + std::to_string(kGemmW8A8TileFlags) + " tiles of 128 rows");
-  // Stream-K needs the workspace and the counters; without them (or too small) whole tiles.
-  const bool stream_k = workspace && tile_flags && aligned(workspace, 16) &&
-                        workspace_bytes >= gemm_small_m_wgmma_workspace_bytes(M, N, K);
-  auto* ws = stream_k ? static_cast<uint32_t*>(workspace) : nullptr;
-  if (!stream_k) tile_flags = nullptr;
+  uint32_t* const ws =
+      check_common(where, x, sa, qweight, scales, bias, y, out, M, N, K, workspace, workspace_bytes, tile_flags);
+  const Args a{x, sa, qweight, scales, nullptr, bias, y, M, N, K, ws, tile_flags, stream};
   switch (group) {
-    case 0: return launch_mt<0>(out, x, sa, qweight, scales, bias, y, M, N, K, ws, tile_flags, stream);
-    case 64: return launch_mt<64>(out, x, sa, qweight, scales, bias, y, M, N, K, ws, tile_flags, stream);
-    default: return launch_mt<128>(out, x, sa, qweight, scales, bias, y, M, N, K, ws, tile_flags, stream);
+    case 0: return launch_mt<0, false>(out, a);
+    case 64: return launch_mt<64, false>(out, a);
+    default: return launch_mt<128, false>(out, a);
   }
+}
+
+void gemm_small_m_wgmma_two_level(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
+                                  const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
+                                  int K, cudaStream_t stream, void* workspace, size_t workspace_bytes,
+                                  uint32_t* tile_flags) {
+  const std::string where = "gemm_small_m_wgmma_two_level(M=" + std::to_string(M) + ", N=" + std::to_string(N) +
+                            ", K=" + std::to_string(K) + ")";
+  if (K % kStageK != 0) throw Error(where + ": K must be a multiple of 128 (one multiplier a row and 128 k)");
+  if (!multipliers) throw Error(where + ": null multipliers");
+  uint32_t* const ws = check_common(where, x, sa, qweight, channel_scales, bias, y, out, M, N, K, workspace,
+                                    workspace_bytes, tile_flags);
+  const Args a{x, sa, qweight, channel_scales, multipliers, bias, y, M, N, K, ws, tile_flags, stream};
+  launch_mt<0, true>(out, a);
 }
 
 }  // namespace perry::cuda

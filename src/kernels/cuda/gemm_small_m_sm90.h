@@ -44,6 +44,16 @@ size_t gemm_small_m_wgmma_workspace_bytes(int M, int N, int K);
 void gemm_small_m_wgmma(quant::QuantMode mode, const int8_t* x, const float* sa, const int8_t* qweight,
                         const float* scales, const float* bias, void* y, DType out, int M, int N, int K,
                         cudaStream_t stream, void* workspace, size_t workspace_bytes, uint32_t* tile_flags);
+// w4a8-g128 with two-level scales and per-channel w4a8 (multipliers of 1), as
+// gemm_w4a8_two_level_wgmma takes them (gemm_w4a8_two_level.h: packed int4 [N, K/2], multipliers
+// int8 [N, K/128], channel scales fp32 [N]): the packed tile [128 rows × 64 B] by TMA with the
+// 64-byte swizzle, the codes q·m built in registers and fed to wgmma as its A operand; y =
+// float(acc)·(sa[m]·c[n]) + bias[n], that kernel's bits (I32: acc). K a multiple of 128; the
+// other requirements and the workspace as above.
+void gemm_small_m_wgmma_two_level(const int8_t* x, const float* sa, const void* qweight, const int8_t* multipliers,
+                                  const float* channel_scales, const float* bias, void* y, DType out, int M, int N,
+                                  int K, cudaStream_t stream, void* workspace, size_t workspace_bytes,
+                                  uint32_t* tile_flags);
 constexpr int kGemmSmallMWgmmaMaxM = 64;
 
 }  // namespace perry::cuda

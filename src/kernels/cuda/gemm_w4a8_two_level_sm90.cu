@@ -90,24 +90,7 @@ struct TwoLevelCfg {
 
 #ifdef PERRY_WGMMA
 using mma_sync::pack_bf16x2;
-using mma_sync::xor_and;  // (a ^ x) & m as one LOP3
-
-// Two 32-bit words of a packed row chunk (wa: packed bytes 0-3 or 4-7 of the k32 step's 16; wb:
-// bytes 8-11 or 12-15) → this thread's 8 int8 codes q·m: lo = k 4tq..4tq+3, hi = k 16+4tq..+3.
-// sel picks the thread's two bytes of each word (tq even: bytes 0, 1; odd: 2, 3); cb =
-// (128 − 8m)·0x01010101 mod 2^32, the row's group constant.
-__device__ __forceinline__ void int4_times_m(uint32_t wa, uint32_t wb, uint32_t sel, uint32_t m, uint32_t cb,
-                                             uint32_t& lo, uint32_t& hi) {
-  // u = [wa.b, wa.b', wb.b, wb.b']: nibbles k0 k1 | k2 k3 | k16 k17 | k18 k19 (low nibble first).
-  const uint32_t u = __byte_perm(wa, wb, sel);
-  const uint32_t te = xor_and(u, 0x08080808u, 0x0F0F0F0Fu);       // t of k0 k2 k16 k18, a byte each
-  const uint32_t to = xor_and(u >> 4, 0x08080808u, 0x0F0F0F0Fu);  // t of k1 k3 k17 k19
-  // Byte i of t·m + cb is t_i·m − 8m + 128 = q_i·m + 128 in [0, 255]: the sum of the bytes'
-  // values times 256^i is the integer the IMAD computes, with no carry into a neighbour.
-  const uint32_t pe = te * m + cb, po = to * m + cb;
-  lo = __byte_perm(pe, po, 0x5140) ^ 0x80808080u;  // k0 k1 k2 k3
-  hi = __byte_perm(pe, po, 0x7362) ^ 0x80808080u;  // k16 k17 k18 k19
-}
+using mma_sync::int4_times_m;  // (mma_sync_common.cuh: shared with gemm_small_m_wgmma)
 
 // Four 8 × 8 b16 blocks from their mma fragments (register i: block i), each stored transposed:
 // lane 8i + k gives the shared address of block i's stored row k (16 bytes).
