@@ -383,8 +383,10 @@ void CudaBackend::ensure_scratch(int M, int out_rows, int n_seqs, int max_ctx) {
   }
   if (!layers_.empty()) {  // the W*A8 GEMMs' split-K partial sums: not monotone in M (only small M splits)
     const Layer& L0 = layers_[0];  // every layer has the same shapes
+    // (and the LM head's at the step's output rows: a quantized head at batched decode takes the
+    // small-M kernel, whose stream-K needs the workspace)
     const size_t sk = std::max({L0.qkv.splitk_bytes(M), L0.o.splitk_bytes(M), L0.gate_up.splitk_bytes(M),
-                                L0.down.splitk_bytes(M)});
+                                L0.down.splitk_bytes(M), lm_head_.splitk_bytes(std::max(out_rows, 1))});
     if (sk > lctx_.splitk.bytes()) {
       lctx_.splitk.ensure(pool_, sk, "split-K partial sums");
       ++scratch_gen_;  // a captured decode graph holds the old pointer
