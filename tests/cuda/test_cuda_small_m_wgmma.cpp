@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -23,16 +24,28 @@
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/quant.h"
 
-namespace pc = perry::cuda;
 #include "cuda/cuda_test_util.h"
 #include "cuda/quant_test_util.h"
 
+namespace {
+using namespace perry::cuda::testing;  // (pc = perry::cuda, Dev, the quantized weights and references)
 using perry::DType;
 using perry::quant::QuantizedWeight;
 using perry::quant::QuantMode;
 
-namespace {
-using namespace perry::cuda::testing;
+// The same F32 and BF16 outputs from two calls (`mine` and the reference kernel's `want`), bit for bit.
+void expect_same_bits(int M, int N, const std::string& what, const std::function<void(void*, DType)>& mine,
+                      const std::function<void(void*, DType)>& want) {
+  for (DType out : {DType::F32, DType::BF16}) {
+    const size_t es = out == DType::F32 ? 4 : 2;
+    Dev<uint8_t> y(size_t(M) * N * es), w(size_t(M) * N * es);
+    ASSERT_EQ(cudaMemset(y.p, 0xFF, y.n), cudaSuccess);
+    mine(y.p, out);
+    want(w.p, out);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    EXPECT_TRUE(y.get() == w.get()) << what << (out == DType::F32 ? " f32" : " bf16") << ": not the reference's bits";
+  }
+}
 
 #define REQUIRE_SM90()  \
   REQUIRE_GPU();        \
@@ -104,16 +117,12 @@ TEST(CudaGemmSmallMWgmma, PerChannelExactAndGemmW8A8Bits) {
           bad += got[size_t(m) * N + n] != int32_t(s);
         }
       EXPECT_EQ(bad, 0u) << what << ": int32 sums";
-      // F32 / BF16 with bias: gemm_w8a8_wgmma's bits (its own workspace, unsplit or split, exact).
-      for (DType out : {DType::F32, DType::BF16}) {
-        const size_t es = out == DType::F32 ? 4 : 2;
-        Dev<uint8_t> y(size_t(M) * N * es), want(size_t(M) * N * es);
-        ASSERT_EQ(cudaMemset(y.p, 0xFF, y.n), cudaSuccess);
-        c.run(y.p, out, true);
-        pc::gemm_w8a8_wgmma(c.dx.p, c.dsa.p, c.dw.p, c.ds.p, c.dbias.p, want.p, out, M, N, K, nullptr);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-        EXPECT_TRUE(y.get() == want.get()) << what << (out == DType::F32 ? " f32" : " bf16") << ": not gemm_w8a8_wgmma's bits";
-      }
+      // F32 / BF16 with bias: gemm_w8a8_wgmma's bits (unsplit: exact sums, the same expression).
+      expect_same_bits(
+          M, N, what + " vs gemm_w8a8_wgmma", [&](void* y, DType out) { c.run(y, out, true); },
+          [&](void* y, DType out) {
+            pc::gemm_w8a8_wgmma(c.dx.p, c.dsa.p, c.dw.p, c.ds.p, c.dbias.p, y, out, M, N, K, nullptr);
+          });
       EXPECT_TRUE(c.flags_zero()) << what << ": tile counters left non-zero";
       // Without a workspace (whole tiles a CTA): the same bits.
       Dev<float> y1(size_t(M) * N), y2(size_t(M) * N);
@@ -200,17 +209,15 @@ TEST(CudaGemmSmallMWgmma, TwoLevelInt4ExactAndRegisterKernelBits) {
           bad += got[size_t(m) * N + n] != int32_t(acc);
         }
       EXPECT_EQ(bad, 0u) << what << ": int32 sums";
-      for (DType out : {DType::F32, DType::BF16}) {
-        const size_t es = out == DType::F32 ? 4 : 2;
-        Dev<uint8_t> y(size_t(M) * N * es), want(size_t(M) * N * es);
-        ASSERT_EQ(cudaMemset(y.p, 0xFF, y.n), cudaSuccess);
-        pc::gemm_small_m_wgmma_two_level(dx.p, dsa.p, dw.p, dm8.p, dcn.p, dbias.p, y.p, out, M, N, K, nullptr, ws.p,
-                                         ws.n, flags.p);
-        pc::gemm_w4a8_two_level_wgmma(dx.p, dsa.p, dw.p, dm8.p, dcn.p, dbias.p, want.p, out, M, N, K, nullptr);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-        EXPECT_TRUE(y.get() == want.get()) << what << (out == DType::F32 ? " f32" : " bf16")
-                                           << ": not gemm_w4a8_two_level_wgmma's bits";
-      }
+      expect_same_bits(
+          M, N, what + " vs gemm_w4a8_two_level_wgmma",
+          [&](void* y, DType out) {
+            pc::gemm_small_m_wgmma_two_level(dx.p, dsa.p, dw.p, dm8.p, dcn.p, dbias.p, y, out, M, N, K, nullptr, ws.p,
+                                             ws.n, flags.p);
+          },
+          [&](void* y, DType out) {
+            pc::gemm_w4a8_two_level_wgmma(dx.p, dsa.p, dw.p, dm8.p, dcn.p, dbias.p, y, out, M, N, K, nullptr);
+          });
       bool zero = true;
       for (uint32_t f : flags.get()) zero = zero && f == 0;
       EXPECT_TRUE(zero) << what << ": tile counters left non-zero";
