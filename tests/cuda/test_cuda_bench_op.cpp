@@ -153,12 +153,13 @@ TEST(CudaBenchOp, LinearPathChoice) {
     EXPECT_EQ(pc::linear_path(QM::W8A8, M, 1000), LinearPath::Gemv) << M;  // K not a multiple of 16
     EXPECT_EQ(pc::linear_path(QM::W4A8, M, 48), LinearPath::Gemv) << M;    // int4: K % 32
   }
-  // Past gemv_quant's rows: int8 weights take gemm_small_m_wgmma on sm_90 (to its M limit), int4
-  // weights and other GPUs gemm_small_m.
-  const bool small_wgmma = pc::linear_path(QM::W8A8, 16, 4096) == LinearPath::SmallMWgmma;
+  // Past gemv_quant's rows: the grouped int8 modes take gemm_small_m_wgmma on sm_90 (to
+  // kSmallMWgmmaMaxM), per-channel w8a8, int4 weights and other GPUs gemm_small_m.
+  static_assert(pc::CudaLinear::kSmallMWgmmaMaxM == pc::CudaLinear::kSmallMA8MaxM, "the loop below");
+  const bool small_wgmma = pc::linear_path(QM::W8A8_G128, 16, 4096) == LinearPath::SmallMWgmma;
   EXPECT_EQ(small_wgmma, pc::gemm_small_m_wgmma_supported());
   for (QM mode : {QM::W8A8, QM::W8A8_G128, QM::W8A8_G64, QM::W4A8, QM::W4A8_G128}) {
-    const bool int8_w = pc::gemm_small_m_wgmma_mode(mode);
+    const bool int8_w = mode == QM::W8A8_G128 || mode == QM::W8A8_G64;
     for (int M = 1; M <= pc::CudaLinear::kGemvOnlyMaxM; ++M) EXPECT_EQ(pc::linear_path(mode, M, 4096), LinearPath::Gemv);
     for (int M = pc::CudaLinear::kGemvOnlyMaxM + 1; M <= pc::CudaLinear::kSmallMA8MaxM; ++M)
       EXPECT_EQ(pc::linear_path(mode, M, 4096), small_wgmma && int8_w ? LinearPath::SmallMWgmma : LinearPath::SmallM)

@@ -206,7 +206,7 @@ decode_ab() {
         smalla8max[0-9]*) env+=("PERRY_SMALL_M_A8_MAX_M=${sw#smalla8max}") ;;  # W*A8 batched rows: gemm_small_m up to N, then the wgmma GEMMs
         gemvonly[0-9]*) env+=("PERRY_GEMV_ONLY_MAX_M=${sw#gemvonly}") ;;  # gemv_quant up to N rows
         smallwg[0-9]*) env+=("PERRY_SMALL_M_WGMMA_MAX_M=${sw#smallwg}") ;;  # W*A8 rows: gemm_small_m_wgmma up to N (0: never)
-        smallw4off) env+=(PERRY_SMALL_M_WGMMA_W4=0) ;;  # ... but not its int4 form (w4a8-g128 / w4a8 on gemm_small_m)
+        smallall) env+=(PERRY_SMALL_M_WGMMA_ALL=1) ;;  # ... also for per-channel w8a8 and (two-level) int4 (lab)
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done

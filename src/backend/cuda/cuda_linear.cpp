@@ -326,17 +326,20 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   static const int small_a8_max = env_int("PERRY_SMALL_M_A8_MAX_M", kSmallMA8MaxM, 0, kGemmSmallMMaxM);
   static const int small_a16_max = env_int("PERRY_SMALL_M_A16_MAX_M", kGemmSmallMMaxM, 0, kGemmSmallMMaxM);
   if (M <= gemv_only_max) return Path::Gemv;
-  // int8 weights, int8 activations, up to 64 rows on sm_90: the weight stream of
-  // gemm_small_m_wgmma (gemm_small_m_sm90.h). PERRY_SMALL_M_WGMMA_MAX_M (A/B runs): up to that M
-  // (0: never).
+  // The grouped int8 modes (w8a8-g128 / g64) past gemv_quant's rows and up to 32: the weight stream
+  // of gemm_small_m_wgmma (gemm_small_m_sm90.h). H100, s41 runs 3 / 5 (bench-op, docs/perf/cuda/
+  // s41-runs-small-m.md): w8a8-g128 at M 16 1.03-1.17x faster than gemm_small_m on all five shapes,
+  // Llama-3-8B decode at 16 sequences +8.6%; at M 64 slower than gemm_quant_wgmma. Per-channel
+  // w8a8 and the int4 form lost to gemm_small_m / gemm_w8a8_wgmma there and are taken only with
+  // PERRY_SMALL_M_WGMMA_ALL=1 (lab); PERRY_SMALL_M_WGMMA_MAX_M: the last M (0: never).
   static const int small_wgmma_max =
-      env_int("PERRY_SMALL_M_WGMMA_MAX_M", kGemmSmallMWgmmaMaxM, 0, kGemmSmallMWgmmaMaxM);
-  // Its int4 form takes two-level w4a8-g128 and per-channel w4a8 (PERRY_SMALL_M_WGMMA_W4=0: not).
-  static const bool small_wgmma_w4 = env_int("PERRY_SMALL_M_WGMMA_W4", 1, 0, 1) == 1;
-  const bool small_w4 = small_wgmma_w4 && two_level && K % 128 == 0 && !env_flag("PERRY_NO_INT4_TWO_LEVEL") &&
+      env_int("PERRY_SMALL_M_WGMMA_MAX_M", CudaLinear::kSmallMWgmmaMaxM, 0, kGemmSmallMWgmmaMaxM);
+  static const bool small_wgmma_all = env_flag("PERRY_SMALL_M_WGMMA_ALL");
+  const bool grouped8 = mode == pq::QuantMode::W8A8_G128 || mode == pq::QuantMode::W8A8_G64;
+  const bool small_w4 = small_wgmma_all && two_level && K % 128 == 0 && !env_flag("PERRY_NO_INT4_TWO_LEVEL") &&
                         (mode == pq::QuantMode::W4A8_G128 || mode == pq::QuantMode::W4A8);
-  if (M <= small_wgmma_max && (gemm_small_m_wgmma_mode(mode) || small_w4) && K % 16 == 0 && wgmma_enabled() &&
-      gemm_small_m_wgmma_supported())
+  if (M <= small_wgmma_max && (grouped8 || (small_wgmma_all && mode == pq::QuantMode::W8A8) || small_w4) &&
+      K % 16 == 0 && wgmma_enabled() && gemm_small_m_wgmma_supported())
     return Path::SmallMWgmma;
   if (M <= (a8 ? small_a8_max : small_a16_max)) return Path::SmallM;
   if (!a8) return Path::DequantCublas;

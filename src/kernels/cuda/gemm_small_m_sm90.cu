@@ -12,11 +12,12 @@
 //   * Swapped operands: the weight tile [128 rows × 128 k] is A (two m64 halves), the activation
 //     tile [kMT tokens × 128 k] is B: wgmma.m64n{8,16,32,64}k32.s32.s8.s8 from shared memory, both
 //     K-major with the 128-byte swizzle TMA writes. M is padded to kMT by TMA's zero fill.
-//   * One producer warp (one thread issues TMA) and one consumer warpgroup; a ring of ~200 KiB
-//     (8-11 stages, 128-176 KiB of weights in flight an SM). A ~96 KiB ring, which would have
-//     left room for the next kernel's CTA on the SM, read at 62% of the copy bandwidth (s41 run 3,
-//     H100: 31.6 us at N 14336 × K 4096, M 16, where gemm_w8a8_wgmma's ~200 KiB of 64-row tiles
-//     took 27.5): under load the HBM latency wants more bytes in flight than Little's law at idle.
+//   * One producer warp (one thread issues TMA) and one consumer warpgroup; a ring of ~96 KiB (4-5
+//     stages, 64-80 KiB of weights in flight an SM), which leaves room for the next kernel's CTA on
+//     the SM. A ~200 KiB ring measured slower (s41 run 5), and the int4 form, half the bytes a
+//     stage, took as long as the int8 one: the kernel is bound by a cost per stage, not by bytes in
+//     flight (~1.2 us a stage at N 14336 × K 4096, M 16 — a memory latency: not yet explained;
+//     gemm_w8a8_wgmma's 64-row tiles stream the same weights faster at M 4-16 on the wide shapes).
 //   * Programmatic dependent launch: the producer issues the first stages' weight boxes before
 //     griddepcontrol.wait (no kernel writes weights), the activation boxes after it; the
 //     consumers wait before reading sa or touching y, the workspace and the counters.
@@ -74,12 +75,14 @@ struct SmallCfg {
   static constexpr int smem_bytes(int stages) { return stages * kStage + 1024 + 16 * stages + 16; }
 };
 
-// The ring's stages: ~200 KiB (PERRY_SMALL_M_RING_KB, read per call, for A/B runs: 36..200).
+// The ring's stages: ~96 KiB (PERRY_SMALL_M_RING_KB, read per call, for A/B runs: 36..200). H100,
+// s41: the 96 KiB ring (run 3) was faster than ~200 KiB (run 5) at every shape and M measured —
+// the stream is not short of bytes in flight (see the file comment).
 template <int kMT, bool kW4>
 int ring_stages() {
   using C = SmallCfg<kMT, kW4>;
   const char* e = std::getenv("PERRY_SMALL_M_RING_KB");
-  const int kb = e && *e ? std::max(36, std::min(200, std::atoi(e))) : 200;
+  const int kb = e && *e ? std::max(36, std::min(200, std::atoi(e))) : 96;
   return std::max(2, std::min(C::kMaxStages, kb * 1024 / C::kStage));
 }
 
