@@ -20,27 +20,32 @@ cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPERRY_CUDA=ON -DP
 TESTS=$(cd "$ROOT/tests/cuda" && ls test_cuda_*.cpp | sed 's/\.cpp$//')
 STAGE=$(mktemp -d)
 mkdir -p "$STAGE/bin" "$STAGE/lib"
-if [ -n "${ALT_REV:-}" ]; then
+# build_alt REV NAME: REV's perry as bin/NAME (the files that differ swapped in and back).
+build_alt() {
+  local rev=$1 name=$2 SAVED CHANGED
   SAVED=$(mktemp -d)
   # (--no-renames: a renamed file is its old path and its new path, both swapped.)
-  CHANGED=$(git -C "$ROOT" diff --no-renames --name-only "$ALT_REV" -- src include CMakeLists.txt)
+  CHANGED=$(git -C "$ROOT" diff --no-renames --name-only "$rev" -- src include CMakeLists.txt)
   for f in $CHANGED; do mkdir -p "$SAVED/$(dirname "$f")"; [ -e "$ROOT/$f" ] && cp -p "$ROOT/$f" "$SAVED/$f"; done
   restore() { for f in $CHANGED; do if [ -e "$SAVED/$f" ]; then cp "$SAVED/$f" "$ROOT/$f"; touch "$ROOT/$f"; else rm -f "$ROOT/$f"; fi; done; }
   trap restore EXIT  # (set before the swap: a failure half-way still puts every file back)
   for f in $CHANGED; do
-    if git -C "$ROOT" cat-file -e "$ALT_REV:$f" 2>/dev/null; then
+    if git -C "$ROOT" cat-file -e "$rev:$f" 2>/dev/null; then
       mkdir -p "$ROOT/$(dirname "$f")"
-      git -C "$ROOT" show "$ALT_REV:$f" > "$ROOT/$f"
+      git -C "$ROOT" show "$rev:$f" > "$ROOT/$f"
     else
       rm -f "$ROOT/$f"
     fi
   done
   ninja -C "$B" -j"${JOBS:-2}" perry_cli
-  cp "$B/perry" "$STAGE/bin/perry-alt"
+  cp "$B/perry" "$STAGE/bin/$name"
   restore
   trap - EXIT
-  echo "perry-alt: $(git -C "$ROOT" rev-parse --short "$ALT_REV")" > "$STAGE/ALT_COMMIT"
-fi
+  echo "$name: $(git -C "$ROOT" rev-parse --short "$rev")" >> "$STAGE/ALT_COMMIT"
+}
+# ALT2_REV=rev: a third perry, bin/perry-alt2 (decode variant `alt2`, gemmvar names alt2*).
+if [ -n "${ALT_REV:-}" ]; then build_alt "$ALT_REV" perry-alt; fi
+if [ -n "${ALT2_REV:-}" ]; then build_alt "$ALT2_REV" perry-alt2; fi
 # ONLY (below) also limits what is built: a fresh build directory then compiles just those programs.
 TARGETS="perry_cli lab_cuda_gemm_w8a8 $TESTS"
 [ -n "${ONLY:-}" ] && TARGETS=$(for t in $ONLY; do [ "$t" = perry ] && echo perry_cli || echo "$t"; done)
@@ -48,11 +53,11 @@ ninja -C "$B" -j"${JOBS:-2}" $TARGETS
 cp "$B/perry" "$STAGE/bin/"
 cp "$B/src/kernels/cuda/lab_cuda_gemm_w8a8" "$STAGE/bin/" 2>/dev/null || find "$B" -name lab_cuda_gemm_w8a8 -type f -exec cp {} "$STAGE/bin/" \;
 for t in $TESTS; do find "$B" -name "$t" -type f -perm -u+x -exec cp {} "$STAGE/bin/" \;; done
-# ONLY="perry test_cuda_model ...": pack just these programs (perry-alt is kept with perry) — a
+# ONLY="perry test_cuda_model ...": pack just these programs (perry-alt, perry-alt2 kept with perry) — a
 # smaller bundle, so the tree with the models stays under the device tool's 64 MiB.
 if [ -n "${ONLY:-}" ]; then
   for f in "$STAGE"/bin/*; do
-    b=$(basename "$f"); [ "$b" = perry-alt ] && b=perry
+    b=$(basename "$f"); case $b in perry-alt*) b=perry ;; esac
     case " $ONLY " in *" $b "*) ;; *) rm -f "$f" ;; esac
   done
 fi

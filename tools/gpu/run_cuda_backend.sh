@@ -185,6 +185,8 @@ decode_ab() {
         fused) ;;
         alt) bin="$T/bin/perry-alt"  # another commit's perry (make_bundle.sh ALT_REV=rev): A/B of two commits in one call
           [ -x "$bin" ] || { say "- $mv: no perry-alt in the bundle (ALT_REV)"; continue 2; } ;;
+        alt2) bin="$T/bin/perry-alt2"  # a third commit's perry (make_bundle.sh ALT2_REV=rev)
+          [ -x "$bin" ] || { say "- $mv: no perry-alt2 in the bundle (ALT2_REV)"; continue 2; } ;;
         separate) [ "$m" = bf16 ] || [ "$m" = w8a8 ] || [ "$m" = w4a8-g128 ] || continue 2; env+=(PERRY_NO_FUSED_DECODE=1) ;;
         nopdl) env+=(PERRY_NO_PDL=1) ;;
         ropeqkv) env+=(PERRY_DECODE_ROPE_IN_QKV=1) ;;  # RoPE + KV append in the q|k|v epilogue (Llama; the default)
@@ -207,6 +209,8 @@ decode_ab() {
         gemvonly[0-9]*) env+=("PERRY_GEMV_ONLY_MAX_M=${sw#gemvonly}") ;;  # gemv_quant up to N rows
         smallwg[0-9]*) env+=("PERRY_SMALL_M_WGMMA_MAX_M=${sw#smallwg}") ;;  # W*A8 rows: gemm_small_m_wgmma up to N (0: never)
         smallall) env+=(PERRY_SMALL_M_WGMMA_ALL=1) ;;  # ... also for per-channel w8a8 and (two-level) int4 (lab)
+        smallburst[0-9]*) env+=("PERRY_SMALL_M_BURST=${sw#smallburst}") ;;  # gemm_small_m_wgmma: refills N stages at a time
+        smallring[0-9]*) env+=("PERRY_SMALL_M_RING_KB=${sw#smallring}") ;;  # gemm_small_m_wgmma: the ring's KiB
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done
@@ -351,12 +355,12 @@ case "$LEVEL" in
   ops) bench_op ;;
   # `gemmvar`: bench-op (w8a8 + peers, GEMM_SHAPES x GEMM_MS) once per GEMM_VARIANTS entry
   # "name:VAR=v,VAR=v" (environment of that run, e.g. PERRY_WGMMA_PINGPONG=0); one bench-op-NAME.md
-  # each, every mode's rows of all of them in summary.md. A name starting with "alt" runs bin/perry-alt
+  # each, every mode's rows of all of them in summary.md. A name starting with "alt" runs bin/perry-alt ("alt2": bin/perry-alt2)
   # (the bundle's ALT_REV build): two commits' kernels in one call.
   gemmvar)
     for v in ${GEMM_VARIANTS:-base:}; do
       name=${v%%:*}; envs=${v#*:}
-      bin="$P"; [[ $name == alt* ]] && bin="$T/bin/perry-alt"
+      bin="$P"; [[ $name == alt* ]] && bin="$T/bin/perry-alt"; [[ $name == alt2* ]] && bin="$T/bin/perry-alt2"
       [ -x "$bin" ] || { say "- $name skipped: no $bin (bin/perry-alt comes from make_bundle.sh with ALT_REV)"; continue; }
       # A variant of the wgmma GEMM whose kernel test hung would hang here too.
       hung test_cuda_kernels && [[ $envs == *WGMMA* ]] && { say "- $name skipped: test_cuda_kernels hung"; continue; }
