@@ -165,6 +165,17 @@ TEST(CudaBenchOp, LinearPathChoice) {
       EXPECT_EQ(pc::linear_path(mode, M, 4096), small_wgmma && int8_w ? LinearPath::SmallMWgmma : LinearPath::SmallM)
           << M;
   }
+  // Per-channel w8a8 on sm_90: wide layers (N >= K) on the prefill GEMM from gemv_quant's rows,
+  // deep ones (N < K) on gemm_small_m.
+  const bool w8a8_wgmma = pc::linear_path(QM::W8A8, 4096, 4096) == LinearPath::Wgmma;
+  for (int M = pc::CudaLinear::kGemvOnlyMaxM + 1; M <= pc::CudaLinear::kSmallMA8MaxM; ++M) {
+    EXPECT_EQ(pc::linear_path(QM::W8A8, M, 4096, false, 14336), w8a8_wgmma ? LinearPath::Wgmma : LinearPath::SmallM)
+        << M;
+    EXPECT_EQ(pc::linear_path(QM::W8A8, M, 4096, false, 4096), w8a8_wgmma ? LinearPath::Wgmma : LinearPath::SmallM)
+        << M;
+    EXPECT_EQ(pc::linear_path(QM::W8A8, M, 14336, false, 4096), LinearPath::SmallM) << M;
+  }
+  EXPECT_EQ(pc::linear_path(QM::W8A8, pc::CudaLinear::kGemvOnlyMaxM, 4096, false, 14336), LinearPath::Gemv);
   for (QM mode : {QM::W8A16, QM::W4A16}) {
     EXPECT_EQ(pc::linear_path(mode, 3, 4096), LinearPath::Gemv);
     EXPECT_EQ(pc::linear_path(mode, 4, 4096), LinearPath::SmallM);

@@ -163,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, CudaModeVsCpu,
 // then one batched decode step over all slots equals single-slot decode steps.
 TEST(CudaBatch, BatchedEqualsSingleSequence) {
   REQUIRE_DEVICE();
-  // (w8a8-g128: its 4-sequence decode step runs gemm_small_m_wgmma on sm_90, the LM head included.)
+  // (w8a8-g128: its 4-sequence decode step runs gemm_small_m_wgmma on sm_90, the LM head included;
+  // w8a8: its wide layers gemm_w8a8_wgmma with split-K.)
   for (const char* mode : {"bf16", "w8a8", "w4a8-g128", "w8a8-g128"}) {
     SCOPED_TRACE(mode);
     auto m = load(source_dir() + "/models/perry-qwen3-20m", quant::parse_quant_mode(mode), true);

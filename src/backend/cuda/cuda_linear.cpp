@@ -342,6 +342,15 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   if (M <= small_wgmma_max && (grouped8 || (small_wgmma_all && mode == pq::QuantMode::W8A8) || small_w4) &&
       K % 16 == 0 && wgmma_enabled() && gemm_small_m_wgmma_supported())
     return Path::SmallMWgmma;
+  // Per-channel w8a8 on sm_90, layers at least as wide as deep (N >= K: q|k|v, o, gate|up): the
+  // prefill GEMM (gemm_w8a8_wgmma, split-K at these M) from gemv_quant's rows. H100, s41 run 5
+  // (bench-op): 14336 x 4096 at M 4-16 26.3-26.5 vs gemm_small_m 31.4-33.7 us, 6144 x 4096 16.2-17.3
+  // vs 19.6; on the deep layers it is even (4096 x 14336) or behind (2560 x 10240: 23 vs 19 us), so
+  // they stay. s42 run 1: Llama-3-8B decode at 16 sequences with every w8a8 layer on it 3296.5 ->
+  // 3451.5 tok/s. PERRY_W8A8_WIDE_SMALL_M=1 keeps the wide layers on gemm_small_m (lab).
+  static const bool w8a8_wide_small = env_flag("PERRY_W8A8_WIDE_SMALL_M");
+  if (mode == pq::QuantMode::W8A8 && N >= K && M <= small_a8_max && !w8a8_wide_small && wgmma_enabled())
+    return Path::Wgmma;
   if (M <= (a8 ? small_a8_max : small_a16_max)) return Path::SmallM;
   if (!a8) return Path::DequantCublas;
   if (mode == pq::QuantMode::W8A8) return wgmma_enabled() ? Path::Wgmma : Path::MmaSync;
