@@ -209,7 +209,6 @@ decode_ab() {
         gemvonly[0-9]*) env+=("PERRY_GEMV_ONLY_MAX_M=${sw#gemvonly}") ;;  # gemv_quant up to N rows
         smallwg[0-9]*) env+=("PERRY_SMALL_M_WGMMA_MAX_M=${sw#smallwg}") ;;  # W*A8 rows: gemm_small_m_wgmma up to N (0: never)
         smallall) env+=(PERRY_SMALL_M_WGMMA_ALL=1) ;;  # ... also for per-channel w8a8 and (two-level) int4 (lab)
-        smallburst[0-9]*) env+=("PERRY_SMALL_M_BURST=${sw#smallburst}") ;;  # gemm_small_m_wgmma: refills N stages at a time
         smallring[0-9]*) env+=("PERRY_SMALL_M_RING_KB=${sw#smallring}") ;;  # gemm_small_m_wgmma: the ring's KiB
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac

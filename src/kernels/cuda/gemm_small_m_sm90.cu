@@ -86,13 +86,6 @@ int ring_stages() {
   return std::max(2, std::min(C::kMaxStages, kb * 1024 / C::kStage));
 }
 
-// Stages the producer refills at a time (PERRY_SMALL_M_BURST, read per call, for A/B runs: 1..stages).
-int refill_burst(int stages) {
-  const char* e = std::getenv("PERRY_SMALL_M_BURST");
-  const int b = e && *e ? std::atoi(e) : 1;
-  return std::max(1, std::min(stages, b));
-}
-
 // The token-column count of the tiles for M rows.
 int tile_tokens(int M) { return M <= 8 ? 8 : M <= 16 ? 16 : M <= 32 ? 32 : 64; }
 
@@ -182,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const float* __restrict__ Sa, const float* __restrict__ Sw,
                               const int8_t* __restrict__ Mult, const float* __restrict__ bias,
                               void* __restrict__ Y, int M, int N, int K, int ks,
-                              long long total, int quantum, int S, int burst, uint32_t* __restrict__ ws,
+                              long long total, int quantum, int S, uint32_t* __restrict__ ws,
                               unsigned* __restrict__ flags) {
 #ifdef PERRY_WGMMA
   using C = SmallCfg<kMT, kW4>;
@@ -226,26 +219,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int kk = int(i % ks);
         tma_load_2d(base + q * C::kStage, &tmX, kk * kStageK, 0, full(q));
       }
-      // Refills `burst` stages at a time (consecutive k of the same rows when in one tile): each
-      // weight row is then asked of DRAM as burst · 128 contiguous bytes at once rather than 128
-      // bytes a stage ~1 us apart (PERRY_SMALL_M_BURST, lab; burst <= S).
       int q = pre;
-      for (long long i = i0 + pre; i < i1;) {
-        const int nb = int(i1 - i < burst ? i1 - i : burst);
-        for (int u = 0; u < nb; ++u) mbar_wait(empty((q + u) % S), (((q + u) / S) & 1) ^ 1);
-        for (int u = 0; u < nb; ++u) {
-          const int s = (q + u) % S;
-          const int t = int((i + u) / ks), kk = int(i + u - (long long)t * ks);
-          mbar_arrive_expect_tx(full(s), C::kStage);
-          tma_load_2d(base + s * C::kStage + C::kX, &tmW, kk * (C::kW / kRows), t * kRows, full(s));
-        }
-        for (int u = 0; u < nb; ++u) {
-          const int s = (q + u) % S;
-          const int kk = int((i + u) % ks);
-          tma_load_2d(base + s * C::kStage, &tmX, kk * kStageK, 0, full(s));
-        }
-        i += nb;
-        q += nb;
+      for (long long i = i0 + pre; i < i1; ++i, ++q) {
+        const int s = q % S;
+        mbar_wait(empty(s), ((q / S) & 1) ^ 1);
+        const int t = int(i / ks), kk = int(i - (long long)t * ks);
+        mbar_arrive_expect_tx(full(s), C::kStage);
+        tma_load_2d(base + s * C::kStage + C::kX, &tmW, kk * (C::kW / kRows), t * kRows, full(s));
+        tma_load_2d(base + s * C::kStage, &tmX, kk * kStageK, 0, full(s));
       }
     } else {
       pdl::wait();
@@ -494,7 +475,7 @@ void launch(const int8_t* x, const float* sa, const void* w, const float* sw, co
   const int quantum = ws && flags ? 1 : ks;
   const int grid = int(std::min<long long>(sm_count(), total / quantum));
   pdl::launch(name, kernel, dim3(grid), dim3(kThreads), C::smem_bytes(stages), stream, tx, tw, sa, sw, mult, bias, y,
-              M, N, K, ks, total, quantum, stages, refill_burst(stages), ws, flags);
+              M, N, K, ks, total, quantum, stages, ws, flags);
 }
 
 // The launch arguments past the template choice.
