@@ -210,6 +210,7 @@ decode_ab() {
         smallwg[0-9]*) env+=("PERRY_SMALL_M_WGMMA_MAX_M=${sw#smallwg}") ;;  # W*A8 rows: gemm_small_m_wgmma up to N (0: never)
         smallall) env+=(PERRY_SMALL_M_WGMMA_ALL=1) ;;  # ... also for per-channel w8a8 and (two-level) int4 (lab)
         smallring[0-9]*) env+=("PERRY_SMALL_M_RING_KB=${sw#smallring}") ;;  # gemm_small_m_wgmma: the ring's KiB
+        smallctas[0-9]*) env+=("PERRY_SMALL_M_CTAS_PER_SM=${sw#smallctas}") ;;  # gemm_small_m_wgmma: CTAs an SM (branch next/small-m-2cta)
         *) say "- unknown decode variant $v"; continue 2 ;;
       esac
     done
