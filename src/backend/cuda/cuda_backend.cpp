@@ -947,13 +947,13 @@ double CudaBackend::linears_ms(int M) {
 
 std::string CudaBackend::kernel_summary() const {
   if (layers_.empty()) return "";
-  const CudaLinear& g = layers_[0].gate_up;
-  std::string s = "  device: " + name_ + "\n";
-  s += "  attention/mlp linears: M=1 → " + g.kernel_name(1) + ", M=512 → " + g.kernel_name(512) + "\n";
-  // Batched decode (16 sequences a step): the small-M routes differ by layer shape (linear_path).
   const auto& l0 = layers_[0];
+  std::string s = "  device: " + name_ + "\n";
+  s += "  attention/mlp linears: M=1 → " + l0.gate_up.kernel_name(1) + ", M=512 → " + l0.gate_up.kernel_name(512) +
+       "\n";
+  // Batched decode (16 sequences a step): the small-M routes differ by layer shape (linear_path).
   s += "  batched decode, M=16: q|k|v → " + l0.qkv.kernel_name(16) + ", o → " + l0.o.kernel_name(16) +
-       ", gate|up → " + g.kernel_name(16) + ", down → " + l0.down.kernel_name(16) + "\n";
+       ", gate|up → " + l0.gate_up.kernel_name(16) + ", down → " + l0.down.kernel_name(16) + "\n";
   s += "  lm_head: M=1 → " + lm_head_.kernel_name(1) + ", M=512 → " + lm_head_.kernel_name(512) + "\n";
   s += std::string("  attention: prefill → ") + attention_prefill_kernel_name(int(cfg_.head_dim)) +
        ", online softmax; decode → attention_decode (split-KV)\n";

@@ -330,9 +330,9 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   // of gemm_small_m_wgmma (gemm_small_m_sm90.h). H100, s41 runs 3 / 5 (bench-op, docs/perf/cuda/
   // s41-runs-small-m.md): w8a8-g128 at M 16 1.04-1.17x faster than gemm_small_m on all five shapes
   // (M 4-8: 2-7% faster, 2560 x 10240 4-5% slower), Llama-3-8B decode at 16 sequences +8.6%; at M 64
-  // slower than gemm_quant_wgmma. Per-channel
-  // w8a8 and the int4 form lost to gemm_small_m / gemm_w8a8_wgmma there and are taken only with
-  // PERRY_SMALL_M_WGMMA_ALL=1 (lab); PERRY_SMALL_M_WGMMA_MAX_M: the last M (0: never).
+  // slower than gemm_quant_wgmma. Per-channel w8a8 and the int4 form lost to gemm_small_m /
+  // gemm_w8a8_wgmma there and are taken only with PERRY_SMALL_M_WGMMA_ALL=1 (lab);
+  // PERRY_SMALL_M_WGMMA_MAX_M: the last M (0: never).
   static const int small_wgmma_max =
       env_int("PERRY_SMALL_M_WGMMA_MAX_M", CudaLinear::kSmallMWgmmaMaxM, 0, kGemmSmallMWgmmaMaxM);
   static const bool small_wgmma_all = env_flag("PERRY_SMALL_M_WGMMA_ALL");

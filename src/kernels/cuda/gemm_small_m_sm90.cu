@@ -16,8 +16,11 @@
 //     stages, 64-80 KiB of weights in flight an SM), which leaves room for the next kernel's CTA on
 //     the SM. A ~200 KiB ring measured slower (s41 run 5), and the int4 form, half the bytes a
 //     stage, took as long as the int8 one: the kernel is bound by a cost per stage, not by bytes in
-//     flight (~1.2 us a stage at N 14336 × K 4096, M 16 — a memory latency: not yet explained;
-//     gemm_w8a8_wgmma's 64-row tiles stream the same weights faster at M 4-16 on the wide shapes).
+//     flight (~1.2 us a stage at N 14336 × K 4096, M 16). s42 (docs/perf/cuda/s42-runs-small-m.md):
+//     Nsight shows the consumer waiting on its `full` barrier with DRAM at 62% of peak; neither
+//     independent accumulator chains nor refilling several stages of the same rows at once helped.
+//     gemm_w8a8_wgmma's ping-pong tiles stream the wide shapes faster at M 4-32 (per-channel w8a8
+//     takes it there); two streams an SM are the open experiment (branch next/small-m-2cta).
 //   * Programmatic dependent launch: the producer issues the first stages' weight boxes before
 //     griddepcontrol.wait (no kernel writes weights), the activation boxes after it; the
 //     consumers wait before reading sa or touching y, the workspace and the counters.
