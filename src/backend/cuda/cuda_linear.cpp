@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -16,6 +17,7 @@
 #include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemm_small_m_sm90.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
+#include "kernels/cuda/gemm_weight_only_sm90.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/two_level_scales.h"
 
@@ -165,6 +167,14 @@ bool wgmma_enabled() {
   return ok;
 }
 
+// Lab-gated (off by default, not yet measured): PERRY_WEIGHT_ONLY_WGMMA=1 runs the weight-only
+// prefill as gemm_weight_only_wgmma (codes → bf16 in registers inside the GEMM) instead of
+// dequantize_weight_bf16 + cuBLAS, where the device and the shape allow it.
+bool weight_only_wgmma_enabled() {
+  static const bool on = env_flag("PERRY_WEIGHT_ONLY_WGMMA") && gemm_weight_only_wgmma_supported();
+  return on;
+}
+
 }  // namespace
 
 void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const {
@@ -223,6 +233,12 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       }
       return;
     case Path::DequantCublas:
+      if (weight_only_wgmma_enabled() && reinterpret_cast<uintptr_t>(x.bf16) % 16 == 0 &&
+          gemm_weight_only_wgmma_accepts(bits_, group_size_, M, n_, k_, out)) {
+        gemm_weight_only_wgmma(x.bf16, weight_.get(), scales_.get<float>(), bits_, group_size_, bias, y, out, M, n_, k_,
+                               ctx.stream);
+        return;
+      }
       // Weight-only prefill: one pass to rebuild the bf16 weight, then the library GEMM.
       ctx.dequant_scratch.ensure(*ctx.pool, size_t(n_) * size_t(k_) * 2, "dequantized weight scratch");
       dequantize_weight_bf16(weight_.get(), scales_.get<float>(), bits_, group_size_, n_, k_,
