@@ -5,7 +5,8 @@
 //   (b) dequantize_weight_bf16 + a cuBLAS bf16 GEMM (the call CudaLinear's DequantCublas path
 //       makes) within twice that bound;
 // with and without bias, fp32 and bf16 outputs, both tile widths (PERRY_WEIGHT_ONLY_BN), per channel
-// and grouped scales, M and N off the tiles (65, 200, 300, 257) and K from one stage (64) to 4096.
+// and grouped scales, M and N off the tiles (M 65, 257, 300; N 131, 200, 384) and K from one stage
+// (64) to 4096.
 // Every code value occurs (int8 −128..127, every nibble), scales differ by row and group.
 // (d) K off the 64-k stage and unsupported group sizes throw perry::Error.
 #include <cublas_v2.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -169,10 +171,12 @@ struct Shape {
   int M, N, K;
 };
 // (M, N, K): M and N off the 128 / 256 tiles, one stage (K 64) to 64 stages; the last two are
-// checked against the device path only (their float64 reference would take minutes).
-const Shape kShapes[] = {{65, 128, 64},   {65, 200, 128},   {128, 128, 4096}, {300, 200, 128},
-                         {257, 384, 256}, {300, 200, 4096}, {300, 4096, 128}, {128, 4096, 4096},
-                         {1024, 4096, 4096}};
+// checked against the device path only (their float64 reference would take minutes). {65, 131,
+// 192}: an odd N (a last weight tile of 3 rows), an odd stage count above one (the two fragment
+// sets end on the first) and, at group 128, a last group of one stage (G = ceil(K / 128) = 2).
+const Shape kShapes[] = {{65, 128, 64},    {65, 200, 128},   {65, 131, 192},   {128, 128, 4096},
+                         {300, 200, 128},  {257, 384, 256},  {300, 200, 4096}, {300, 4096, 128},
+                         {128, 4096, 4096}, {1024, 4096, 4096}};
 constexpr double kHostRefMaxMacs = 3e8;
 // (bits, group size): the modes' g128, per channel, and other accepted groups (64, 256).
 const std::pair<int, int> kFormats[] = {{8, 128}, {4, 128}, {8, 0}, {4, 0}, {8, 64}, {4, 256}};
@@ -222,6 +226,14 @@ TEST(CudaGemmWeightOnlyWgmma, MatchesFloat64AndDequantCublas) {
             const auto got = read_out(y, out, count);
             const auto want = cublas ? read_out(yc, out, count) : std::vector<float>();
             size_t bad_ref = 0, bad_cublas = 0, first_ref = 0, first_cublas = 0;
+            // Which n % 32 and m % 32 the bad outputs have (bit i: some bad output there): a code tile
+            // read with the wrong swizzle shows as a pattern in n (int8: (n / 2) % 4 != 0; int4:
+            // n % 8 >= 4), a fragment or X descriptor error as one in m or in both.
+            uint32_t bad_n = 0, bad_m = 0;
+            auto mark = [&](size_t i) {
+              bad_n |= 1u << ((i % size_t(sh.N)) % 32);
+              bad_m |= 1u << ((i / size_t(sh.N)) % 32);
+            };
             double worst = 0;  // the largest error against the float64 sum, in units of the bound
             // Without the float64 sums (the large shapes) the scale of Σ|terms| is estimated from
             // the outputs: about sqrt(K) times their RMS for random signs (×4 for slack).
@@ -238,6 +250,7 @@ TEST(CudaGemmWeightOnlyWgmma, MatchesFloat64AndDequantCublas) {
               const double m = host ? mag[i] + std::fabs(b) : 0.0;
               if (!std::isfinite(got[i])) {
                 if (bad_ref++ == 0) first_ref = i;
+                mark(i);
                 continue;
               }
               if (host) {
@@ -248,7 +261,10 @@ TEST(CudaGemmWeightOnlyWgmma, MatchesFloat64AndDequantCublas) {
                 d_ref += e * e;
                 n_ref += r * r;
                 worst = std::max(worst, e / lim);
-                if (e > lim && bad_ref++ == 0) first_ref = i;
+                if (e > lim) {
+                  if (bad_ref++ == 0) first_ref = i;
+                  mark(i);
+                }
               }
               if (cublas) {
                 const double scale = host ? m : 4.0 * std::sqrt(double(sh.K)) * rms;
@@ -257,18 +273,36 @@ TEST(CudaGemmWeightOnlyWgmma, MatchesFloat64AndDequantCublas) {
                 n_cub += double(want[i]) * double(want[i]);
                 const double lim = 2.0 * fp32_sum_bound(sh.K, scale) +
                                    (out == DType::BF16 ? std::ldexp(std::fabs(double(want[i])), -7) : 0.0);
-                if (!(std::fabs(double(got[i]) - double(want[i])) <= lim) && bad_cublas++ == 0) first_cublas = i;
+                if (!(std::fabs(double(got[i]) - double(want[i])) <= lim)) {
+                  if (bad_cublas++ == 0) first_cublas = i;
+                  mark(i);
+                }
               }
             }
-            EXPECT_EQ(bad_ref, 0u) << w2 << ": vs float64, first bad " << first_ref << " gpu " << got[first_ref]
-                                   << (host ? " ref " + std::to_string(ref[first_ref]) : std::string());
-            if (cublas)
-              EXPECT_EQ(bad_cublas, 0u) << w2 << ": vs dequantize + cuBLAS, first bad " << first_cublas << " gpu "
-                                        << got[first_cublas] << " cuBLAS " << want[first_cublas];
+            const auto at = [&](size_t i) {
+              return " (m " + std::to_string(i / size_t(sh.N)) + ", n " + std::to_string(i % size_t(sh.N)) + ")";
+            };
+            const auto masks = [&] {
+              char b[64];
+              std::snprintf(b, sizeof b, "; bad n %% 32 mask 0x%08x, m %% 32 mask 0x%08x", bad_n, bad_m);
+              return std::string(b);
+            };
+            EXPECT_EQ(bad_ref, 0u) << w2 << ": vs float64, first bad " << first_ref << at(first_ref) << " gpu "
+                                   << got[first_ref]
+                                   << (host ? " ref " + std::to_string(ref[first_ref]) : std::string()) << masks();
+            if (cublas) {  // (braces: gtest's macros end in an if / else)
+              EXPECT_EQ(bad_cublas, 0u) << w2 << ": vs dequantize + cuBLAS, first bad " << first_cublas
+                                        << at(first_cublas) << " gpu " << got[first_cublas] << " cuBLAS "
+                                        << want[first_cublas] << masks();
+            }
             const double l2_tol = out == DType::F32 ? 1e-4 : 1e-2;  // (bf16: its own rounding, 2^-9)
-            if (host) EXPECT_LT(std::sqrt(d_ref / n_ref), l2_tol) << w2 << ": relative L2 vs float64 (worst element at "
-                                                                  << worst << " of its bound)";
-            if (cublas) EXPECT_LT(std::sqrt(d_cub / n_cub), l2_tol) << w2 << ": relative L2 vs dequantize + cuBLAS";
+            if (host) {
+              EXPECT_LT(std::sqrt(d_ref / n_ref), l2_tol)
+                  << w2 << ": relative L2 vs float64 (worst element at " << worst << " of its bound)";
+            }
+            if (cublas) {
+              EXPECT_LT(std::sqrt(d_cub / n_cub), l2_tol) << w2 << ": relative L2 vs dequantize + cuBLAS";
+            }
           }
       }
     }

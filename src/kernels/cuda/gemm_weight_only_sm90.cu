@@ -327,9 +327,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kBits == 8) convert_int8(tile, rt, tq, sel, sa, sb, a);
       else convert_int4(tile, rt, tq, sel, sa, sb, a);
     };
-    auto issue = [&](int slot, const uint32_t (&a)[16], bool first) {
+    auto issue = [&](int slot, uint32_t (&a)[16], bool first) {
       const uint64_t db = make_desc_sw128(sX + slot * C::kTileX);
       fence_acc(acc);
+      // The fragment's writes (the conversion) must precede wgmma.fence (PTX): pinned here so the
+      // compiler cannot sink them past it (attention_prefill_sm90.cu pins its P the same way).
+      fence_frag(a);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)  // +32 B along K (16 bf16) = +2 in the address field
