@@ -167,15 +167,17 @@ bool wgmma_enabled() {
   return ok;
 }
 
-// Lab-gated (off by default, not yet measured): PERRY_WEIGHT_ONLY_WGMMA=1 runs the weight-only
-// prefill as gemm_weight_only_wgmma (codes → bf16 in registers inside the GEMM) instead of
-// dequantize_weight_bf16 + cuBLAS, where the device and the shape allow it.
+}  // namespace
+
 bool weight_only_wgmma_enabled() {
   static const bool on = env_flag("PERRY_WEIGHT_ONLY_WGMMA") && gemm_weight_only_wgmma_supported();
   return on;
 }
 
-}  // namespace
+bool weight_only_wgmma_takes(const void* x, int bits, int group_size, int M, int N, int K, DType out) {
+  return weight_only_wgmma_enabled() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         gemm_weight_only_wgmma_accepts(bits, group_size, M, N, K, out);
+}
 
 void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const {
   run(x, M, y, DType::F32, ctx);
@@ -233,8 +235,7 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       }
       return;
     case Path::DequantCublas:
-      if (weight_only_wgmma_enabled() && reinterpret_cast<uintptr_t>(x.bf16) % 16 == 0 &&
-          gemm_weight_only_wgmma_accepts(bits_, group_size_, M, n_, k_, out)) {
+      if (weight_only_wgmma_takes(x.bf16, bits_, group_size_, M, n_, k_, out)) {
         gemm_weight_only_wgmma(x.bf16, weight_.get(), scales_.get<float>(), bits_, group_size_, bias, y, out, M, n_, k_,
                                ctx.stream);
         return;
@@ -454,7 +455,8 @@ std::string linear_path_name(pq::QuantMode qmode, LinearPath path) {
     case Path::SmallM: return mode + ":gemm_small_m";
     case Path::SmallMWgmma: return mode + ":gemm_small_m_wgmma";
     case Path::Gemv: return mode + ":gemv_quant";
-    case Path::DequantCublas: return mode + ":dequantize_bf16+cublas_gemm";
+    case Path::DequantCublas:
+      return mode + (weight_only_wgmma_enabled() ? ":gemm_weight_only_wgmma" : ":dequantize_bf16+cublas_gemm");
     case Path::Wgmma: return mode + ":gemm_w8a8_wgmma_tma";
     case Path::MmaSync: return mode + ":" + gemm_w8a8_kernel_name();
     case Path::GemmQuant: return mode + ":gemm_quant_mma";
