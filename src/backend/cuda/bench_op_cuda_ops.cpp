@@ -17,6 +17,7 @@
 #include "kernels/cuda/gemm_small_m_sm90.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/gemm_weight_only_sm90.h"
 #include "kernels/cuda/gemv_decode.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/two_level_scales.h"
@@ -215,6 +216,10 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
       }
       return;
     case LinearPath::DequantCublas:
+      if (weight_only_wgmma_takes(a.x, sc.weight_bits, sc.group_size, M, N, K, out)) {  // (lab: CudaLinear's choice)
+        gemm_weight_only_wgmma(a.x, a.w, a.scales, sc.weight_bits, sc.group_size, nullptr, y, out, M, N, K, c.stream);
+        return;
+      }
       PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the dequantization scratch", op_info(op).name);
       dequantize_weight_bf16(a.w, a.scales, sc.weight_bits, sc.group_size, N, K, c.dequant_scratch, c.stream);
       cublas_gemm_bf16(c.blas, c.dequant_scratch, a.x, y, out, M, N, K);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -16,6 +17,7 @@
 #include "kernels/cuda/gemm_quant_sm90.h"
 #include "kernels/cuda/gemm_small_m_sm90.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
+#include "kernels/cuda/gemm_weight_only_sm90.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/two_level_scales.h"
 
@@ -167,6 +169,16 @@ bool wgmma_enabled() {
 
 }  // namespace
 
+bool weight_only_wgmma_enabled() {
+  static const bool on = env_flag("PERRY_WEIGHT_ONLY_WGMMA") && gemm_weight_only_wgmma_supported();
+  return on;
+}
+
+bool weight_only_wgmma_takes(const void* x, int bits, int group_size, int M, int N, int K, DType out) {
+  return weight_only_wgmma_enabled() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         gemm_weight_only_wgmma_accepts(bits, group_size, M, N, K, out);
+}
+
 void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const {
   run(x, M, y, DType::F32, ctx);
 }
@@ -223,6 +235,11 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       }
       return;
     case Path::DequantCublas:
+      if (weight_only_wgmma_takes(x.bf16, bits_, group_size_, M, n_, k_, out)) {
+        gemm_weight_only_wgmma(x.bf16, weight_.get(), scales_.get<float>(), bits_, group_size_, bias, y, out, M, n_, k_,
+                               ctx.stream);
+        return;
+      }
       // Weight-only prefill: one pass to rebuild the bf16 weight, then the library GEMM.
       ctx.dequant_scratch.ensure(*ctx.pool, size_t(n_) * size_t(k_) * 2, "dequantized weight scratch");
       dequantize_weight_bf16(weight_.get(), scales_.get<float>(), bits_, group_size_, n_, k_,
@@ -438,7 +455,8 @@ std::string linear_path_name(pq::QuantMode qmode, LinearPath path) {
     case Path::SmallM: return mode + ":gemm_small_m";
     case Path::SmallMWgmma: return mode + ":gemm_small_m_wgmma";
     case Path::Gemv: return mode + ":gemv_quant";
-    case Path::DequantCublas: return mode + ":dequantize_bf16+cublas_gemm";
+    case Path::DequantCublas:
+      return mode + (weight_only_wgmma_enabled() ? ":gemm_weight_only_wgmma" : ":dequantize_bf16+cublas_gemm");
     case Path::Wgmma: return mode + ":gemm_w8a8_wgmma_tma";
     case Path::MmaSync: return mode + ":" + gemm_w8a8_kernel_name();
     case Path::GemmQuant: return mode + ":gemm_quant_mma";

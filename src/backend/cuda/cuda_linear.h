@@ -63,6 +63,11 @@ enum class LinearPath {
 // N (the layer's outputs; 0: not known) lets short prompts take the two-level kernel where its
 // tiles fill the GPU (gemm_w4a8_two_level_wgmma_fills).
 LinearPath linear_path(quant::QuantMode mode, int M, int K, bool two_level = false, int N = 0);
+// Weight-only prefill (LinearPath::DequantCublas) as one fused GEMM instead of dequantize + cuBLAS:
+// lab-gated by PERRY_WEIGHT_ONLY_WGMMA=1 (not yet measured; gemm_weight_only_sm90.h). `takes`: the
+// call with these arguments runs gemm_weight_only_wgmma (x 16-byte aligned, the shape accepted).
+bool weight_only_wgmma_enabled();
+bool weight_only_wgmma_takes(const void* x, int bits, int group_size, int M, int N, int K, DType out);
 // The kernels of a path as logs and bench-op print them ("w8a8:gemm_w8a8_wgmma_tma").
 std::string linear_path_name(quant::QuantMode mode, LinearPath path);
 // Bytes of the split-K workspace (LinearContext::splitk) that `path` uses for an M × N × K layer of
