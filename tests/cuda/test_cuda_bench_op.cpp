@@ -24,6 +24,7 @@
 #include "kernels/cuda/gemm_small_m_sm90.h"
 #include "kernels/cuda/gemm_w4a8_two_level.h"
 #include "kernels/cuda/gemm_w8a8.h"
+#include "kernels/cuda/gemm_weight_only_sm90.h"
 #include "kernels/cuda/gemv_quant.h"
 #include "quant/quant.h"
 
@@ -183,6 +184,17 @@ TEST(CudaBenchOp, LinearPathChoice) {
     EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM + 1, 4096), LinearPath::DequantCublas);
     EXPECT_EQ(pc::linear_path(mode, 8, 40), LinearPath::Gemv);  // odd K: the GEMV up to 8 rows,
     EXPECT_EQ(pc::linear_path(mode, 9, 40), LinearPath::DequantCublas);  // then dequantize + cuBLAS
+  }
+  // Weight-only prefill on sm_90: the fused GEMM on layers with N >= kWeightOnlyWgmmaMinN (s43 run 1:
+  // slower than dequantize + cuBLAS on 2560 x 10240), from the first row past gemm_small_m's.
+  const LinearPath fused = w8a8_wgmma && pc::gemm_weight_only_wgmma_supported() ? LinearPath::WeightOnlyWgmma
+                                                                                  : LinearPath::DequantCublas;
+  for (QM mode : {QM::W8A16, QM::W4A16}) {
+    EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM, 4096, false, 14336), LinearPath::SmallM);
+    EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM + 1, 4096, false, 14336), fused);
+    EXPECT_EQ(pc::linear_path(mode, 4096, 14336, false, pc::kWeightOnlyWgmmaMinN), fused);
+    EXPECT_EQ(pc::linear_path(mode, 128, 10240, false, 2560), LinearPath::DequantCublas);
+    EXPECT_EQ(pc::linear_path(mode, 128, 4000, false, 14336), LinearPath::DequantCublas);  // K % 64 != 0
   }
   // int4 W*A8 on sm_90: the int4 GEMM below kExpandInt4MinM (w4a8-g128: kExpandInt4G128MinM)
   // rows, the int8 one on the expanded weight from there (without wgmma: gemm_quant throughout).

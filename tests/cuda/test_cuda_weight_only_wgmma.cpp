@@ -1,4 +1,4 @@
-// gemm_weight_only_wgmma (sm_90a, w8a16 / w4a16 prefill; NOT YET RUN ON A GPU when written): its
+// gemm_weight_only_wgmma (sm_90a, w8a16 / w4a16 prefill): its
 // operands are dequantize_weight_bf16's bf16 values bit for bit, so its outputs must match
 //   (a) the float64 sums over the host-rounded bf16 weights, within the error of an fp32
 //       accumulation of K terms (plus the bf16 output's rounding), and

@@ -215,11 +215,10 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
                    mb, N, K, c.stream);  // (fp32 out only)
       }
       return;
+    case LinearPath::WeightOnlyWgmma:
+      gemm_weight_only_wgmma(a.x, a.w, a.scales, sc.weight_bits, sc.group_size, nullptr, y, out, M, N, K, c.stream);
+      return;
     case LinearPath::DequantCublas:
-      if (weight_only_wgmma_takes(a.x, sc.weight_bits, sc.group_size, M, N, K, out)) {  // (lab: CudaLinear's choice)
-        gemm_weight_only_wgmma(a.x, a.w, a.scales, sc.weight_bits, sc.group_size, nullptr, y, out, M, N, K, c.stream);
-        return;
-      }
       PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the dequantization scratch", op_info(op).name);
       dequantize_weight_bf16(a.w, a.scales, sc.weight_bits, sc.group_size, N, K, c.dequant_scratch, c.stream);
       cublas_gemm_bf16(c.blas, c.dequant_scratch, a.x, y, out, M, N, K);

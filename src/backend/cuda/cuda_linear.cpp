@@ -169,16 +169,6 @@ bool wgmma_enabled() {
 
 }  // namespace
 
-bool weight_only_wgmma_enabled() {
-  static const bool on = env_flag("PERRY_WEIGHT_ONLY_WGMMA") && gemm_weight_only_wgmma_supported();
-  return on;
-}
-
-bool weight_only_wgmma_takes(const void* x, int bits, int group_size, int M, int N, int K, DType out) {
-  return weight_only_wgmma_enabled() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         gemm_weight_only_wgmma_accepts(bits, group_size, M, N, K, out);
-}
-
 void CudaLinear::forward(const LinearInput& x, int M, float* y, LinearContext& ctx) const {
   run(x, M, y, DType::F32, ctx);
 }
@@ -234,12 +224,11 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
                    yf + size_t(m0) * n_, mb, n_, k_, ctx.stream);
       }
       return;
+    case Path::WeightOnlyWgmma:
+      gemm_weight_only_wgmma(x.bf16, weight_.get(), scales_.get<float>(), bits_, group_size_, bias, y, out, M, n_, k_,
+                             ctx.stream);
+      return;
     case Path::DequantCublas:
-      if (weight_only_wgmma_takes(x.bf16, bits_, group_size_, M, n_, k_, out)) {
-        gemm_weight_only_wgmma(x.bf16, weight_.get(), scales_.get<float>(), bits_, group_size_, bias, y, out, M, n_, k_,
-                               ctx.stream);
-        return;
-      }
       // Weight-only prefill: one pass to rebuild the bf16 weight, then the library GEMM.
       ctx.dequant_scratch.ensure(*ctx.pool, size_t(n_) * size_t(k_) * 2, "dequantized weight scratch");
       dequantize_weight_bf16(weight_.get(), scales_.get<float>(), bits_, group_size_, n_, k_,
@@ -369,7 +358,21 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   if (mode == pq::QuantMode::W8A8 && N >= K && M <= small_a8_max && !w8a8_wide_small && wgmma_enabled())
     return Path::Wgmma;
   if (M <= (a8 ? small_a8_max : small_a16_max)) return Path::SmallM;
-  if (!a8) return Path::DequantCublas;
+  // Weight-only prefill: the fused GEMM (codes -> bf16 in registers, no bf16 copy of the weight)
+  // on layers with N >= kWeightOnlyWgmmaMinN. H100, s43 run 1 (bench-op, vs dequantize + cuBLAS,
+  // docs/perf/cuda/s43-runs.md): 14336 x 4096 at M 128 / 512 / 2048 45.9 / 114.8 / 375.0 vs 132.7 /
+  // 176.0 / 384.1 us (w8a16; w4a16 alike), 4096 x 14336 125.8 / 129.3 / 353.1 vs 137.3 / 162.9 /
+  // 371.5, 6144 x 4096 and 10240 x 2560 faster or level; 2560 x 10240 (20 weight tiles of 128 rows
+  // for 132 SMs, no split-K yet) slower at every M (90.0 vs 66.4 at M 128, 260.0 vs 171.6 at 2048).
+  static const int weight_only_wgmma = env_int("PERRY_WEIGHT_ONLY_WGMMA", -1, 0, 1);
+  if (!a8) {
+    const pq::QuantScheme sc = pq::quant_scheme(mode);
+    const bool fused = weight_only_wgmma == 1 || (weight_only_wgmma == -1 && N >= kWeightOnlyWgmmaMinN);
+    return fused && wgmma_enabled() &&
+                   gemm_weight_only_wgmma_accepts(sc.weight_bits, sc.group_size, M, N, K, DType::BF16)
+               ? Path::WeightOnlyWgmma
+               : Path::DequantCublas;
+  }
   if (mode == pq::QuantMode::W8A8) return wgmma_enabled() ? Path::Wgmma : Path::MmaSync;
   if (!wgmma_enabled() || !gemm_quant_wgmma_supported()) return Path::GemmQuant;
   // int4 at prefill sizes: expanding the weight to int8 once (~10-30 us for 10-58 M weights)
@@ -455,8 +458,8 @@ std::string linear_path_name(pq::QuantMode qmode, LinearPath path) {
     case Path::SmallM: return mode + ":gemm_small_m";
     case Path::SmallMWgmma: return mode + ":gemm_small_m_wgmma";
     case Path::Gemv: return mode + ":gemv_quant";
-    case Path::DequantCublas:
-      return mode + (weight_only_wgmma_enabled() ? ":gemm_weight_only_wgmma" : ":dequantize_bf16+cublas_gemm");
+    case Path::DequantCublas: return mode + ":dequantize_bf16+cublas_gemm";
+    case Path::WeightOnlyWgmma: return mode + ":gemm_weight_only_wgmma";
     case Path::Wgmma: return mode + ":gemm_w8a8_wgmma_tma";
     case Path::MmaSync: return mode + ":" + gemm_w8a8_kernel_name();
     case Path::GemmQuant: return mode + ":gemm_quant_mma";

@@ -51,7 +51,7 @@ struct LinearInput {
 // ExpandTwoLevelWgmma at every M for A/B runs).
 enum class LinearPath {
   CublasBf16, SmallM, Gemv, DequantCublas, Wgmma, MmaSync, GemmQuant, WgmmaQuant, ExpandWgmma, ExpandTwoLevelWgmma,
-  TwoLevelWgmma, Fp8Wgmma, SmallMWgmma
+  TwoLevelWgmma, Fp8Wgmma, SmallMWgmma, WeightOnlyWgmma
 };
 // The choice for a layer of `mode` with K inputs at M rows: the one place it is made, so that
 // CudaLinear runs and `perry bench-op --device cuda` times the same kernels. two_level: the
@@ -63,11 +63,11 @@ enum class LinearPath {
 // N (the layer's outputs; 0: not known) lets short prompts take the two-level kernel where its
 // tiles fill the GPU (gemm_w4a8_two_level_wgmma_fills).
 LinearPath linear_path(quant::QuantMode mode, int M, int K, bool two_level = false, int N = 0);
-// Weight-only prefill (LinearPath::DequantCublas) as one fused GEMM instead of dequantize + cuBLAS:
-// lab-gated by PERRY_WEIGHT_ONLY_WGMMA=1 (not yet measured; gemm_weight_only_sm90.h). `takes`: the
-// call with these arguments runs gemm_weight_only_wgmma (x 16-byte aligned, the shape accepted).
-bool weight_only_wgmma_enabled();
-bool weight_only_wgmma_takes(const void* x, int bits, int group_size, int M, int N, int K, DType out);
+// Weight-only prefill (w8a16 / w4a16 past gemm_small_m's rows): LinearPath::WeightOnlyWgmma, one
+// fused GEMM (gemm_weight_only_sm90.h) on layers with N >= kWeightOnlyWgmmaMinN outputs, else
+// LinearPath::DequantCublas (dequantize_weight_bf16 + cuBLAS). PERRY_WEIGHT_ONLY_WGMMA=0 keeps
+// every layer on the two-step path (A/B runs), =1 puts every shape the kernel accepts on it (lab).
+constexpr int kWeightOnlyWgmmaMinN = 4096;
 // The kernels of a path as logs and bench-op print them ("w8a8:gemm_w8a8_wgmma_tma").
 std::string linear_path_name(quant::QuantMode mode, LinearPath path);
 // Bytes of the split-K workspace (LinearContext::splitk) that `path` uses for an M × N × K layer of
@@ -165,7 +165,10 @@ class CudaLinear {
   // W4A8 modes: the int8 expansion of the weight (LinearPath::ExpandWgmma), N·K bytes.
   size_t dequant_scratch_bytes() const {
     if (!quant::is_quantized(mode_) || fp8()) return 0;
-    if (input_format() == ActFormat::BF16) return size_t(n_) * size_t(k_) * 2;
+    // Weight-only: none when the fused kernel takes the layer's prefill (the choice does not
+    // depend on M there), e.g. ~1 GB less on Llama-3-8B, whose lm_head's bf16 copy was the largest.
+    if (input_format() == ActFormat::BF16)
+      return linear_path(mode_, 1 << 20, k_, false, n_) == LinearPath::WeightOnlyWgmma ? 0 : size_t(n_) * size_t(k_) * 2;
     // int4: the expansion (LinearPath::ExpandWgmma / ExpandTwoLevelWgmma), unless the two-level
     // register kernel takes every M an expansion would (it needs no scratch).
     if (bits_ == 4 && two_level() &&

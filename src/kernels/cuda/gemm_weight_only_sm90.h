@@ -4,7 +4,8 @@
 // gemm_weight_only_sm90.cu). It replaces dequantize_weight_bf16 + a cuBLAS bf16 GEMM, whose pass
 // over the whole weight made the weight-only modes 0.3-0.6x plain bf16 cuBLAS.
 //
-// PREPARED, NOT YET RUN ON A GPU (branch next/w16-wgmma): compiled for sm_90a only.
+// Compiled for sm_90a only. First GPU run s43 (H100): test_cuda_weight_only_wgmma 4/4; CudaLinear's
+// choice (linear_path, LinearPath::WeightOnlyWgmma) takes it for layers with N >= 4096.
 //
 //   y[m, n] = Σ_k x[m, k]·wdq[n, k] (+ bias[n]), fp32 accumulation, out F32 or BF16 (rn);
 //   wdq[n, k] = bf16_rn(float(q[n, k])·scales[n, g(k)]) — dequantize_weight_bf16's values bit for
