@@ -264,14 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = tiles_x * tiles_w;
   const int ktiles = K / kBK;
 
-  if (threadIdx.x == 0) {
-#pragma unroll 1
-    for (int s = 0; s < S; ++s) {
-      mbar_init(full(s), 1);
-      mbar_init(empty(s), 8);
-    }
-    mbar_init_fence();
-  }
+  init_ring_barriers(bars, S, 8);  // (full(s), empty(s) above)
   __syncthreads();
 
   if (wg == 0) {

@@ -42,6 +42,19 @@ using bulk::mbar_init_fence;
 using bulk::mbar_wait;
 using bulk::smem_addr;
 
+// The block's first thread sets up a ring of `stages` slots: `full` barriers at bars + 8s (one
+// arrival: the producer's expect_tx), `empty` ones at bars + 8(stages + s) (empty_arrivals: one a
+// consumer warp), and fences them for the async proxy. The caller syncs the block after.
+__device__ __forceinline__ void init_ring_barriers(uint32_t bars, int stages, unsigned empty_arrivals) {
+  if (threadIdx.x != 0) return;
+#pragma unroll 1
+  for (int s = 0; s < stages; ++s) {
+    mbar_init(bars + 8u * s, 1);
+    mbar_init(bars + 8u * (stages + s), empty_arrivals);
+  }
+  mbar_init_fence();
+}
+
 __device__ __forceinline__ void prefetch_tensormaps(const CUtensorMap* a, const CUtensorMap* b) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(a)) : "memory");
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(b)) : "memory");
