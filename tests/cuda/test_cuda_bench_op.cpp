@@ -187,13 +187,17 @@ TEST(CudaBenchOp, LinearPathChoice) {
   }
   // Weight-only prefill on sm_90: the fused GEMM on layers with N >= kWeightOnlyWgmmaMinN (s43 run 1:
   // slower than dequantize + cuBLAS on 2560 x 10240), from the first row past gemm_small_m's.
-  const LinearPath fused = w8a8_wgmma && pc::gemm_weight_only_wgmma_supported() ? LinearPath::WeightOnlyWgmma
-                                                                                  : LinearPath::DequantCublas;
+  // PERRY_WEIGHT_ONLY_WGMMA=0 / =1 (the A/B switch) turn the rule off / onto every accepted shape.
+  const char* wo_env = std::getenv("PERRY_WEIGHT_ONLY_WGMMA");
+  const std::string wo = wo_env ? wo_env : "";
+  const bool can_fuse = w8a8_wgmma && pc::gemm_weight_only_wgmma_supported() && wo != "0";
+  const LinearPath fused = can_fuse ? LinearPath::WeightOnlyWgmma : LinearPath::DequantCublas;
+  const LinearPath narrow = can_fuse && wo == "1" ? LinearPath::WeightOnlyWgmma : LinearPath::DequantCublas;
   for (QM mode : {QM::W8A16, QM::W4A16}) {
     EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM, 4096, false, 14336), LinearPath::SmallM);
     EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM + 1, 4096, false, 14336), fused);
     EXPECT_EQ(pc::linear_path(mode, 4096, 14336, false, pc::kWeightOnlyWgmmaMinN), fused);
-    EXPECT_EQ(pc::linear_path(mode, 128, 10240, false, 2560), LinearPath::DequantCublas);
+    EXPECT_EQ(pc::linear_path(mode, 128, 10240, false, 2560), narrow);
     EXPECT_EQ(pc::linear_path(mode, 128, 4000, false, 14336), LinearPath::DequantCublas);  // K % 64 != 0
   }
   // int4 W*A8 on sm_90: the int4 GEMM below kExpandInt4MinM (w4a8-g128: kExpandInt4G128MinM)
@@ -298,6 +302,16 @@ TEST(CudaBenchOp, StartupCheckCoversPaths) {
   EXPECT_EQ(a8, (std::set<LinearPath>{LinearPath::Gemv, small, gemm}));
   EXPECT_EQ(w16, (std::set<LinearPath>{LinearPath::Gemv, LinearPath::SmallM, LinearPath::DequantCublas}));
   EXPECT_GT(*std::max_element(std::begin(kStartupCheckMs), std::end(kStartupCheckMs)), 128);
+  // The weight-only ops' wide case reaches the fused GEMM where it runs (unless
+  // PERRY_WEIGHT_ONLY_WGMMA=0 turns it off) and is past gemm_small_m's rows.
+  const char* wo = std::getenv("PERRY_WEIGHT_ONLY_WGMMA");
+  const bool fused_on = gemm == LinearPath::WgmmaQuant && pc::gemm_weight_only_wgmma_supported() &&
+                        !(wo && std::string(wo) == "0");
+  EXPECT_GT(kStartupCheckWideM, perry::cuda::kGemmSmallMMaxM);
+  EXPECT_GE(kStartupCheckWideN, pc::kWeightOnlyWgmmaMinN);
+  for (pq::QuantMode mode : {pq::QuantMode::W8A16, pq::QuantMode::W4A16})
+    EXPECT_EQ(pc::linear_path(mode, kStartupCheckWideM, 1024, false, kStartupCheckWideN),
+              fused_on ? LinearPath::WeightOnlyWgmma : LinearPath::DequantCublas);
   // ... and, where the wgmma GEMMs run, the int4 prefill paths past their crossover (w4a8-g128 with
   // the quantizer's two-level scales, as bench-op's weights have them).
   if (gemm == LinearPath::WgmmaQuant) {
@@ -404,11 +418,24 @@ TEST(CudaBenchOp, TinyRunPasses) {
   EXPECT_EQ(j["failures"], 0);
   EXPECT_GT(j["copy_bandwidth_gbs"].get<double>(), 100.0);
   const bool wgmma = pc::linear_path(pq::QuantMode::W8A8, 200, K) == pc::LinearPath::Wgmma;
-  int rows = 0, fp8_rows = 0, fp8_startup = 0, mma_rows = 0, mma_startup = 0, chained = 0;
+  int rows = 0, fp8_rows = 0, fp8_startup = 0, mma_rows = 0, mma_startup = 0, chained = 0, wide_startup = 0;
   for (const auto& c : j["startup_checks"]) {
     fp8_startup += c["variant"] == "w8a8-fp8";
     mma_startup += c["variant"] == "w8a8-mma";
+    EXPECT_TRUE(c["ok"].get<bool>()) << c.dump();
+    if (c["N"] == kStartupCheckWideN) {  // the weight-only ops on the fused GEMM
+      ++wide_startup;
+      EXPECT_TRUE(c["variant"] == "w8a16" || c["variant"] == "w4a16") << c.dump();
+      EXPECT_EQ(c["M"], kStartupCheckWideM) << c.dump();
+      EXPECT_NE(c["kernel"].get<std::string>().find("gemm_weight_only_wgmma"), std::string::npos) << c.dump();
+    } else {
+      EXPECT_EQ(c["N"], kStartupCheckN) << c.dump();
+    }
   }
+  // Both weight-only modes once at the wide shape wherever linear_path takes the fused GEMM there.
+  const bool fused_wide = pc::linear_path(pq::QuantMode::W8A16, kStartupCheckWideM, 1024, false, kStartupCheckWideN) ==
+                          pc::LinearPath::WeightOnlyWgmma;
+  EXPECT_EQ(wide_startup, fused_wide ? 2 : 0);
   const OpContext ctx;
   for (const auto& r : j["results"]) {
     ++rows;

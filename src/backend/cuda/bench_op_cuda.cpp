@@ -690,7 +690,7 @@ void Bench::write(const std::string& aborted) const {
   if (!aborted.empty()) j["aborted"] = aborted;
   j["startup_checks"] = nlohmann::json::array();
   for (const auto& c : startup_)
-    j["startup_checks"].push_back({{"variant", c.op}, {"M", c.M}, {"ok", c.verdict.ok}, {"err", c.verdict.err},
+    j["startup_checks"].push_back({{"variant", c.op}, {"M", c.M}, {"N", c.N}, {"ok", c.verdict.ok}, {"err", c.verdict.err},
                                    {"err_vs_unquantized", c.err_float}, {"check", c.verdict.what},
                                    {"kernel", c.kernel}});
   j["results"] = nlohmann::json::array();
@@ -745,11 +745,12 @@ void Bench::write(const std::string& aborted) const {
         md << fmt::format("| {} | {} | {} | {:.4f} | {:.0f} | {:.0f}% | {:.2f} | {} |\n", r.N, r.K, r.variant,
                           r.chain_ms, r.chain_gbs, 100 * r.chain_copy_frac, r.chain_vs_bf16, r.kernel);
   }
-  md << "\n## Startup check (N=384, K=1024, weights from perry's CPU quantizer)\n\n"
-     << "| variant | M | result | error vs unquantized float (quantization error, info) | kernel |\n"
-     << "|---|---|---|---|---|\n";
+  md << "\n## Startup check (K=1024, weights from perry's CPU quantizer)\n\n"
+     << "| variant | M | N | result | error vs unquantized float (quantization error, info) | kernel |\n"
+     << "|---|---|---|---|---|---|\n";
   for (const auto& c : startup_)
-    md << fmt::format("| {} | {} | {} | {:.3g} | {} |\n", c.op, c.M, c.verdict.what, c.err_float, c.kernel);
+    md << fmt::format("| {} | {} | {} | {} | {:.3g} | {} |\n", c.op, c.M, c.N, c.verdict.what, c.err_float,
+                      c.kernel);
   fmt::print("wrote {}.md and {}.json\n", o_.common.out_prefix, o_.common.out_prefix);
 }
 

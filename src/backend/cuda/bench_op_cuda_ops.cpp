@@ -390,8 +390,28 @@ Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& 
 
 std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool& pool, cudaStream_t stream,
                                          cublasHandle_t blas) {
-  constexpr int N = 384, K = 1024;
+  constexpr int N = kStartupCheckN, K = 1024;
   const int Mmax = *std::max_element(std::begin(kStartupCheckMs), std::end(kStartupCheckMs));
+  // Every op at N = 384, and the weight-only ops once more at kStartupCheckWideN outputs, where
+  // linear_path gives them the fused GEMM (it serves only wide layers: at 384 they would check
+  // dequantize + cuBLAS alone).
+  struct Case {
+    Op op;
+    int n;
+    std::vector<int> Ms;
+  };
+  std::vector<Case> cases;
+  for (Op op : ops)
+    if (op_info(op).kind == Kind::Perry)
+      cases.push_back({op, N, std::vector<int>(std::begin(kStartupCheckMs), std::end(kStartupCheckMs))});
+  for (Op op : ops)
+    if ((op == Op::W8A16 || op == Op::W4A16) &&
+        linear_path(op_info(op).mode, kStartupCheckWideM, K, false, kStartupCheckWideN) ==
+            LinearPath::WeightOnlyWgmma)
+      cases.push_back({op, kStartupCheckWideN, {kStartupCheckWideM}});
+  constexpr int Nmax = std::max(N, kStartupCheckWideN);
+  static_assert(kStartupCheckWideM <= 300, "the wide case's rows are among the Mmax rows of x");
+
   std::mt19937 rng(20260512);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> w(size_t(N) * K), x(size_t(Mmax) * K);
@@ -401,6 +421,9 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
     xb[i] = perry::f32_to_bf16(nd(rng));
     x[i] = bf16_to_f32(xb[i]);  // what every kernel sees
   }
+  // The wide case's further rows, drawn after x so the N = 384 case keeps its numbers.
+  w.resize(size_t(Nmax) * K);
+  for (size_t i = size_t(N) * K; i < w.size(); ++i) w[i] = 0.02f * nd(rng);
   // Per-token quantization of the bf16 rows on the host (the rules quantize_per_token and
   // quantize_per_token_fp8 follow).
   std::vector<int8_t> xq(x.size());
@@ -410,22 +433,29 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
     sa[m] = pq::quantize_row_ref(&x[size_t(m) * K], K, &xq[size_t(m) * K]);
     sf8[m] = pq::quantize_row_fp8_ref(&x[size_t(m) * K], K, &xf8[size_t(m) * K]);
   }
-  // The unquantized float product, the same for every op; row m does not depend on M, so every
-  // reference is computed once for Mmax rows and each M compares its first M.
-  std::vector<double> ref_float(size_t(Mmax) * N);
-  for (int m = 0; m < Mmax; ++m)
-    for (int n = 0; n < N; ++n) {
-      double sf = 0;
-      for (int k = 0; k < K; ++k) sf += double(w[size_t(n) * K + k]) * double(x[size_t(m) * K + k]);
-      ref_float[size_t(m) * N + n] = sf;
-    }
+  // The unquantized float product of the first `rows` rows at n outputs, the same for every op;
+  // row m does not depend on M, so each reference is computed once for the most rows a case checks
+  // and each M compares its first M.
+  auto float_product = [&](int rows, int n_out) {
+    std::vector<double> r(size_t(rows) * n_out);
+    for (int m = 0; m < rows; ++m)
+      for (int n = 0; n < n_out; ++n) {
+        double sf = 0;
+        for (int k = 0; k < K; ++k) sf += double(w[size_t(n) * K + k]) * double(x[size_t(m) * K + k]);
+        r[size_t(m) * n_out + n] = sf;
+      }
+    return r;
+  };
+  const std::vector<double> ref_float_n = float_product(Mmax, N);
 
   DeviceBuffer dx(pool, xb.size() * 2, "bench-op check x"), dxq(pool, xq.size(), "bench-op check xq"),
       dsa(pool, size_t(Mmax) * 4, "bench-op check sa"), dxf8(pool, xf8.size(), "bench-op check xf8"),
-      dsf8(pool, size_t(Mmax) * 4, "bench-op check sf8"), dy(pool, size_t(Mmax) * N * 4, "bench-op check y"),
-      dw(pool, size_t(N) * K * 2, "bench-op check weights"), ds(pool, size_t(N) * K / 16 * 4, "bench-op check scales"),
-      scratch(pool, size_t(N) * K * 2, "bench-op check scratch"), dch(pool, size_t(N) * 4, "bench-op check channel scales"),
-      dmul(pool, size_t(N) * K / 32, "bench-op check multipliers");
+      dsf8(pool, size_t(Mmax) * 4, "bench-op check sf8"), dy(pool, size_t(Mmax) * Nmax * 4, "bench-op check y"),
+      dw(pool, size_t(Nmax) * K * 2, "bench-op check weights"),
+      ds(pool, size_t(Nmax) * K / 16 * 4, "bench-op check scales"),
+      scratch(pool, size_t(Nmax) * K * 2, "bench-op check scratch"),
+      dch(pool, size_t(Nmax) * 4, "bench-op check channel scales"),
+      dmul(pool, size_t(Nmax) * K / 32, "bench-op check multipliers");
   copy_to_device(dx.get(), xb.data(), xb.size() * 2);
   DeviceBuffer dx32(pool, size_t(K) * 4, "bench-op check x (fp32 row)");  // the decode kernel's row 0
   copy_to_device(dx32.get(), x.data(), size_t(K) * 4);
@@ -435,15 +465,18 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
   ctx.dequant_scratch = scratch.get<uint16_t>();
 
   std::vector<StartupCheck> out;
-  for (Op op : ops) {
-    if (op_info(op).kind != Kind::Perry) continue;
+  for (const Case& cs : cases) {
+    const Op op = cs.op;
+    const int N = cs.n;  // shadows the common 384 for this case
+    const int Mcase = *std::max_element(cs.Ms.begin(), cs.Ms.end());
+    const std::vector<double> ref_float = N == kStartupCheckN ? ref_float_n : float_product(Mcase, N);
     // The weights as perry's CPU quantizer writes them, and what they stand for (q·scale).
     std::vector<float> deq;
     pq::QuantizedWeight qw;
     if (op == Op::Bf16) {
-      std::vector<uint16_t> wb(w.size());
-      deq.resize(w.size());
-      for (size_t i = 0; i < w.size(); ++i) {
+      std::vector<uint16_t> wb(size_t(N) * K);
+      deq.resize(wb.size());
+      for (size_t i = 0; i < wb.size(); ++i) {
         wb[i] = perry::f32_to_bf16(w[i]);
         deq[i] = bf16_to_f32(wb[i]);
       }
@@ -462,8 +495,8 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       }
     }
     const bool a8 = reads_int8_activations(op), fp8 = op == Op::W8A8Fp8;
-    std::vector<double> ref(size_t(Mmax) * N);
-    for (int m = 0; m < Mmax; ++m)
+    std::vector<double> ref(size_t(Mcase) * N);
+    for (int m = 0; m < Mcase; ++m)
       for (int n = 0; n < N; ++n) {
         double s = 0;
         if (fp8) {
@@ -481,11 +514,12 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
         }
         ref[size_t(m) * N + n] = s;
       }
-    for (int M : kStartupCheckMs) {
+    for (int M : cs.Ms) {
       if (!has_row(op, M, K)) continue;
       StartupCheck c;
       c.op = op_info(op).name;
       c.M = M;
+      c.N = N;
       c.kernel = kernel_name(op, M, K, ctx, N);
       try {
         OpArgs a;

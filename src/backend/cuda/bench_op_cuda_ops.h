@@ -177,8 +177,13 @@ Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& 
 // cuBLAS (100, 200) and, on sm_90, the wgmma GEMMs (200; w8a8-mma's only row) and the int4 prefill
 // paths past their crossovers at 257 rows (300: w4a8 expanded, w4a8-g128 two-level).
 inline constexpr int kStartupCheckMs[] = {1, 3, 5, 16, 48, 100, 200, 300};
-// The startup check: every perry op in `ops` at N = 384, K = 1024, M in kStartupCheckMs (where
-// has_row), with weights from quant::quantize_weight (perry's CPU quantizer), against float64 of
+inline constexpr int kStartupCheckN = 384;
+// The weight-only ops' second case: linear_path gives the fused weight-only GEMM only to layers
+// with N >= kWeightOnlyWgmmaMinN, so they are checked once more at that width (one M past
+// gemm_small_m's rows) wherever linear_path takes that kernel.
+inline constexpr int kStartupCheckWideN = 4096, kStartupCheckWideM = 200;
+// The startup check: every perry op in `ops` at N = kStartupCheckN, K = 1024, M in kStartupCheckMs
+// (where has_row; the weight-only ops also at kStartupCheckWideN x kStartupCheckWideM), with weights from quant::quantize_weight (perry's CPU quantizer), against float64 of
 // the mode's math (quant::dequantize_weight, quant::quantize_row_ref; w8a8-fp8: the decoded e4m3 codes of
 // quantize_weight and quant::quantize_row_fp8_ref, and the device's e4m3 activations must equal
 // the host's byte for byte); the error against the unquantized float product is reported
@@ -186,6 +191,7 @@ inline constexpr int kStartupCheckMs[] = {1, 3, 5, 16, 48, 100, 200, 300};
 struct StartupCheck {
   std::string op;
   int M = 0;
+  int N = 0;
   std::string kernel;  // kernel_name: which path this M checked
   Verdict verdict;
   double err_float = 0;
