@@ -47,11 +47,13 @@ build_alt() {
 if [ -n "${ALT_REV:-}" ]; then build_alt "$ALT_REV" perry-alt; fi
 if [ -n "${ALT2_REV:-}" ]; then build_alt "$ALT2_REV" perry-alt2; fi
 # ONLY (below) also limits what is built: a fresh build directory then compiles just those programs.
-TARGETS="perry_cli lab_cuda_gemm_w8a8 $TESTS"
+TARGETS="perry_cli lab_cuda_gemm_w8a8 lab_cuda_weight_stream $TESTS"
 [ -n "${ONLY:-}" ] && TARGETS=$(for t in $ONLY; do [ "$t" = perry ] && echo perry_cli || echo "$t"; done)
 ninja -C "$B" -j"${JOBS:-2}" $TARGETS
 cp "$B/perry" "$STAGE/bin/"
-cp "$B/src/kernels/cuda/lab_cuda_gemm_w8a8" "$STAGE/bin/" 2>/dev/null || find "$B" -name lab_cuda_gemm_w8a8 -type f -exec cp {} "$STAGE/bin/" \;
+for l in lab_cuda_gemm_w8a8 lab_cuda_weight_stream; do
+  cp "$B/src/kernels/cuda/$l" "$STAGE/bin/" 2>/dev/null || find "$B" -name $l -type f -exec cp {} "$STAGE/bin/" \;
+done
 for t in $TESTS; do find "$B" -name "$t" -type f -perm -u+x -exec cp {} "$STAGE/bin/" \;; done
 # ONLY="perry test_cuda_model ...": pack just these programs (perry-alt, perry-alt2 kept with perry) — a
 # smaller bundle, so the tree with the models stays under the device tool's 64 MiB.
