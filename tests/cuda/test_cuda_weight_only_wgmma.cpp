@@ -116,8 +116,10 @@ struct Layer {
         mag[size_t(m) * N + n] = a;
       }
   }
-  void run(void* y, DType out, bool with_bias) const {
-    pc::gemm_weight_only_wgmma(dx.p, dq.p, ds.p, bits, gs, with_bias ? dbias.p : nullptr, y, out, M, N, K, nullptr);
+  // ws: split-K's workspace (none: the call runs unsplit).
+  void run(void* y, DType out, bool with_bias, float* ws = nullptr, size_t ws_bytes = 0) const {
+    pc::gemm_weight_only_wgmma(dx.p, dq.p, ds.p, bits, gs, with_bias ? dbias.p : nullptr, y, out, M, N, K, nullptr, ws,
+                               ws_bytes);
   }
 };
 
@@ -210,16 +212,22 @@ TEST(CudaGemmWeightOnlyWgmma, MatchesFloat64AndDequantCublas) {
       std::vector<double> ref, mag;
       if (host) L.reference(ref, mag);
       Dev<uint16_t> w16(size_t(sh.N) * sh.K);
-      for (const char* bn : {"128", "256"}) {
-        ScopedEnv env("PERRY_WEIGHT_ONLY_BN", bn);
+      // Split-K: none, the automatic plan (splits where the tiles leave SMs idle), and 3 forced
+      // (every shape with K >= 128: units of one stage at K 192, a short last split at K 4096).
+      for (const auto& [bn, split] : {std::pair<const char*, const char*>{"128", "0"}, {"256", "0"}, {"128", ""},
+                                      {"256", ""}, {"128", "3"}}) {
+        ScopedEnv env("PERRY_WEIGHT_ONLY_BN", bn), env_split("PERRY_WEIGHT_ONLY_SPLITK", split);
+        const size_t wb = pc::gemm_weight_only_wgmma_workspace_bytes(sh.M, sh.N, sh.K);
+        Dev<float> ws(std::max<size_t>(wb / 4, 1));
         for (DType out : {DType::F32, DType::BF16})
           for (bool with_bias : {false, true}) {
-            const std::string w2 = what + " BN " + bn + (out == DType::F32 ? " f32" : " bf16") +
+            const std::string w2 = what + " BN " + bn + " split " + (*split ? split : "auto") + " (" +
+                                   std::to_string(wb) + " B)" + (out == DType::F32 ? " f32" : " bf16") +
                                    (with_bias ? " +bias" : "");
             const size_t es = out == DType::F32 ? 4 : 2;
             Dev<uint8_t> y(count * es), yc(count * es);
             ASSERT_EQ(cudaMemset(y.p, 0xFF, y.n), cudaSuccess);  // (NaN: every output must be written)
-            L.run(y.p, out, with_bias);
+            L.run(y.p, out, with_bias, ws.p, wb);
             const bool cublas = out == DType::F32 || !with_bias;  // (cuBLAS adds a bias into fp32 only)
             if (cublas) dequant_cublas(L, w16, yc.p, out, with_bias);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << w2;
@@ -317,6 +325,19 @@ TEST(CudaGemmWeightOnlyWgmma, RepeatsBitForBit) {
   L.run(y2.p, DType::F32, true);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(y1.get() == y2.get()) << "two runs differ: the kernel's sums are in a fixed order";
+  // Split-K adds its slices in split order: repeatable too. With a workspace one float short the
+  // call runs unsplit: the unsplit call's bits.
+  ScopedEnv env("PERRY_WEIGHT_ONLY_SPLITK", "4");
+  const size_t wb = pc::gemm_weight_only_wgmma_workspace_bytes(L.M, L.N, L.K);
+  ASSERT_EQ(wb, size_t(4) * L.M * L.N * 4);
+  Dev<float> ws(wb / 4), y3(size_t(L.M) * L.N), y4(size_t(L.M) * L.N), y5(size_t(L.M) * L.N);
+  L.run(y3.p, DType::F32, true, ws.p, wb);
+  L.run(y4.p, DType::F32, true, ws.p, wb);
+  L.run(y5.p, DType::F32, true, ws.p, wb - 4);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(y3.get() == y4.get()) << "two split-K runs differ";
+  EXPECT_TRUE(y5.get() == y1.get()) << "a workspace too small must run the unsplit kernel";
+  EXPECT_FALSE(y3.get() == y1.get()) << "4 splits gave the unsplit bits: did the split run?";
 }
 
 TEST(CudaGemmWeightOnlyWgmma, RejectsBadShapes) {

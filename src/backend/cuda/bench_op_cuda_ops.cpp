@@ -216,7 +216,8 @@ void run_op(Op op, const OpArgs& a, bool quantize, const OpContext& c) {
       }
       return;
     case LinearPath::WeightOnlyWgmma:
-      gemm_weight_only_wgmma(a.x, a.w, a.scales, sc.weight_bits, sc.group_size, nullptr, y, out, M, N, K, c.stream);
+      gemm_weight_only_wgmma(a.x, a.w, a.scales, sc.weight_bits, sc.group_size, nullptr, y, out, M, N, K, c.stream,
+                             reinterpret_cast<float*>(c.splitk), c.splitk_bytes);
       return;
     case LinearPath::DequantCublas:
       PERRY_CHECK(c.dequant_scratch != nullptr, "bench-op: {} needs the dequantization scratch", op_info(op).name);

@@ -196,6 +196,7 @@ size_t linear_splitk_bytes(pq::QuantMode mode, LinearPath path, int M, int N, in
     case LinearPath::ExpandTwoLevelWgmma: return gemm_w8a8_wgmma_workspace_bytes(M, N, K);
     case LinearPath::TwoLevelWgmma: return gemm_w4a8_two_level_wgmma_workspace_bytes(M, N, K);
     case LinearPath::SmallMWgmma: return gemm_small_m_wgmma_workspace_bytes(M, N, K);
+    case LinearPath::WeightOnlyWgmma: return gemm_weight_only_wgmma_workspace_bytes(M, N, K);
     default: return 0;
   }
 }
@@ -226,7 +227,7 @@ void CudaLinear::run(const LinearInput& x, int M, void* y, DType out, LinearCont
       return;
     case Path::WeightOnlyWgmma:
       gemm_weight_only_wgmma(x.bf16, weight_.get(), scales_.get<float>(), bits_, group_size_, bias, y, out, M, n_, k_,
-                             ctx.stream);
+                             ctx.stream, ctx.splitk.get<float>(), ctx.splitk.bytes());
       return;
     case Path::DequantCublas:
       // Weight-only prefill: one pass to rebuild the bf16 weight, then the library GEMM.

@@ -244,7 +244,7 @@ template <int kBits, int kBN, int kOut>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_weight_only_kernel(const __grid_constant__ CUtensorMap tmX, const __grid_constant__ CUtensorMap tmW,
                             const float* __restrict__ Sc, const float* __restrict__ bias, void* __restrict__ Y, int M,
-                            int N, int K, int G, int gshift) {
+                            int N, int K, int G, int gshift, int splits, int kt_per, float* __restrict__ part) {
 #ifdef PERRY_WGMMA
   using C = WeightOnlyCfg<kBits, kBN>;
   constexpr int S = C::kStages;
@@ -263,6 +263,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles_x = (M + kBN - 1) / kBN, tiles_w = (N + kWRows - 1) / kWRows;
   const int num_tiles = tiles_x * tiles_w;
   const int ktiles = K / kBK;
+  // Work units: split sp of tile t is unit t·splits + sp, k-stages [sp·kt_per, min(ktiles, +kt_per))
+  // (the host makes every split non-empty); splits == 1: units are tiles over all of K.
+  const int num_units = num_tiles * splits;
 
   init_ring_barriers(bars, S, 8);  // (full(s), empty(s) above)
   __syncthreads();
@@ -273,10 +276,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensormaps(&tmX, &tmW);
       int s = 0;
       uint32_t phase = 0;
-      for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
         int x0, n0;
-        tile_origin<kBN, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
-        for (int kt = 0; kt < ktiles; ++kt) {
+        tile_origin<kBN, kGroupTiles>(u / splits, tiles_x, tiles_w, kWRows, x0, n0);
+        const int kt0 = (u % splits) * kt_per, kt1 = min(ktiles, kt0 + kt_per);
+        for (int kt = kt0; kt < kt1; ++kt) {
           mbar_wait(empty(s), phase ^ 1);
           mbar_arrive_expect_tx(full(s), C::kTileX + C::kTileW);
           tma_load_2d(sX + s * C::kTileX, &tmX, kt * kBK * 2, x0, full(s));
@@ -306,9 +310,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 16; ++i) fa[i] = fb[i] = 0;
   int s = 0, r = 0;  // the ring slots of the next stage to issue and the next to release
   uint32_t phase = 0;
-  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+  for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
     int x0, n0;
-    tile_origin<kBN, kGroupTiles>(t, tiles_x, tiles_w, kWRows, x0, n0);
+    tile_origin<kBN, kGroupTiles>(u / splits, tiles_x, tiles_w, kWRows, x0, n0);
+    const int sp = u % splits;
+    const int kt0 = sp * kt_per, nk = min(ktiles, kt0 + kt_per) - kt0;  // this unit's k-stages
     const int n_a = n0 + rt, n_b = n_a + 8;  // this thread's output columns
     // Rows past N read row N−1's scales: their codes are TMA's zero fill, and 0·s is 0.
     const float* const srow_a = Sc + size_t(n_a < N ? n_a : N - 1) * G;
@@ -337,19 +343,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
     };
     float sa, sb, na, nb;
-    scales(0, sa, sb);
-    scales(1, na, nb);
+    scales(kt0, sa, sb);
+    scales(kt0 + 1, na, nb);
     mbar_wait(full(s), phase);
     convert(s, sa, sb, fa);
-    // Stage kt from set `cur` (converted); after it is issued, stage kt − 1 completes
-    // (wait_group 1): its slot is released and stage kt + 1 is converted into `nxt`, the set
-    // that stage used.
-    auto step = [&](int kt, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
-      issue(s, cur, kt == 0);
+    // The unit's stage j (k-stage kt0 + j) from set `cur` (converted); after it is issued, stage
+    // j − 1 completes (wait_group 1): its slot is released and stage j + 1 is converted into `nxt`,
+    // the set that stage used.
+    auto step = [&](int j, uint32_t (&cur)[16], uint32_t (&nxt)[16]) {
+      issue(s, cur, j == 0);
       wgmma_wait<1>();  // (a tile's first stage: alone in flight, returns at once)
       fence_acc(acc);
       fence_frag(nxt);
-      if (kt > 0) {
+      if (j > 0) {
         if (lane == 0) mbar_arrive(empty(r));
         if (++r == S) r = 0;
       }
@@ -357,19 +363,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         s = 0;
         phase ^= 1;
       }
-      if (kt + 1 < ktiles) {
+      if (j + 1 < nk) {
         const float ua = na, ub = nb;
-        scales(kt + 2, na, nb);
+        scales(kt0 + j + 2, na, nb);
         mbar_wait(full(s), phase);
         convert(s, ua, ub, nxt);
       }
     };
-    for (int kt = 0; kt < ktiles; kt += 2) {
-      step(kt, fa, fb);
-      if (kt + 1 < ktiles) step(kt + 1, fb, fa);
+    for (int j = 0; j < nk; j += 2) {
+      step(j, fa, fb);
+      if (j + 1 < nk) step(j + 1, fb, fa);
     }
     float bn[2] = {0.f, 0.f};
-    if (bias) {
+    if (bias && splits == 1) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int n = n_a + 8 * hh;
@@ -394,8 +400,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int hh = 0; hh < 2; ++hh) {
           const int n = n_a + 8 * hh;
           if (n >= N) continue;
-          const float v = bias ? acc[4 * j + 2 * hh + e] + bn[hh] : acc[4 * j + 2 * hh + e];
           const size_t o = size_t(m) * N + n;
+          if (splits > 1) {  // the split's fp32 sums; splitk_reduce adds them (and the bias) in order
+            part[size_t(sp) * size_t(M) * N + o] = acc[4 * j + 2 * hh + e];
+            continue;
+          }
+          const float v = bias ? acc[4 * j + 2 * hh + e] + bn[hh] : acc[4 * j + 2 * hh + e];
           if constexpr (kOut == 1) static_cast<float*>(Y)[o] = v;
           else static_cast<__nv_bfloat16*>(Y)[o] = __float2bfloat16_rn(v);
         }
@@ -404,6 +414,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   __trap();  // built for an architecture without wgmma: the host side never launches this
 #endif
+}
+
+// Split-K's second pass: y = Σ_sp part[sp] in split order (+ bias), so a split call repeats bit
+// for bit. part [splits][M][N] fp32.
+template <int kOut>
+__global__ void splitk_reduce(const float* __restrict__ part, int splits, const float* __restrict__ bias,
+                              void* __restrict__ Y, int M, int N) {
+  const size_t total = size_t(M) * N, stride = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    float v = part[i];
+    for (int sp = 1; sp < splits; ++sp) v += part[size_t(sp) * total + i];
+    if (bias) v += __ldg(bias + i % size_t(N));
+    if constexpr (kOut == 1) static_cast<float*>(Y)[i] = v;
+    else static_cast<__nv_bfloat16*>(Y)[i] = __float2bfloat16_rn(v);
+  }
 }
 
 // ---------------------------------------------------------------- host side
@@ -434,9 +459,39 @@ int group_shift(int group_size) {
   return sh;
 }
 
+// Split-K where the tiles leave SMs idle (a short prompt on a layer of few weight tiles: 4096 ×
+// 14336 at 128 tokens is 32 tiles, each streaming K = 14336 while 100 SMs wait; s43 run 1 timed it
+// at 128 and 512 tokens alike). Splits: up to SMs / tiles, at most kMaxSplits, at least
+// kMinSplitStages k-stages a split; the fp32 slices [splits][M][N] go to the caller's workspace (no
+// split when it is too small) and splitk_reduce adds them. PERRY_WEIGHT_ONLY_SPLITK=0 turns it off,
+// =n forces n splits wherever K allows (tests, lab); read per call.
+// NOT YET RUN ON A GPU (branch next/wo-splitk).
+constexpr int kMaxSplits = 8, kMinSplitStages = 4;
+struct SplitPlan {
+  int splits = 1, kt_per = 0;
+};
+SplitPlan split_plan(int M, int N, int K, int bn) {
+  const int ktiles = K / kBK;
+  SplitPlan p{1, ktiles};
+  const char* e = std::getenv("PERRY_WEIGHT_ONLY_SPLITK");
+  const int forced = e && *e ? std::atoi(e) : -1;
+  if (forced == 0) return p;
+  const long long tiles = (long long)((M + bn - 1) / bn) * ((N + kWRows - 1) / kWRows);
+  long long want = forced > 0 ? forced : std::min<long long>(kMaxSplits, sm_count() / tiles);
+  want = std::min<long long>(want, forced > 0 ? ktiles : ktiles / kMinSplitStages);
+  if (want < 2) return p;
+  p.kt_per = int((ktiles + want - 1) / want);
+  p.splits = (ktiles + p.kt_per - 1) / p.kt_per;  // (every split non-empty)
+  if (p.splits < 2) p = SplitPlan{1, ktiles};
+  return p;
+}
+size_t split_bytes(const SplitPlan& p, int M, int N) {
+  return p.splits > 1 ? size_t(p.splits) * size_t(M) * size_t(N) * sizeof(float) : 0;
+}
+
 template <int kBits, int kBN, int kOut>
 void launch(const uint16_t* x, const void* w, const float* sc, const float* bias, void* y, int M, int N, int K, int G,
-            int gshift, cudaStream_t stream, const char* name) {
+            int gshift, const SplitPlan& plan, float* part, cudaStream_t stream, const char* name) {
   using C = WeightOnlyCfg<kBits, kBN>;
   auto* kernel = gemm_weight_only_kernel<kBits, kBN, kOut>;
   static std::once_flag once;
@@ -449,19 +504,26 @@ void launch(const uint16_t* x, const void* w, const float* sc, const float* bias
   const CUtensorMap tw = kBits == 8 ? make_map(w, N, K, C::kRowW, kWRows, CU_TENSOR_MAP_SWIZZLE_64B, name)
                                     : make_map(w, N, K / 2, C::kRowW, kWRows, CU_TENSOR_MAP_SWIZZLE_32B, name);
   const long long tiles = (long long)((M + kBN - 1) / kBN) * ((N + kWRows - 1) / kWRows);
+  const long long units = tiles * plan.splits;
   const int sms = sm_count();
-  const unsigned grid = unsigned(tiles < sms ? tiles : sms);
-  kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(tx, tw, sc, bias, y, M, N, K, G, gshift);
+  const unsigned grid = unsigned(units < sms ? units : sms);
+  kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(tx, tw, sc, bias, y, M, N, K, G, gshift, plan.splits, plan.kt_per,
+                                                    part);
   check_launch(name);
+  if (plan.splits > 1) {
+    const long long blocks = std::min<long long>((size_t(M) * N + 255) / 256, 8LL * sms);
+    splitk_reduce<kOut><<<unsigned(blocks), 256, 0, stream>>>(part, plan.splits, bias, y, M, N);
+    check_launch("gemm_weight_only_wgmma: splitk_reduce");
+  }
 }
 
 template <int kBits, int kBN>
 void launch_out(DType out, const uint16_t* x, const void* w, const float* sc, const float* bias, void* y, int M, int N,
-                int K, int G, int gshift, cudaStream_t s) {
+                int K, int G, int gshift, const SplitPlan& p, float* part, cudaStream_t s) {
   if (out == DType::F32)
-    return launch<kBits, kBN, 1>(x, w, sc, bias, y, M, N, K, G, gshift, s,
+    return launch<kBits, kBN, 1>(x, w, sc, bias, y, M, N, K, G, gshift, p, part, s,
                                  kBits == 8 ? "gemm_weight_only_wgmma<w8, f32>" : "gemm_weight_only_wgmma<w4, f32>");
-  return launch<kBits, kBN, 0>(x, w, sc, bias, y, M, N, K, G, gshift, s,
+  return launch<kBits, kBN, 0>(x, w, sc, bias, y, M, N, K, G, gshift, p, part, s,
                                kBits == 8 ? "gemm_weight_only_wgmma<w8, bf16>" : "gemm_weight_only_wgmma<w4, bf16>");
 }
 
@@ -483,8 +545,14 @@ bool gemm_weight_only_wgmma_accepts(int bits, int group_size, int M, int N, int 
   return shape_ok(bits, group_size, M, N, K, out) && gemm_weight_only_wgmma_supported();
 }
 
+size_t gemm_weight_only_wgmma_workspace_bytes(int M, int N, int K) {
+  if (M < 1 || N < 1 || K < kBK || K % kBK != 0 || !sm90::device_is_sm90()) return 0;
+  return split_bytes(split_plan(M, N, K, tile_tokens(M, N)), M, N);
+}
+
 void gemm_weight_only_wgmma(const uint16_t* x, const void* qweight, const float* scales, int bits, int group_size,
-                            const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream) {
+                            const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream,
+                            float* workspace, size_t workspace_bytes) {
   using quant_args::aligned;
   const std::string where = "gemm_weight_only_wgmma(bits=" + std::to_string(bits) + ", group_size=" +
                             std::to_string(group_size) + ", M=" + std::to_string(M) + ", N=" + std::to_string(N) +
@@ -502,12 +570,15 @@ void gemm_weight_only_wgmma(const uint16_t* x, const void* qweight, const float*
   const int G = group_size > 0 ? (K + group_size - 1) / group_size : 1;
   const int gshift = group_shift(group_size);
   const int bn = tile_tokens(M, N);
+  SplitPlan p = split_plan(M, N, K, bn);
+  if (p.splits > 1 && (!workspace || workspace_bytes < split_bytes(p, M, N) || !aligned(workspace, 4)))
+    p = SplitPlan{1, K / kBK};  // (no room for the slices: unsplit, correct and slower)
   if (bits == 8) {
-    if (bn == 128) return launch_out<8, 128>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, stream);
-    return launch_out<8, 256>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, stream);
+    if (bn == 128) return launch_out<8, 128>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, p, workspace, stream);
+    return launch_out<8, 256>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, p, workspace, stream);
   }
-  if (bn == 128) return launch_out<4, 128>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, stream);
-  return launch_out<4, 256>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, stream);
+  if (bn == 128) return launch_out<4, 128>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, p, workspace, stream);
+  return launch_out<4, 256>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, p, workspace, stream);
 }
 
 }  // namespace perry::cuda

@@ -23,6 +23,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -31,7 +32,12 @@ namespace perry::cuda {
 
 bool gemm_weight_only_wgmma_supported();  // an sm_90 device, sm_90a code present
 bool gemm_weight_only_wgmma_accepts(int bits, int group_size, int M, int N, int K, DType out);
+// Split-K (short prompts on layers of few 128-row weight tiles): the fp32 slices go to `workspace`
+// when it holds gemm_weight_only_wgmma_workspace_bytes(M, N, K) (0: no split at this shape); with
+// less (or none) the call runs unsplit. PERRY_WEIGHT_ONLY_SPLITK=0 / =n: off / n splits (lab, tests).
+size_t gemm_weight_only_wgmma_workspace_bytes(int M, int N, int K);
 void gemm_weight_only_wgmma(const uint16_t* x, const void* qweight, const float* scales, int bits, int group_size,
-                            const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream);
+                            const float* bias, void* y, DType out, int M, int N, int K, cudaStream_t stream,
+                            float* workspace = nullptr, size_t workspace_bytes = 0);
 
 }  // namespace perry::cuda
