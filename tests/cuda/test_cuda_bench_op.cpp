@@ -418,7 +418,8 @@ TEST(CudaBenchOp, TinyRunPasses) {
   EXPECT_EQ(j["failures"], 0);
   EXPECT_GT(j["copy_bandwidth_gbs"].get<double>(), 100.0);
   const bool wgmma = pc::linear_path(pq::QuantMode::W8A8, 200, K) == pc::LinearPath::Wgmma;
-  int rows = 0, fp8_rows = 0, fp8_startup = 0, mma_rows = 0, mma_startup = 0, chained = 0, wide_startup = 0;
+  int rows = 0, fp8_rows = 0, fp8_startup = 0, mma_rows = 0, mma_startup = 0, chained = 0, wide_startup = 0,
+      small_chained = 0;
   for (const auto& c : j["startup_checks"]) {
     fp8_startup += c["variant"] == "w8a8-fp8";
     mma_startup += c["variant"] == "w8a8-mma";
@@ -445,11 +446,13 @@ TEST(CudaBenchOp, TinyRunPasses) {
     if (r["kind"] != "peer") {
       EXPECT_GT(r["ms"].get<double>(), 0.0) << r.dump();
     }
-    // M = 1 back to back: the decode kernel's rows and cuBLAS bf16, with a time and a ratio; no
-    // other row.
+    // Back to back: at M = 1 the decode kernel's rows and cuBLAS bf16, at M = 16 (batched decode)
+    // every perry row and cuBLAS bf16, with a time and a ratio; no other row.
     const bool decode_row = r["M"] == 1 && r["kernel"].get<std::string>().rfind("gemv_decode", 0) == 0;
-    if (decode_row || (r["M"] == 1 && r["variant"] == "cublas-bf16")) {
+    const bool small_row = r["M"] == 16 && r["kind"] == "perry";
+    if (decode_row || small_row || (r["M"] != 200 && r["variant"] == "cublas-bf16")) {
       ++chained;
+      small_chained += small_row;
       EXPECT_GT(r["chain_ms"].get<double>(), 0.0) << r.dump();
       EXPECT_GT(r["chain_vs_cublas_bf16"].get<double>(), 0.0) << r.dump();
     } else {
@@ -466,7 +469,10 @@ TEST(CudaBenchOp, TinyRunPasses) {
     }
   }
   EXPECT_GE(rows, 3 * 12);  // quantize + 8 perry modes + >= 3 peers, at every M
-  EXPECT_GE(chained, 8 + 1);  // bf16, w8a16, w4a16, the five int8 modes on the decode kernel; cuBLAS bf16
+  // M = 1: bf16, w8a16, w4a16, the five int8 modes on the decode kernel, cuBLAS bf16; M = 16: the
+  // eight perry modes (w8a8-fp8 where it runs), cuBLAS bf16.
+  EXPECT_GE(chained, 8 + 1 + 8 + 1);
+  EXPECT_GE(small_chained, 8);
   const auto n_ms = int(std::size(kStartupCheckMs));
   if (pc::gemm_w8a8_wgmma_supported()) {
     EXPECT_EQ(fp8_rows, 3 * 2);

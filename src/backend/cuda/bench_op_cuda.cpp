@@ -22,7 +22,8 @@
 //     shape runs perry's modes on weights from perry's CPU quantizer. Failing rows are marked.
 //   - M = 1 GB/s = weight (+ scale) bytes / time, against the device copy bandwidth measured in
 //     the same run (cudaMemcpy device-to-device of 1 GiB, read + write bytes / time); the decode
-//     kernel and cuBLAS bf16 are also timed kChainCalls calls back to back (Row::chain_ms).
+//     kernel and cuBLAS bf16 are also timed kChainCalls calls back to back (Row::chain_ms), and
+//     at 2..kChainMaxM rows every perry op's GEMM and cuBLAS bf16 alike.
 #include "backend/cuda/bench_op_cuda.h"
 
 #include <cublasLt.h>
@@ -64,14 +65,17 @@ struct Row {
   bool ok = true;
   double ms = -1, gemm_ms = -1, quant_ms = -1, best_ms = -1;
   double tops = 0, gbs = 0, copy_frac = 0, vs_bf16 = 0, gemm_vs_bf16 = 0, err = -1;
-  // M = 1, the decode kernel and cuBLAS bf16: the median time a call of kChainCalls back to back
-  // (each on the next rotated weight copy, no event between them), as a decode step runs its
-  // GEMVs; its bandwidth and that time against cuBLAS bf16's chained time.
+  // M = 1, the decode kernel and cuBLAS bf16 (M 2..kChainMaxM: every perry op's GEMM and cuBLAS
+  // bf16): the median time a call of kChainCalls back to back (each on the next rotated weight
+  // copy, no event between them), as a decode step runs its layers; its bandwidth and that time
+  // against cuBLAS bf16's chained time.
   double chain_ms = -1, chain_gbs = 0, chain_copy_frac = 0, chain_vs_bf16 = 0;
 };
 
-// Calls a chained timing runs back to back (Row::chain_ms).
+// Calls a chained timing runs back to back (Row::chain_ms), and the most rows it is run at (M = 1
+// and 2..kChainMaxM: batched decode).
 constexpr int kChainCalls = 8;
+constexpr int kChainMaxM = 64;
 
 int n_groups(int group, int K) { return group == 0 ? 1 : (K + group - 1) / group; }
 
@@ -560,11 +564,17 @@ void Bench::run_case(int M) {
   // kernel reads and quantizes the whole input row before its first product) and its ramp and
   // tail; in a decode step each GEMV's start overlaps the one before it (programmatic dependent
   // launch), which a chain of calls on rotated weights measures: what the weights stream at.
+  // 2..kChainMaxM rows (batched decode): the same for every perry op, on the GEMM alone — in a
+  // decode step the kernel before (RMSNorm, SwiGLU) writes the activation quantized, and each
+  // layer's weight stream follows the previous one. Isolated, a 15-60 us call of one layer also
+  // pays a ramp and tail that a plain read of its 20-60 MB shows too (lab_cuda_weight_stream).
   std::map<Op, std::vector<double>> chain;
   std::vector<Op> cops;
-  if (M == 1)
+  if (M <= kChainMaxM)
     for (Op op : ops)
-      if (op == Op::CublasBf16 || (op_info(op).kind == Kind::Perry && decode_kernel_row(op, M, K))) cops.push_back(op);
+      if (op == Op::CublasBf16 ||
+          (op_info(op).kind == Kind::Perry && (M == 1 ? decode_kernel_row(op, M, K) : has_row(op, M, K))))
+        cops.push_back(op);
   if (!cops.empty()) {
     Events cev(2 * cops.size());
     for (int r = 0; r < warmup_ + reps_; ++r) {
@@ -572,10 +582,11 @@ void Bench::run_case(int M) {
       for (size_t i = 0; i < cops.size(); ++i) {
         const Op op = cops[i];
         PERRY_CUDA_CHECK(cudaEventRecord(cev[2 * i], stream_));
-        for (int c = 0; c < kChainCalls; ++c) run_op(op, args(op, pools_.at(op_info(op).fmt).take(), M), true, ctx);
+        for (int c = 0; c < kChainCalls; ++c)
+          run_op(op, args(op, pools_.at(op_info(op).fmt).take(), M), M == 1, ctx);
         PERRY_CUDA_CHECK(cudaEventRecord(cev[2 * i + 1], stream_));
       }
-      sync_or_hang(stream_, 60, fmt::format("a chained timing round at N={} K={} M=1", N, K));
+      sync_or_hang(stream_, 60, fmt::format("a chained timing round at N={} K={} M={}", N, K, M));
       if (r >= warmup_)
         for (size_t i = 0; i < cops.size(); ++i) chain[cops[i]].push_back(cev.ms(2 * i, 2 * i + 1) / kChainCalls);
     }
@@ -732,17 +743,19 @@ void Bench::write(const std::string& aborted) const {
                       r.gemm_vs_bf16 > 0 ? fmt::format("{:.2f}", r.gemm_vs_bf16) : "", r.ok ? "ok" : r.check, r.kernel);
   }
   if (std::any_of(rows_.begin(), rows_.end(), [](const Row& r) { return r.chain_ms > 0; })) {
-    md << fmt::format("\n## M = 1 back to back\n\nThe decode kernel and cuBLAS bf16 run {} calls back to back "
-                      "(each on the next rotated weight copy, no event between them), as a decode step runs its "
-                      "GEMVs: a call's share of the chain's median time. Isolated calls (the table above) also pay "
-                      "their launch, the decode kernel's input prologue and the ramp and tail, which a decode step "
-                      "overlaps with the kernel before (programmatic dependent launch).\n\n",
-                      kChainCalls)
-       << "| N | K | variant | ms a call | GB/s | % copy | x cuBLAS bf16 (back to back) | kernel |\n"
-       << "|---|---|---|---|---|---|---|---|\n";
+    md << fmt::format("\n## Back to back (M = 1 and M <= {})\n\nAt M = 1 the decode kernel and cuBLAS bf16, at 2..{} "
+                      "rows every perry op's GEMM (activations already quantized, as the kernel before writes them "
+                      "in a decode step) and cuBLAS bf16, run {} calls back to back (each on the next rotated "
+                      "weight copy, no event between them), as a decode step runs its layers: a call's share of the "
+                      "chain's median time. Isolated calls (the table above) also pay their launch, the decode "
+                      "kernel's input prologue and the ramp and tail, which a decode step overlaps with the kernel "
+                      "before (programmatic dependent launch).\n\n",
+                      kChainMaxM, kChainMaxM, kChainCalls)
+       << "| N | K | M | variant | ms a call | GB/s | % copy | x cuBLAS bf16 (back to back) | kernel |\n"
+       << "|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& r : rows_)
       if (r.chain_ms > 0)
-        md << fmt::format("| {} | {} | {} | {:.4f} | {:.0f} | {:.0f}% | {:.2f} | {} |\n", r.N, r.K, r.variant,
+        md << fmt::format("| {} | {} | {} | {} | {:.4f} | {:.0f} | {:.0f}% | {:.2f} | {} |\n", r.N, r.K, r.M, r.variant,
                           r.chain_ms, r.chain_gbs, 100 * r.chain_copy_frac, r.chain_vs_bf16, r.kernel);
   }
   md << "\n## Startup check (K=1024, weights from perry's CPU quantizer)\n\n"
