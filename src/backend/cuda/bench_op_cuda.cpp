@@ -685,11 +685,12 @@ void Bench::write(const std::string& aborted) const {
                   "picks wgmma, and at M = 1 the decode step's kernel (gemv_decode as o_proj runs it: fp32 row "
                   "in, its quantization inside, the product added to y); W*A8 rows include "
                   "quantize_per_token of the bf16 activation, w8a8-fp8 quantize_per_token_fp8 (gemm ms: without "
-                  "it); at M = 1 the decode kernel and cuBLAS bf16 also {} calls back to back on rotated weights "
-                  "(the last table); every op's output checked on 8x8 "
+                  "it); at M = 1 the decode kernel, at 2..{} rows every perry op's GEMM (without the activation "
+                  "quantization), and cuBLAS bf16 also {} calls back to back on rotated weights (table 'Back to "
+                  "back'); every op's output checked on 8x8 "
                   "samples against a host reference (float rows: max |err| / rms <= {:.0e}; int rows exact / +-1)",
                   reps_, warmup_, prop_.l2CacheSize >> 20, o_.float_out == DType::BF16 ? "bf16" : "fp32",
-                  kChainCalls, kErrLimit);
+                  kChainMaxM, kChainCalls, kErrLimit);
   nlohmann::json j;
   j["device"] = device_line_;
   j["copy_bandwidth_gbs"] = copy_gbs_;
@@ -749,7 +750,8 @@ void Bench::write(const std::string& aborted) const {
                       "weight copy, no event between them), as a decode step runs its layers: a call's share of the "
                       "chain's median time. Isolated calls (the table above) also pay their launch, the decode "
                       "kernel's input prologue and the ramp and tail, which a decode step overlaps with the kernel "
-                      "before (programmatic dependent launch).\n\n",
+                      "before (programmatic dependent launch). The kernel column names the layer's path; above one row "
+                      "the chained W*A8 calls leave out its quantize_per_token.\n\n",
                       kChainMaxM, kChainMaxM, kChainCalls)
        << "| N | K | M | variant | ms a call | GB/s | % copy | x cuBLAS bf16 (back to back) | kernel |\n"
        << "|---|---|---|---|---|---|---|---|---|\n";

@@ -410,7 +410,8 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
         linear_path(op_info(op).mode, kStartupCheckWideM, K, false, kStartupCheckWideN) ==
             LinearPath::WeightOnlyWgmma)
       cases.push_back({op, kStartupCheckWideN, {kStartupCheckWideM}});
-  constexpr int Nmax = std::max(N, kStartupCheckWideN);
+  const bool wide = std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.n != kStartupCheckN; });
+  const int Nmax = wide ? std::max(N, kStartupCheckWideN) : N;
   static_assert(kStartupCheckWideM <= 300, "the wide case's rows are among the Mmax rows of x");
 
   std::mt19937 rng(20260512);
@@ -448,6 +449,8 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
     return r;
   };
   const std::vector<double> ref_float_n = float_product(Mmax, N);
+  const std::vector<double> ref_float_wide = wide ? float_product(kStartupCheckWideM, kStartupCheckWideN)
+                                                  : std::vector<double>();
 
   DeviceBuffer dx(pool, xb.size() * 2, "bench-op check x"), dxq(pool, xq.size(), "bench-op check xq"),
       dsa(pool, size_t(Mmax) * 4, "bench-op check sa"), dxf8(pool, xf8.size(), "bench-op check xf8"),
@@ -464,13 +467,21 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
   ctx.stream = stream;
   ctx.blas = blas;
   ctx.dequant_scratch = scratch.get<uint16_t>();
+  // The wide case as CudaLinear runs it: with its split-K workspace where the fused GEMM's plan
+  // splits this shape (the N = 384 cases have none, as before).
+  const size_t wide_ws = wide ? gemm_weight_only_wgmma_workspace_bytes(kStartupCheckWideM, kStartupCheckWideN, K) : 0;
+  DeviceBuffer dws(pool, std::max<size_t>(wide_ws, 16), "bench-op check split-K workspace");
+  OpContext wide_ctx = ctx;
+  wide_ctx.splitk = dws.get<int32_t>();
+  wide_ctx.splitk_bytes = wide_ws;
 
   std::vector<StartupCheck> out;
   for (const Case& cs : cases) {
     const Op op = cs.op;
     const int N = cs.n;  // shadows the common 384 for this case
     const int Mcase = *std::max_element(cs.Ms.begin(), cs.Ms.end());
-    const std::vector<double> ref_float = N == kStartupCheckN ? ref_float_n : float_product(Mcase, N);
+    const std::vector<double>& ref_float = N == kStartupCheckN ? ref_float_n : ref_float_wide;
+    const OpContext& cctx = N == kStartupCheckN ? ctx : wide_ctx;
     // The weights as perry's CPU quantizer writes them, and what they stand for (q·scale).
     std::vector<float> deq;
     pq::QuantizedWeight qw;
@@ -521,7 +532,8 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       c.op = op_info(op).name;
       c.M = M;
       c.N = N;
-      c.kernel = kernel_name(op, M, K, ctx, N);
+      c.kernel = kernel_name(op, M, K, cctx, N);
+      if (&cctx == &wide_ctx && wide_ws > 0) c.kernel += " (split-K)";
       try {
         OpArgs a;
         a.w = dw.get();
@@ -540,7 +552,7 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
         a.K = K;
         // NaN: unwritten outputs fail (the decode kernel adds to y: 0 there, and it must write every row)
         PERRY_CUDA_CHECK(cudaMemsetAsync(dy.get(), decode_kernel_row(op, M, K) ? 0 : 0xff, dy.bytes(), stream));
-        run_op(op, a, true, ctx);
+        run_op(op, a, true, cctx);
         sync_or_hang(stream, 20, fmt::format("the startup check of {} (M={}, {})", c.op, M, c.kernel));
         std::vector<float> y(size_t(M) * N);
         PERRY_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
