@@ -177,28 +177,43 @@ TEST(CudaBenchOp, LinearPathChoice) {
     EXPECT_EQ(pc::linear_path(QM::W8A8, M, 14336, false, 4096), LinearPath::SmallM) << M;
   }
   EXPECT_EQ(pc::linear_path(QM::W8A8, pc::CudaLinear::kGemvOnlyMaxM, 4096, false, 14336), LinearPath::Gemv);
+  // Weight-only on sm_90: the fused GEMM past gemv_quant's rows on layers with N >=
+  // kWeightOnlyWgmmaMinN, and on narrower ones at the M where its split-K plan splits (s45 run 1:
+  // faster than dequantize + cuBLAS there, slower unsplit); gemm_small_m (M <= 64) and dequantize +
+  // cuBLAS elsewhere and where N is not known. PERRY_WEIGHT_ONLY_WGMMA=0 / =1 (the A/B switch) turn
+  // the rule off / onto every accepted shape, PERRY_WEIGHT_ONLY_SMALL_M=0 keeps gemm_small_m at M <= 64.
+  const auto env_is = [](const char* name, const char* v) {
+    const char* e = std::getenv(name);
+    return e && std::string(e) == v;
+  };
+  const bool wo_off = env_is("PERRY_WEIGHT_ONLY_WGMMA", "0"), wo_all = env_is("PERRY_WEIGHT_ONLY_WGMMA", "1");
+  const bool small_off = env_is("PERRY_WEIGHT_ONLY_SMALL_M", "0");
+  const bool can_fuse = w8a8_wgmma && pc::gemm_weight_only_wgmma_supported() && !wo_off;
+  const int small_max = perry::cuda::kGemmSmallMMaxM;
+  // The path for M rows of an N × K layer when the rule says `fused` (N not known: never fused, the
+  // kernel's shape check needs it).
+  const auto expect = [&](int M, bool fused, bool n_known = true) {
+    const bool f = can_fuse && n_known && (fused || wo_all);
+    if (M <= pc::CudaLinear::kGemvOnlyMaxM) return LinearPath::Gemv;
+    if (M <= small_max) return f && !small_off ? LinearPath::WeightOnlyWgmma : LinearPath::SmallM;
+    return f ? LinearPath::WeightOnlyWgmma : LinearPath::DequantCublas;
+  };
+  const auto splits = [](int M, int N, int K) { return pc::gemm_weight_only_wgmma_workspace_bytes(M, N, K) > 0; };
   for (QM mode : {QM::W8A16, QM::W4A16}) {
-    EXPECT_EQ(pc::linear_path(mode, 3, 4096), LinearPath::Gemv);
-    EXPECT_EQ(pc::linear_path(mode, 4, 4096), LinearPath::SmallM);
-    EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM, 4096), LinearPath::SmallM);
-    EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM + 1, 4096), LinearPath::DequantCublas);
-    EXPECT_EQ(pc::linear_path(mode, 8, 40), LinearPath::Gemv);  // odd K: the GEMV up to 8 rows,
+    for (int M : {1, 3, 4, 16, small_max, small_max + 1, 128, 4096}) {
+      EXPECT_EQ(pc::linear_path(mode, M, 4096), expect(M, false, false)) << M;
+      EXPECT_EQ(pc::linear_path(mode, M, 4096, false, 14336), expect(M, true)) << M;
+      EXPECT_EQ(pc::linear_path(mode, M, 14336, false, pc::kWeightOnlyWgmmaMinN), expect(M, true)) << M;
+      EXPECT_EQ(pc::linear_path(mode, M, 10240, false, 2560), expect(M, splits(M, 2560, 10240))) << M;
+    }
+    EXPECT_EQ(pc::linear_path(mode, 8, 40), LinearPath::Gemv);           // odd K: the GEMV up to 8 rows,
     EXPECT_EQ(pc::linear_path(mode, 9, 40), LinearPath::DequantCublas);  // then dequantize + cuBLAS
-  }
-  // Weight-only prefill on sm_90: the fused GEMM on layers with N >= kWeightOnlyWgmmaMinN (s43 run 1:
-  // slower than dequantize + cuBLAS on 2560 x 10240), from the first row past gemm_small_m's.
-  // PERRY_WEIGHT_ONLY_WGMMA=0 / =1 (the A/B switch) turn the rule off / onto every accepted shape.
-  const char* wo_env = std::getenv("PERRY_WEIGHT_ONLY_WGMMA");
-  const std::string wo = wo_env ? wo_env : "";
-  const bool can_fuse = w8a8_wgmma && pc::gemm_weight_only_wgmma_supported() && wo != "0";
-  const LinearPath fused = can_fuse ? LinearPath::WeightOnlyWgmma : LinearPath::DequantCublas;
-  const LinearPath narrow = can_fuse && wo == "1" ? LinearPath::WeightOnlyWgmma : LinearPath::DequantCublas;
-  for (QM mode : {QM::W8A16, QM::W4A16}) {
-    EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM, 4096, false, 14336), LinearPath::SmallM);
-    EXPECT_EQ(pc::linear_path(mode, perry::cuda::kGemmSmallMMaxM + 1, 4096, false, 14336), fused);
-    EXPECT_EQ(pc::linear_path(mode, 4096, 14336, false, pc::kWeightOnlyWgmmaMinN), fused);
-    EXPECT_EQ(pc::linear_path(mode, 128, 10240, false, 2560), narrow);
     EXPECT_EQ(pc::linear_path(mode, 128, 4000, false, 14336), LinearPath::DequantCublas);  // K % 64 != 0
+  }
+  if (pc::gemm_weight_only_wgmma_supported()) {
+    // (the narrow layer splits at the short prompt, not at the long one, on any sm_90 part)
+    EXPECT_TRUE(splits(128, 2560, 10240));
+    EXPECT_FALSE(splits(4096, 2560, 10240));
   }
   // int4 W*A8 on sm_90: the int4 GEMM below kExpandInt4MinM (w4a8-g128: kExpandInt4G128MinM)
   // rows, the int8 one on the expanded weight from there (without wgmma: gemm_quant throughout).
@@ -292,32 +307,33 @@ TEST(CudaBenchOp, StartupCheckCoversPaths) {
   using pc::LinearPath;
   std::set<LinearPath> a8, w16;
   for (int M : kStartupCheckMs) {
-    if (M > 128) continue;
-    a8.insert(pc::linear_path(pq::QuantMode::W8A8_G128, M, 1024));
-    w16.insert(pc::linear_path(pq::QuantMode::W4A16, M, 1024));
+    if (M <= 128) a8.insert(pc::linear_path(pq::QuantMode::W8A8_G128, M, 1024));
+    w16.insert(pc::linear_path(pq::QuantMode::W4A16, M, 1024, false, kStartupCheckN));  // (as op_path asks)
   }
+  for (int M : kStartupCheckWeightOnlyMs)
+    w16.insert(pc::linear_path(pq::QuantMode::W4A16, M, 1024, false, kStartupCheckWeightOnlyN));
   const LinearPath gemm = pc::linear_path(pq::QuantMode::W8A8_G128, 1000, 1024);
   EXPECT_TRUE(gemm == LinearPath::GemmQuant || gemm == LinearPath::WgmmaQuant);
   const LinearPath small = pc::gemm_small_m_wgmma_supported() ? LinearPath::SmallMWgmma : LinearPath::SmallM;
   EXPECT_EQ(a8, (std::set<LinearPath>{LinearPath::Gemv, small, gemm}));
-  // (past gemm_small_m's rows: dequantize + cuBLAS at these shapes, unless PERRY_WEIGHT_ONLY_WGMMA=1
-  // sends every accepted shape to the fused GEMM)
-  const LinearPath w16_large = pc::linear_path(pq::QuantMode::W4A16, 200, 1024);
-  const char* wo_env = std::getenv("PERRY_WEIGHT_ONLY_WGMMA");
-  if (!(wo_env && std::string(wo_env) == "1")) {
-    EXPECT_EQ(w16_large, LinearPath::DequantCublas);
-  }
-  EXPECT_EQ(w16, (std::set<LinearPath>{LinearPath::Gemv, LinearPath::SmallM, w16_large}));
   EXPECT_GT(*std::max_element(std::begin(kStartupCheckMs), std::end(kStartupCheckMs)), 128);
-  // The weight-only ops' wide case reaches the fused GEMM where it runs (unless
-  // PERRY_WEIGHT_ONLY_WGMMA=0 turns it off) and is past gemm_small_m's rows.
+  // The weight-only ops reach every path they take in a model: gemv_quant; the fused GEMM where it
+  // runs (sm_90, not turned off by PERRY_WEIGHT_ONLY_WGMMA=0), at N 384 from 4 rows (it splits
+  // there) and at N 3072 on 200 rows; gemm_small_m at M <= 64 where the fused GEMM does not take
+  // them (PERRY_WEIGHT_ONLY_SMALL_M=0 or no sm_90); dequantize + cuBLAS on the 300 rows of N 3072
+  // (unsplit), unless PERRY_WEIGHT_ONLY_WGMMA=1 puts every shape on the fused GEMM.
+  const auto env_is = [](const char* name, const char* v) {
+    const char* e = std::getenv(name);
+    return e && std::string(e) == v;
+  };
   const bool fused_on = gemm == LinearPath::WgmmaQuant && pc::gemm_weight_only_wgmma_supported() &&
-                        !(wo_env && std::string(wo_env) == "0");
-  EXPECT_GT(kStartupCheckWideM, perry::cuda::kGemmSmallMMaxM);
-  EXPECT_GE(kStartupCheckWideN, pc::kWeightOnlyWgmmaMinN);
-  for (pq::QuantMode mode : {pq::QuantMode::W8A16, pq::QuantMode::W4A16})
-    EXPECT_EQ(pc::linear_path(mode, kStartupCheckWideM, 1024, false, kStartupCheckWideN),
-              fused_on ? LinearPath::WeightOnlyWgmma : LinearPath::DequantCublas);
+                        !env_is("PERRY_WEIGHT_ONLY_WGMMA", "0");
+  std::set<LinearPath> want{LinearPath::Gemv};
+  if (!fused_on || env_is("PERRY_WEIGHT_ONLY_SMALL_M", "0")) want.insert(LinearPath::SmallM);
+  if (fused_on) want.insert(LinearPath::WeightOnlyWgmma);
+  if (!(fused_on && env_is("PERRY_WEIGHT_ONLY_WGMMA", "1"))) want.insert(LinearPath::DequantCublas);
+  EXPECT_EQ(w16, want);
+  EXPECT_LT(kStartupCheckWeightOnlyN, pc::kWeightOnlyWgmmaMinN);  // (the narrow-layer rule is what it checks)
   // ... and, where the wgmma GEMMs run, the int4 prefill paths past their crossover (w4a8-g128 with
   // the quantizer's two-level scales, as bench-op's weights have them).
   if (gemm == LinearPath::WgmmaQuant) {
@@ -430,19 +446,24 @@ TEST(CudaBenchOp, TinyRunPasses) {
     fp8_startup += c["variant"] == "w8a8-fp8";
     mma_startup += c["variant"] == "w8a8-mma";
     EXPECT_TRUE(c["ok"].get<bool>()) << c.dump();
-    if (c["N"] == kStartupCheckWideN) {  // the weight-only ops on the fused GEMM
+    if (c["N"] == kStartupCheckWeightOnlyN) {  // the weight-only ops' second case
       ++wide_startup;
-      EXPECT_TRUE(c["variant"] == "w8a16" || c["variant"] == "w4a16") << c.dump();
-      EXPECT_EQ(c["M"], kStartupCheckWideM) << c.dump();
-      EXPECT_NE(c["kernel"].get<std::string>().find("gemm_weight_only_wgmma"), std::string::npos) << c.dump();
+      const std::string v = c["variant"], kernel = c["kernel"];
+      EXPECT_TRUE(v == "w8a16" || v == "w4a16") << c.dump();
+      // each row on the kernels linear_path picks there (split-K named where the fused GEMM splits)
+      const int M = c["M"];
+      const auto mode = v == "w8a16" ? pq::QuantMode::W8A16 : pq::QuantMode::W4A16;
+      const auto path = pc::linear_path(mode, M, 1024, false, kStartupCheckWeightOnlyN);
+      EXPECT_EQ(kernel.rfind(pc::linear_path_name(mode, path), 0), 0u) << c.dump();
+      EXPECT_EQ(kernel.find("(split-K)") != std::string::npos,
+                pc::linear_splitk_bytes(mode, path, M, kStartupCheckWeightOnlyN, 1024) > 0)
+          << c.dump();
     } else {
       EXPECT_EQ(c["N"], kStartupCheckN) << c.dump();
     }
   }
-  // Both weight-only modes once at the wide shape wherever linear_path takes the fused GEMM there.
-  const bool fused_wide = pc::linear_path(pq::QuantMode::W8A16, kStartupCheckWideM, 1024, false, kStartupCheckWideN) ==
-                          pc::LinearPath::WeightOnlyWgmma;
-  EXPECT_EQ(wide_startup, fused_wide ? 2 : 0);
+  // Both weight-only modes at each of the second case's rows.
+  EXPECT_EQ(wide_startup, 2 * int(std::size(kStartupCheckWeightOnlyMs)));
   const OpContext ctx;
   for (const auto& r : j["results"]) {
     ++rows;

@@ -4,9 +4,9 @@
 //       accumulation of K terms (plus the bf16 output's rounding), and
 //   (b) dequantize_weight_bf16 + a cuBLAS bf16 GEMM (the call CudaLinear's DequantCublas path
 //       makes) within twice that bound;
-// with and without bias, fp32 and bf16 outputs, both tile widths (PERRY_WEIGHT_ONLY_BN), per channel
-// and grouped scales, M and N off the tiles (M 65, 257, 300; N 131, 200, 384) and K from one stage
-// (64) to 4096.
+// with and without bias, fp32 and bf16 outputs, every tile width (PERRY_WEIGHT_ONLY_BN 32, 64, 128,
+// 256, and the automatic choice), per channel and grouped scales, M and N off the tiles (M 1-64 for
+// the short-input tiles, 65, 257, 300; N 131, 200, 384) and K from one stage (64) to 4096.
 // Every code value occurs (int8 −128..127, every nibble), scales differ by row and group.
 // (d) K off the 64-k stage and unsupported group sizes throw perry::Error.
 #include <cublas_v2.h>
@@ -176,8 +176,10 @@ struct Shape {
 // checked against the device path only (their float64 reference would take minutes). {65, 131,
 // 192}: an odd N (a last weight tile of 3 rows), an odd stage count above one (the two fragment
 // sets end on the first) and, at group 128, a last group of one stage (G = ceil(K / 128) = 2).
-const Shape kShapes[] = {{65, 128, 64},    {65, 200, 128},   {65, 131, 192},   {128, 128, 4096},
-                         {300, 200, 128},  {257, 384, 256},  {300, 200, 4096}, {300, 4096, 128},
+// The short inputs (M 1-64, batched decode: the 32 / 64-token tiles) likewise off their tiles.
+const Shape kShapes[] = {{65, 128, 64},    {65, 200, 128},   {65, 131, 192},  {128, 128, 4096},  {300, 200, 128},
+                         {257, 384, 256},  {300, 200, 4096}, {300, 4096, 128}, {1, 200, 128},    {5, 131, 192},
+                         {16, 384, 1024},  {33, 128, 64},    {48, 4096, 1024}, {64, 200, 4096},
                          {128, 4096, 4096}, {1024, 4096, 4096}};
 constexpr double kHostRefMaxMacs = 3e8;
 // (bits, group size): the modes' g128, per channel, and other accepted groups (64, 256).
@@ -212,16 +214,18 @@ TEST(CudaGemmWeightOnlyWgmma, MatchesFloat64AndDequantCublas) {
       std::vector<double> ref, mag;
       if (host) L.reference(ref, mag);
       Dev<uint16_t> w16(size_t(sh.N) * sh.K);
-      // Split-K: none, the automatic plan (splits where the tiles leave SMs idle), and 3 forced
-      // (every shape with K >= 128: units of one stage at K 192, a short last split at K 4096).
-      for (const auto& [bn, split] : {std::pair<const char*, const char*>{"128", "0"}, {"256", "0"}, {"128", ""},
-                                      {"256", ""}, {"128", "3"}}) {
+      // Every tile width; split-K: none, the automatic plan (splits where the tiles leave SMs idle),
+      // and 3 forced (every shape with K >= 128: units of one stage at K 192, a short last split at
+      // K 4096); and both chosen as a call without the variables would.
+      for (const auto& [bn, split] :
+           {std::pair<const char*, const char*>{"128", "0"}, {"256", "0"}, {"128", ""}, {"256", ""}, {"128", "3"},
+            {"32", "0"}, {"64", ""}, {"32", "3"}, {"", ""}}) {
         ScopedEnv env("PERRY_WEIGHT_ONLY_BN", bn), env_split("PERRY_WEIGHT_ONLY_SPLITK", split);
         const size_t wb = pc::gemm_weight_only_wgmma_workspace_bytes(sh.M, sh.N, sh.K);
         Dev<float> ws(std::max<size_t>(wb / 4, 1));
         for (DType out : {DType::F32, DType::BF16})
           for (bool with_bias : {false, true}) {
-            const std::string w2 = what + " BN " + bn + " split " + (*split ? split : "auto") + " (" +
+            const std::string w2 = what + " BN " + (*bn ? bn : "auto") + " split " + (*split ? split : "auto") + " (" +
                                    std::to_string(wb) + " B)" + (out == DType::F32 ? " f32" : " bf16") +
                                    (with_bias ? " +bias" : "");
             const size_t es = out == DType::F32 ? 4 : 2;

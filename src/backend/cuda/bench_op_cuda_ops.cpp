@@ -393,9 +393,9 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
                                          cublasHandle_t blas) {
   constexpr int N = kStartupCheckN, K = 1024;
   const int Mmax = *std::max_element(std::begin(kStartupCheckMs), std::end(kStartupCheckMs));
-  // Every op at N = 384, and the weight-only ops once more at kStartupCheckWideN outputs, where
-  // linear_path gives them the fused GEMM (it serves only wide layers: at 384 they would check
-  // dequantize + cuBLAS alone).
+  // Every op at N = 384, and the weight-only ops once more at kStartupCheckWeightOnlyN outputs,
+  // where linear_path gives them the fused GEMM (split) at one M and dequantize + cuBLAS at the
+  // other (at 384 the fused GEMM splits every M past gemv_quant's rows).
   struct Case {
     Op op;
     int n;
@@ -405,14 +405,16 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
   for (Op op : ops)
     if (op_info(op).kind == Kind::Perry)
       cases.push_back({op, N, std::vector<int>(std::begin(kStartupCheckMs), std::end(kStartupCheckMs))});
+  const auto weight_only = [](Op op) { return op == Op::W8A16 || op == Op::W4A16; };
   for (Op op : ops)
-    if ((op == Op::W8A16 || op == Op::W4A16) &&
-        linear_path(op_info(op).mode, kStartupCheckWideM, K, false, kStartupCheckWideN) ==
-            LinearPath::WeightOnlyWgmma)
-      cases.push_back({op, kStartupCheckWideN, {kStartupCheckWideM}});
+    if (weight_only(op))
+      cases.push_back({op, kStartupCheckWeightOnlyN,
+                       std::vector<int>(std::begin(kStartupCheckWeightOnlyMs), std::end(kStartupCheckWeightOnlyMs))});
   const bool wide = std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.n != kStartupCheckN; });
-  const int Nmax = wide ? std::max(N, kStartupCheckWideN) : N;
-  static_assert(kStartupCheckWideM <= 300, "the wide case's rows are among the Mmax rows of x");
+  const int Nmax = wide ? std::max(N, kStartupCheckWeightOnlyN) : N;
+  const int Mwo = *std::max_element(std::begin(kStartupCheckWeightOnlyMs), std::end(kStartupCheckWeightOnlyMs));
+  static_assert(*std::max_element(std::begin(kStartupCheckWeightOnlyMs), std::end(kStartupCheckWeightOnlyMs)) <= 300,
+                "the weight-only case's rows are among the Mmax rows of x");
 
   std::mt19937 rng(20260512);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -423,7 +425,7 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
     xb[i] = perry::f32_to_bf16(nd(rng));
     x[i] = bf16_to_f32(xb[i]);  // what every kernel sees
   }
-  // The wide case's further rows, drawn after x so the N = 384 case keeps its numbers.
+  // The weight-only case's further rows, drawn after x so the N = 384 case keeps its numbers.
   w.resize(size_t(Nmax) * K);
   for (size_t i = size_t(N) * K; i < w.size(); ++i) w[i] = 0.02f * nd(rng);
   // Per-token quantization of the bf16 rows on the host (the rules quantize_per_token and
@@ -449,8 +451,7 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
     return r;
   };
   const std::vector<double> ref_float_n = float_product(Mmax, N);
-  const std::vector<double> ref_float_wide = wide ? float_product(kStartupCheckWideM, kStartupCheckWideN)
-                                                  : std::vector<double>();
+  const std::vector<double> ref_float_wide = wide ? float_product(Mwo, kStartupCheckWeightOnlyN) : std::vector<double>();
 
   DeviceBuffer dx(pool, xb.size() * 2, "bench-op check x"), dxq(pool, xq.size(), "bench-op check xq"),
       dsa(pool, size_t(Mmax) * 4, "bench-op check sa"), dxf8(pool, xf8.size(), "bench-op check xf8"),
@@ -467,13 +468,19 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
   ctx.stream = stream;
   ctx.blas = blas;
   ctx.dequant_scratch = scratch.get<uint16_t>();
-  // The wide case as CudaLinear runs it: with its split-K workspace where the fused GEMM's plan
-  // splits this shape (the N = 384 cases have none, as before).
-  const size_t wide_ws = wide ? gemm_weight_only_wgmma_workspace_bytes(kStartupCheckWideM, kStartupCheckWideN, K) : 0;
-  DeviceBuffer dws(pool, std::max<size_t>(wide_ws, 16), "bench-op check split-K workspace");
-  OpContext wide_ctx = ctx;
-  wide_ctx.splitk = dws.get<int32_t>();
-  wide_ctx.splitk_bytes = wide_ws;
+  // The weight-only ops as CudaLinear runs them: with the fused GEMM's split-K workspace where its
+  // plan splits (the other ops run unsplit, as before).
+  auto splitk_at = [&](Op op, int M, int n) {
+    return linear_splitk_bytes(op_info(op).mode, op_path(op, M, K, n), M, n, K);
+  };
+  size_t wo_ws = 0;
+  for (const Case& cs : cases)
+    if (weight_only(cs.op))
+      for (int M : cs.Ms) wo_ws = std::max(wo_ws, splitk_at(cs.op, M, cs.n));
+  DeviceBuffer dws(pool, std::max<size_t>(wo_ws, 16), "bench-op check split-K workspace");
+  OpContext wo_ctx = ctx;
+  wo_ctx.splitk = dws.get<int32_t>();
+  wo_ctx.splitk_bytes = wo_ws;
 
   std::vector<StartupCheck> out;
   for (const Case& cs : cases) {
@@ -481,7 +488,7 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
     const int N = cs.n;  // shadows the common 384 for this case
     const int Mcase = *std::max_element(cs.Ms.begin(), cs.Ms.end());
     const std::vector<double>& ref_float = N == kStartupCheckN ? ref_float_n : ref_float_wide;
-    const OpContext& cctx = N == kStartupCheckN ? ctx : wide_ctx;
+    const OpContext& cctx = weight_only(op) ? wo_ctx : ctx;
     // The weights as perry's CPU quantizer writes them, and what they stand for (q·scale).
     std::vector<float> deq;
     pq::QuantizedWeight qw;
@@ -533,7 +540,7 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       c.M = M;
       c.N = N;
       c.kernel = kernel_name(op, M, K, cctx, N);
-      if (&cctx == &wide_ctx && wide_ws > 0) c.kernel += " (split-K)";
+      if (weight_only(op) && splitk_at(op, M, N) > 0) c.kernel += " (split-K)";
       try {
         OpArgs a;
         a.w = dw.get();

@@ -173,17 +173,20 @@ struct Verdict {
 Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& ref);
 
 // The startup check's row counts: at K = 1024 they reach every path of linear_path — gemv_quant
-// (1, 3), gemm_small_m (5, 16; weight-only also 48), the mma.sync GEMMs (48, 100), dequantize +
-// cuBLAS (100, 200) and, on sm_90, the wgmma GEMMs (200; w8a8-mma's only row) and the int4 prefill
+// (1, 3), gemm_small_m (5, 16; weight-only without the fused GEMM also 48), the mma.sync GEMMs (48,
+// 100), dequantize + cuBLAS (100, 200 without sm_90) and, on sm_90, the wgmma GEMMs (200; w8a8-mma's
+// only row), the fused weight-only GEMM (5-300, split: N 384 is 3 weight tiles) and the int4 prefill
 // paths past their crossovers at 257 rows (300: w4a8 expanded, w4a8-g128 two-level).
 inline constexpr int kStartupCheckMs[] = {1, 3, 5, 16, 48, 100, 200, 300};
 inline constexpr int kStartupCheckN = 384;
-// The weight-only ops' second case: linear_path gives the fused weight-only GEMM only to layers
-// with N >= kWeightOnlyWgmmaMinN, so they are checked once more at that width (one M past
-// gemm_small_m's rows) wherever linear_path takes that kernel.
-inline constexpr int kStartupCheckWideN = 4096, kStartupCheckWideM = 200;
+// The weight-only ops' second case: the fused GEMM takes layers narrower than
+// kWeightOnlyWgmmaMinN only where its split-K plan splits them, so at N 3072 (24 weight tiles) it
+// takes 200 rows (48 tiles for 132 SMs: split) and leaves 300 (72 tiles) to dequantize + cuBLAS.
+inline constexpr int kStartupCheckWeightOnlyN = 3072;
+inline constexpr int kStartupCheckWeightOnlyMs[] = {200, 300};
 // The startup check: every perry op in `ops` at N = kStartupCheckN, K = 1024, M in kStartupCheckMs
-// (where has_row; the weight-only ops also at kStartupCheckWideN x kStartupCheckWideM), with weights from quant::quantize_weight (perry's CPU quantizer), against float64 of
+// (where has_row; the weight-only ops also at kStartupCheckWeightOnlyN × kStartupCheckWeightOnlyMs,
+// with the fused GEMM's split-K workspace), with weights from quant::quantize_weight (perry's CPU quantizer), against float64 of
 // the mode's math (quant::dequantize_weight, quant::quantize_row_ref; w8a8-fp8: the decoded e4m3 codes of
 // quantize_weight and quant::quantize_row_fp8_ref, and the device's e4m3 activations must equal
 // the host's byte for byte); the error against the unquantized float product is reported

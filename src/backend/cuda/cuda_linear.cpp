@@ -328,7 +328,8 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   // weight-only modes gemm_small_m beats dequantize + cuBLAS up to 64 rows (98 vs 206 us).
   // Lab knobs for the crossovers below (bench-op A/B runs): PERRY_GEMV_ONLY_MAX_M,
   // PERRY_SMALL_M_A8_MAX_M (W*A8: gemm_small_m to here, then the wgmma GEMMs) and
-  // PERRY_SMALL_M_A16_MAX_M (weight-only: gemm_small_m to here, then dequantize + cuBLAS).
+  // PERRY_SMALL_M_A16_MAX_M (weight-only: the small-M range to here — the fused GEMM's narrow
+  // tiles, or gemm_small_m where it does not run — then the fused GEMM or dequantize + cuBLAS).
   static const int gemv_only_max = env_int("PERRY_GEMV_ONLY_MAX_M", kGemvOnlyMaxM, 0, kGemvMaxM);
   static const int small_a8_max = env_int("PERRY_SMALL_M_A8_MAX_M", kSmallMA8MaxM, 0, kGemmSmallMMaxM);
   static const int small_a16_max = env_int("PERRY_SMALL_M_A16_MAX_M", kGemmSmallMMaxM, 0, kGemmSmallMMaxM);
@@ -358,22 +359,27 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   static const bool w8a8_wide_small = env_flag("PERRY_W8A8_WIDE_SMALL_M");
   if (mode == pq::QuantMode::W8A8 && N >= K && M <= small_a8_max && !w8a8_wide_small && wgmma_enabled())
     return Path::Wgmma;
-  if (M <= (a8 ? small_a8_max : small_a16_max)) return Path::SmallM;
-  // Weight-only prefill: the fused GEMM (codes -> bf16 in registers, no bf16 copy of the weight)
-  // on layers with N >= kWeightOnlyWgmmaMinN. H100, s43 run 1 (bench-op, vs dequantize + cuBLAS,
+  // Weight-only past gemv_quant's rows: the fused GEMM (codes -> bf16 in registers, no bf16 copy
+  // of the weight) on layers with N >= kWeightOnlyWgmmaMinN, and on narrower ones where its split-K
+  // plan splits (few weight tiles for the SMs). H100, s43 run 1 (bench-op, vs dequantize + cuBLAS,
   // docs/perf/cuda/s43-runs.md): 14336 x 4096 at M 128 / 512 / 2048 45.9 / 114.8 / 375.0 vs 132.7 /
-  // 176.0 / 384.1 us (w8a16; w4a16 alike), 4096 x 14336 125.8 / 129.3 / 353.1 vs 137.3 / 162.9 /
-  // 371.5, 6144 x 4096 and 10240 x 2560 faster or level; 2560 x 10240 (20 weight tiles of 128 rows
-  // for 132 SMs, no split-K yet) slower at every M (90.0 vs 66.4 at M 128, 260.0 vs 171.6 at 2048).
+  // 176.0 / 384.1 us (w8a16; w4a16 alike), 6144 x 4096 and 10240 x 2560 faster or level. s45 run 1
+  // (docs/perf/cuda/s45-runs.md): 2560 x 10240 at M 128 / 256 (split 6 / 3) 29.5 / 44.4 vs 67.0 /
+  // 74.4 us, at M 512 / 1024 (unsplit) 96.1 / 131.5 vs 91.2 / 109.7; 2560 x 4096 alike.
+  // Up to kGemmSmallMMaxM rows (batched decode) with the 32 / 64-token tiles, where it replaces
+  // gemm_small_m; PERRY_WEIGHT_ONLY_SMALL_M=0 keeps gemm_small_m there (A/B runs).
   static const int weight_only_wgmma = env_int("PERRY_WEIGHT_ONLY_WGMMA", -1, 0, 1);
+  static const int weight_only_small = env_int("PERRY_WEIGHT_ONLY_SMALL_M", 1, 0, 1);
   if (!a8) {
     const pq::QuantScheme sc = pq::quant_scheme(mode);
-    const bool fused = weight_only_wgmma == 1 || (weight_only_wgmma == -1 && N >= kWeightOnlyWgmmaMinN);
-    return fused && wgmma_enabled() &&
-                   gemm_weight_only_wgmma_accepts(sc.weight_bits, sc.group_size, M, N, K, DType::BF16)
-               ? Path::WeightOnlyWgmma
-               : Path::DequantCublas;
+    const bool wide_or_split =
+        N >= kWeightOnlyWgmmaMinN || (N > 0 && gemm_weight_only_wgmma_workspace_bytes(M, N, K) > 0);
+    const bool fused = (weight_only_wgmma == 1 || (weight_only_wgmma == -1 && wide_or_split)) && wgmma_enabled() &&
+                       gemm_weight_only_wgmma_accepts(sc.weight_bits, sc.group_size, M, N, K, DType::BF16);
+    if (M <= small_a16_max) return fused && weight_only_small == 1 ? Path::WeightOnlyWgmma : Path::SmallM;
+    return fused ? Path::WeightOnlyWgmma : Path::DequantCublas;
   }
+  if (M <= small_a8_max) return Path::SmallM;
   if (mode == pq::QuantMode::W8A8) return wgmma_enabled() ? Path::Wgmma : Path::MmaSync;
   if (!wgmma_enabled() || !gemm_quant_wgmma_supported()) return Path::GemmQuant;
   // int4 at prefill sizes: expanding the weight to int8 once (~10-30 us for 10-58 M weights)

@@ -63,10 +63,12 @@ enum class LinearPath {
 // N (the layer's outputs; 0: not known) lets short prompts take the two-level kernel where its
 // tiles fill the GPU (gemm_w4a8_two_level_wgmma_fills).
 LinearPath linear_path(quant::QuantMode mode, int M, int K, bool two_level = false, int N = 0);
-// Weight-only prefill (w8a16 / w4a16 past gemm_small_m's rows): LinearPath::WeightOnlyWgmma, one
-// fused GEMM (gemm_weight_only_sm90.h) on layers with N >= kWeightOnlyWgmmaMinN outputs, else
-// LinearPath::DequantCublas (dequantize_weight_bf16 + cuBLAS). PERRY_WEIGHT_ONLY_WGMMA=0 keeps
-// every layer on the two-step path (A/B runs), =1 puts every shape the kernel accepts on it (lab).
+// Weight-only (w8a16 / w4a16 past gemv_quant's rows): LinearPath::WeightOnlyWgmma, one fused GEMM
+// (gemm_weight_only_sm90.h) on layers with N >= kWeightOnlyWgmmaMinN outputs or where its split-K
+// plan splits the layer (gemm_weight_only_wgmma_workspace_bytes > 0), else gemm_small_m up to
+// kGemmSmallMMaxM rows and LinearPath::DequantCublas (dequantize_weight_bf16 + cuBLAS) above.
+// PERRY_WEIGHT_ONLY_WGMMA=0 keeps every layer off the fused GEMM (A/B runs), =1 puts every shape the
+// kernel accepts on it (lab); PERRY_WEIGHT_ONLY_SMALL_M=0 keeps gemm_small_m at the small M.
 constexpr int kWeightOnlyWgmmaMinN = 4096;
 // The kernels of a path as logs and bench-op print them ("w8a8:gemm_w8a8_wgmma_tma").
 std::string linear_path_name(quant::QuantMode mode, LinearPath path);
@@ -165,8 +167,9 @@ class CudaLinear {
   // W4A8 modes: the int8 expansion of the weight (LinearPath::ExpandWgmma), N·K bytes.
   size_t dequant_scratch_bytes() const {
     if (!quant::is_quantized(mode_) || fp8()) return 0;
-    // Weight-only: none when the fused kernel takes the layer's prefill (the choice does not
-    // depend on M there), e.g. ~1 GB less on Llama-3-8B, whose lm_head's bf16 copy was the largest.
+    // Weight-only: none when the fused kernel takes the layer's longest prefill (N >= 4096: it takes
+    // every M), e.g. ~1 GB less on Llama-3-8B, whose lm_head's bf16 copy was the largest. Narrower
+    // layers take it only at the M where it splits; at 2^20 rows nothing splits.
     if (input_format() == ActFormat::BF16)
       return linear_path(mode_, 1 << 20, k_, false, n_) == LinearPath::WeightOnlyWgmma ? 0 : size_t(n_) * size_t(k_) * 2;
     // int4: the expansion (LinearPath::ExpandWgmma / ExpandTwoLevelWgmma), unless the two-level

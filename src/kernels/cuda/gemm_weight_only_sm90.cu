@@ -13,8 +13,8 @@
 //   * Operands swapped (as gemm_w4a8_two_level_sm90.cu): the weight tile is wgmma's A operand from
 //     registers ("RS"), accumulator rows = output columns n; the activation tile X is B from
 //     shared memory (bf16, K-major, 128-byte swizzle: one 128-byte row = 64 k), accumulator
-//     columns = tokens m. Tile: 128 weight rows (two consumer warpgroups × m64) × kBN tokens (128
-//     or 256: m64nkBNk16), 64 k a stage.
+//     columns = tokens m. Tile: 128 weight rows (two consumer warpgroups × m64) × kBN tokens (32 or
+//     64 for M <= 64, 128 or 256 above: m64nkBNk16), 64 k a stage.
 //   * Producer warp (one thread of warpgroup 0): TMA loads of X [kBN × 128 B] and of the code tile
 //     — int8 [128 rows × 64 B] with the 64-byte swizzle, int4 [128 rows × 32 B] with the 32-byte
 //     swizzle — into a ring of 5-8 stages. TMA zero-fills rows past M and N.
@@ -58,7 +58,13 @@
 // bytes, zero fill included), empty 8 consumer-warp arrives; producer and consumers walk the same
 // (tile, k-stage) sequence.
 //
-// Not yet: split-K for short prompts (few tiles: M 128 on N 4096 is 32 CTAs), a TMA-store
+//   * Programmatic dependent launch (pdl.cuh): the producer issues the first stages' code tiles
+//     before griddepcontrol.wait (no kernel writes weights), their X tiles after it; the consumers
+//     wait before anything reaches x or y. At batched decode (M 4-64, this kernel since s45) the
+//     weight stream then starts under the tail of the kernel before, as gemm_small_m_wgmma's does.
+//   * Split-K where the tiles leave SMs idle (split_plan below): fp32 slices, splitk_reduce.
+//
+// Not yet: a TMA-store
 // epilogue (gemm_w4a8_two_level's, measured there to matter at large M), tuning of the tile
 // choice (kTileOverheadTokens is a guess).
 #include "kernels/cuda/gemm_weight_only_sm90.h"
@@ -69,10 +75,12 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_error.h"
 #include "kernels/cuda/device_query.h"
 #include "kernels/cuda/mma_sync_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/quant_args.h"
 #include "kernels/cuda/sm90_gemm_common.cuh"
 
@@ -92,9 +100,9 @@ struct WeightOnlyCfg {
   static constexpr int kTileW = kWRows * kRowW;               // 8 or 4 KiB
   static constexpr int kStageBytes = kTileX + kTileW;
   static constexpr int kFit = (216 * 1024) / kStageBytes;
-  static constexpr int kStages = kFit < 8 ? kFit : 8;  // 256 tokens: 5 (int8), 6 (int4); 128: 8
+  static constexpr int kStages = kFit < 8 ? kFit : 8;  // 256 tokens: 5 (int8), 6 (int4); 32-128: 8
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, alignment
-  static_assert(kBN == 128 || kBN == 256, "tile widths: 128 or 256 tokens");
+  static_assert(kBN == 32 || kBN == 64 || kBN == 128 || kBN == 256, "tile widths: 32, 64, 128 or 256 tokens");
   static_assert(kStages >= 3 && kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-block limit");
   // (every tile a multiple of 1 KiB: the swizzle atoms stay aligned in every slot)
   static_assert(kTileX % 1024 == 0 && kTileW % 1024 == 0, "stage tiles must keep 1 KiB alignment");
@@ -104,13 +112,18 @@ struct WeightOnlyCfg {
 using mma_sync::magic_byte;
 using mma_sync::pack_bf16x2;
 
-// The accumulator lists of the m64n128k16 / m64n256k16 wrappers (fp32 in f registers: a cast
+// The accumulator lists of the m64n{32,64,128,256}k16 wrappers (fp32 in f registers: a cast
 // through int would read the accumulators outside wgmma and serialize the MMAs).
 #define PERRY_WO_F4(b) "+f"(d[b]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3])
 #define PERRY_WO_F16(b) PERRY_WO_F4(b), PERRY_WO_F4((b) + 4), PERRY_WO_F4((b) + 8), PERRY_WO_F4((b) + 12)
 #define PERRY_WO_F64(b) PERRY_WO_F16(b), PERRY_WO_F16((b) + 16), PERRY_WO_F16((b) + 32), PERRY_WO_F16((b) + 48)
+#define PERRY_WO_D16 PERRY_WO_F16(0)
+#define PERRY_WO_D32 PERRY_WO_F16(0), PERRY_WO_F16(16)
 #define PERRY_WO_D64 PERRY_WO_F64(0)
 #define PERRY_WO_D128 PERRY_WO_F64(0), PERRY_WO_F64(64)
+#define PERRY_WO_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define PERRY_WO_REGS32 \
+  PERRY_WO_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define PERRY_WO_REGS64                                                                                      \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                  \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                        \
@@ -135,17 +148,25 @@ using mma_sync::pack_bf16x2;
 template <int kBN>
 __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[kBN / 2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                               uint64_t db, int accumulate) {
-  if constexpr (kBN == 128)
+  if constexpr (kBN == 32)
+    PERRY_WO_RS_ASM("m64n32k16", PERRY_WO_REGS16, PERRY_WO_D16, "%16, %17, %18, %19", "%20", "%21");
+  else if constexpr (kBN == 64)
+    PERRY_WO_RS_ASM("m64n64k16", PERRY_WO_REGS32, PERRY_WO_D32, "%32, %33, %34, %35", "%36", "%37");
+  else if constexpr (kBN == 128)
     PERRY_WO_RS_ASM("m64n128k16", PERRY_WO_REGS64, PERRY_WO_D64, "%64, %65, %66, %67", "%68", "%69");
   else
     PERRY_WO_RS_ASM("m64n256k16", PERRY_WO_REGS128, PERRY_WO_D128, "%128, %129, %130, %131", "%132", "%133");
 }
 #undef PERRY_WO_RS_ASM
+#undef PERRY_WO_REGS16
+#undef PERRY_WO_REGS32
 #undef PERRY_WO_REGS64
 #undef PERRY_WO_REGS128
 #undef PERRY_WO_F64
 #undef PERRY_WO_F16
 #undef PERRY_WO_F4
+#undef PERRY_WO_D16
+#undef PERRY_WO_D32
 #undef PERRY_WO_D64
 #undef PERRY_WO_D128
 
@@ -274,29 +295,49 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (warp == 0 && lane == 0) {
       prefetch_tensormaps(&tmX, &tmW);
-      int s = 0;
-      uint32_t phase = 0;
-      for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
-        int x0, n0;
-        tile_origin<kBN, kGroupTiles>(u / splits, tiles_x, tiles_w, kWRows, x0, n0);
-        const int kt0 = (u % splits) * kt_per, kt1 = min(ktiles, kt0 + kt_per);
-        for (int kt = kt0; kt < kt1; ++kt) {
-          mbar_wait(empty(s), phase ^ 1);
-          mbar_arrive_expect_tx(full(s), C::kTileX + C::kTileW);
-          tma_load_2d(sX + s * C::kTileX, &tmX, kt * kBK * 2, x0, full(s));
-          tma_load_2d(sW + s * C::kTileW, &tmW, kt * C::kRowW, n0, full(s));
-          if (++s == S) {
-            s = 0;
-            phase ^= 1;
-          }
+      // This CTA's k-stages in order (q: the stage's place in the ring's sequence); f returns
+      // false to stop the walk.
+      auto walk = [&](auto&& f) {
+        int q = 0;
+        for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+          int x0, n0;
+          tile_origin<kBN, kGroupTiles>(u / splits, tiles_x, tiles_w, kWRows, x0, n0);
+          const int kt0 = (u % splits) * kt_per, kt1 = min(ktiles, kt0 + kt_per);
+          for (int kt = kt0; kt < kt1; ++kt, ++q)
+            if (!f(q, x0, n0, kt)) return;
         }
-      }
+      };
+      // The first S stages' code tiles before griddepcontrol.wait: no kernel writes weights, so
+      // under programmatic launch their fetch overlaps the kernel before (a decode step's).
+      walk([&](int q, int, int n0, int kt) {
+        if (q >= S) return false;
+        mbar_arrive_expect_tx(full(q), C::kTileX + C::kTileW);
+        tma_load_2d(sW + q * C::kTileW, &tmW, kt * C::kRowW, n0, full(q));
+        return true;
+      });
+      pdl::wait();
+      walk([&](int q, int x0, int n0, int kt) {
+        const int s = q % S;
+        if (q >= S) {
+          mbar_wait(empty(s), ((q / S) & 1) ^ 1);
+          mbar_arrive_expect_tx(full(s), C::kTileX + C::kTileW);
+          tma_load_2d(sW + s * C::kTileW, &tmW, kt * C::kRowW, n0, full(s));
+        }
+        tma_load_2d(sX + s * C::kTileX, &tmX, kt * kBK * 2, x0, full(s));
+        return true;
+      });
+    } else {
+      pdl::wait();
     }
+    pdl::launch_dependents();
     return;
   }
 
   // ---------------- consumers ----------------
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  // (before reading x through the ring or writing y / the split slices)
+  pdl::wait();
+  pdl::launch_dependents();
   const int cw = wg - 1;
   const int g = lane >> 2, tq = lane & 3;
   const int rt = cw * 64 + warp * 16 + g;  // this thread's tile rows rt, rt + 8
@@ -421,6 +462,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int kOut>
 __global__ void splitk_reduce(const float* __restrict__ part, int splits, const float* __restrict__ bias,
                               void* __restrict__ Y, int M, int N) {
+  pdl::wait();  // (the slices of the GEMM before it)
+  pdl::launch_dependents();
   const size_t total = size_t(M) * N, stride = size_t(gridDim.x) * blockDim.x;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
     float v = part[i];
@@ -435,12 +478,17 @@ __global__ void splitk_reduce(const float* __restrict__ part, int splits, const 
 // Tokens a tile by the time of the waves (the persistent grid runs ceil(tiles / SMs) tiles on the
 // busiest SM; a tile costs its tokens plus a fixed share for the per-stage work whatever the
 // width: the weight tile's load and conversion). The share is a guess until measured.
-// PERRY_WEIGHT_ONLY_BN=128|256 forces one (lab, tests).
+// Short inputs (M <= 64: batched decode, a few tokens) take the narrow tiles: a weight tile is
+// converted once per 32 / 64 tokens instead of once per 128, and the tensor core's share of a
+// stage shrinks with the width (m64n32k16 is a quarter of m64n128k16). PERRY_WEIGHT_ONLY_BN=32|64|
+// 128|256 forces one (lab, tests).
 constexpr int kTileOverheadTokens = 64;
 int tile_tokens(int M, int N) {
   const char* e = std::getenv("PERRY_WEIGHT_ONLY_BN");  // read per call: the tests switch it
   const int forced = e && *e ? std::atoi(e) : 0;
-  if (forced == 128 || forced == 256) return forced;
+  if (forced == 32 || forced == 64 || forced == 128 || forced == 256) return forced;
+  if (M <= 32) return 32;
+  if (M <= 64) return 64;
   const long long sms = sm_count(), tiles_w = (N + kWRows - 1) / kWRows;
   auto cost = [&](int bx) { return ((M + bx - 1) / bx * tiles_w + sms - 1) / sms * (bx + kTileOverheadTokens); };
   return cost(128) < cost(256) ? 128 : 256;  // (ties: the wider tile converts each weight tile fewer times)
@@ -464,8 +512,9 @@ int group_shift(int group_size) {
 // at 128 and 512 tokens alike). Splits: up to SMs / tiles, at most kMaxSplits, at least
 // kMinSplitStages k-stages a split; the fp32 slices [splits][M][N] go to the caller's workspace (no
 // split when it is too small) and splitk_reduce adds them. PERRY_WEIGHT_ONLY_SPLITK=0 turns it off,
-// =n forces n splits wherever K allows (tests, lab); read per call.
-// NOT YET RUN ON A GPU (branch next/wo-splitk).
+// =n forces n splits wherever K allows (tests, lab); read per call. H100, s44 run 1: 4096 × 14336
+// at M 128 47.0 vs 125.5 us unsplit; s45 run 1: 2560 × 10240 at M 128 / 256 29.5 / 44.4 us (dequantize
+// + cuBLAS 67.0 / 74.4), where the plan splits.
 constexpr int kMaxSplits = 8, kMinSplitStages = 4;
 struct SplitPlan {
   int splits = 1, kt_per = 0;
@@ -507,13 +556,12 @@ void launch(const uint16_t* x, const void* w, const float* sc, const float* bias
   const long long units = tiles * plan.splits;
   const int sms = sm_count();
   const unsigned grid = unsigned(units < sms ? units : sms);
-  kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(tx, tw, sc, bias, y, M, N, K, G, gshift, plan.splits, plan.kt_per,
-                                                    part);
-  check_launch(name);
+  pdl::launch(name, kernel, dim3(grid), dim3(kThreads), C::kSmemBytes, stream, tx, tw, sc, bias, y, M, N, K, G, gshift,
+              plan.splits, plan.kt_per, part);
   if (plan.splits > 1) {
     const long long blocks = std::min<long long>((size_t(M) * N + 255) / 256, 8LL * sms);
-    splitk_reduce<kOut><<<unsigned(blocks), 256, 0, stream>>>(part, plan.splits, bias, y, M, N);
-    check_launch("gemm_weight_only_wgmma: splitk_reduce");
+    pdl::launch("gemm_weight_only_wgmma: splitk_reduce", splitk_reduce<kOut>, dim3(unsigned(blocks)), dim3(256), 0,
+                stream, static_cast<const float*>(part), plan.splits, bias, y, M, N);
   }
 }
 
@@ -573,12 +621,20 @@ void gemm_weight_only_wgmma(const uint16_t* x, const void* qweight, const float*
   SplitPlan p = split_plan(M, N, K, bn);
   if (p.splits > 1 && (!workspace || workspace_bytes < split_bytes(p, M, N) || !aligned(workspace, 4)))
     p = SplitPlan{1, K / kBK};  // (no room for the slices: unsplit, correct and slower)
-  if (bits == 8) {
-    if (bn == 128) return launch_out<8, 128>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, p, workspace, stream);
-    return launch_out<8, 256>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, p, workspace, stream);
-  }
-  if (bn == 128) return launch_out<4, 128>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, p, workspace, stream);
-  return launch_out<4, 256>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, p, workspace, stream);
+  auto go = [&](auto bits_c, auto bn_c) {
+    launch_out<decltype(bits_c)::value, decltype(bn_c)::value>(out, x, qweight, scales, bias, y, M, N, K, G, gshift, p,
+                                                               workspace, stream);
+  };
+  auto by_width = [&](auto bits_c) {
+    switch (bn) {
+      case 32: return go(bits_c, std::integral_constant<int, 32>{});
+      case 64: return go(bits_c, std::integral_constant<int, 64>{});
+      case 128: return go(bits_c, std::integral_constant<int, 128>{});
+      default: return go(bits_c, std::integral_constant<int, 256>{});
+    }
+  };
+  if (bits == 8) return by_width(std::integral_constant<int, 8>{});
+  return by_width(std::integral_constant<int, 4>{});
 }
 
 }  // namespace perry::cuda

@@ -1,11 +1,12 @@
-// Weight-only prefill on sm_90a (H100/H200): gemm_weight_only_wgmma, the w8a16 / w4a16 linear at
-// M > 64 token rows as one kernel — the int8 / int4 codes are turned into their bf16 values inside
+// Weight-only linears on sm_90a (H100/H200): gemm_weight_only_wgmma, the w8a16 / w4a16 linear at
+// M >= 4 token rows (batched decode and prefill) as one kernel — the int8 / int4 codes are turned into their bf16 values inside
 // the GEMM, in registers, and fed to wgmma as its A operand (src/kernels/cuda/
 // gemm_weight_only_sm90.cu). It replaces dequantize_weight_bf16 + a cuBLAS bf16 GEMM, whose pass
 // over the whole weight made the weight-only modes 0.3-0.6x plain bf16 cuBLAS.
 //
 // Compiled for sm_90a only. First GPU run s43 (H100): test_cuda_weight_only_wgmma 4/4; CudaLinear's
-// choice (linear_path, LinearPath::WeightOnlyWgmma) takes it for layers with N >= 4096.
+// choice (linear_path, LinearPath::WeightOnlyWgmma) takes it for layers with N >= 4096 and for the
+// narrower ones at the M where its split-K plan splits (s45).
 //
 //   y[m, n] = Σ_k x[m, k]·wdq[n, k] (+ bias[n]), fp32 accumulation, out F32 or BF16 (rn);
 //   wdq[n, k] = bf16_rn(float(q[n, k])·scales[n, g(k)]) — dequantize_weight_bf16's values bit for
@@ -19,7 +20,10 @@
 // bias 4-byte aligned; y aligned to its element; out F32 or BF16.
 // gemm_weight_only_wgmma_accepts(...) says whether a call with those values would be taken
 // (everything but the pointers), for callers that fall back to the two-step path otherwise.
-// Environment (read per call; lab and tests): PERRY_WEIGHT_ONLY_BN=128|256 forces the tile width.
+// Launched with programmatic dependent launch (pdl.cuh): the first code tiles are fetched before
+// the kernel waits for the one before it.
+// Environment (read per call; lab and tests): PERRY_WEIGHT_ONLY_BN=32|64|128|256 forces the tile
+// width (by default 32 up to 32 rows, 64 up to 64, then 128 or 256 by the waves).
 #pragma once
 #include <cuda_runtime.h>
 
