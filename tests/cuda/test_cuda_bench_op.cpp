@@ -192,19 +192,21 @@ TEST(CudaBenchOp, LinearPathChoice) {
   const int small_max = perry::cuda::kGemmSmallMMaxM;
   // The path for M rows of an N × K layer when the rule says `fused` (N not known: never fused, the
   // kernel's shape check needs it).
-  const auto expect = [&](int M, bool fused, bool n_known = true) {
+  // (w4a16 keeps gemm_small_m to kWeightOnlyInt4SmallMMaxM rows)
+  const auto expect = [&](QM mode, int M, bool fused, bool n_known = true) {
     const bool f = can_fuse && n_known && (fused || wo_all);
     if (M <= pc::CudaLinear::kGemvOnlyMaxM) return LinearPath::Gemv;
-    if (M <= small_max) return f && !small_off ? LinearPath::WeightOnlyWgmma : LinearPath::SmallM;
+    const bool int4_small = mode == QM::W4A16 && M <= pc::CudaLinear::kWeightOnlyInt4SmallMMaxM;
+    if (M <= small_max) return f && !small_off && !int4_small ? LinearPath::WeightOnlyWgmma : LinearPath::SmallM;
     return f ? LinearPath::WeightOnlyWgmma : LinearPath::DequantCublas;
   };
   const auto splits = [](int M, int N, int K) { return pc::gemm_weight_only_wgmma_workspace_bytes(M, N, K) > 0; };
   for (QM mode : {QM::W8A16, QM::W4A16}) {
-    for (int M : {1, 3, 4, 16, small_max, small_max + 1, 128, 4096}) {
-      EXPECT_EQ(pc::linear_path(mode, M, 4096), expect(M, false, false)) << M;
-      EXPECT_EQ(pc::linear_path(mode, M, 4096, false, 14336), expect(M, true)) << M;
-      EXPECT_EQ(pc::linear_path(mode, M, 14336, false, pc::kWeightOnlyWgmmaMinN), expect(M, true)) << M;
-      EXPECT_EQ(pc::linear_path(mode, M, 10240, false, 2560), expect(M, splits(M, 2560, 10240))) << M;
+    for (int M : {1, 3, 4, 8, 9, 16, small_max, small_max + 1, 128, 4096}) {
+      EXPECT_EQ(pc::linear_path(mode, M, 4096), expect(mode, M, false, false)) << M;
+      EXPECT_EQ(pc::linear_path(mode, M, 4096, false, 14336), expect(mode, M, true)) << M;
+      EXPECT_EQ(pc::linear_path(mode, M, 14336, false, pc::kWeightOnlyWgmmaMinN), expect(mode, M, true)) << M;
+      EXPECT_EQ(pc::linear_path(mode, M, 10240, false, 2560), expect(mode, M, splits(M, 2560, 10240))) << M;
     }
     EXPECT_EQ(pc::linear_path(mode, 8, 40), LinearPath::Gemv);           // odd K: the GEMV up to 8 rows,
     EXPECT_EQ(pc::linear_path(mode, 9, 40), LinearPath::DequantCublas);  // then dequantize + cuBLAS
@@ -319,17 +321,17 @@ TEST(CudaBenchOp, StartupCheckCoversPaths) {
   EXPECT_GT(*std::max_element(std::begin(kStartupCheckMs), std::end(kStartupCheckMs)), 128);
   // The weight-only ops reach every path they take in a model: gemv_quant; the fused GEMM where it
   // runs (sm_90, not turned off by PERRY_WEIGHT_ONLY_WGMMA=0), at N 384 from 4 rows (it splits
-  // there) and at N 3072 on 200 rows; gemm_small_m at M <= 64 where the fused GEMM does not take
-  // them (PERRY_WEIGHT_ONLY_SMALL_M=0 or no sm_90); dequantize + cuBLAS on the 300 rows of N 3072
-  // (unsplit), unless PERRY_WEIGHT_ONLY_WGMMA=1 puts every shape on the fused GEMM.
+  // there; w4a16 from 9) and at N 3072 on 200 rows; gemm_small_m at M <= 64 where the fused GEMM
+  // does not take them (w4a16 at 5 rows, PERRY_WEIGHT_ONLY_SMALL_M=0, no sm_90); dequantize + cuBLAS
+  // on the 300 rows of N 3072 (unsplit), unless PERRY_WEIGHT_ONLY_WGMMA=1 puts every shape on the
+  // fused GEMM.
   const auto env_is = [](const char* name, const char* v) {
     const char* e = std::getenv(name);
     return e && std::string(e) == v;
   };
   const bool fused_on = gemm == LinearPath::WgmmaQuant && pc::gemm_weight_only_wgmma_supported() &&
                         !env_is("PERRY_WEIGHT_ONLY_WGMMA", "0");
-  std::set<LinearPath> want{LinearPath::Gemv};
-  if (!fused_on || env_is("PERRY_WEIGHT_ONLY_SMALL_M", "0")) want.insert(LinearPath::SmallM);
+  std::set<LinearPath> want{LinearPath::Gemv, LinearPath::SmallM};
   if (fused_on) want.insert(LinearPath::WeightOnlyWgmma);
   if (!(fused_on && env_is("PERRY_WEIGHT_ONLY_WGMMA", "1"))) want.insert(LinearPath::DequantCublas);
   EXPECT_EQ(w16, want);

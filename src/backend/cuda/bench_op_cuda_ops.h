@@ -173,9 +173,9 @@ struct Verdict {
 Verdict judge(Op op, const std::vector<double>& got, const std::vector<double>& ref);
 
 // The startup check's row counts: at K = 1024 they reach every path of linear_path — gemv_quant
-// (1, 3), gemm_small_m (5, 16; weight-only without the fused GEMM also 48), the mma.sync GEMMs (48,
-// 100), dequantize + cuBLAS (100, 200 without sm_90) and, on sm_90, the wgmma GEMMs (200; w8a8-mma's
-// only row), the fused weight-only GEMM (5-300, split: N 384 is 3 weight tiles) and the int4 prefill
+// (1, 3), gemm_small_m (5, 16; w4a16 5; weight-only without the fused GEMM 5-48), the mma.sync GEMMs
+// (48, 100), dequantize + cuBLAS (100, 200 without sm_90) and, on sm_90, the wgmma GEMMs (200;
+// w8a8-mma's only row), the fused weight-only GEMM (5 / 16-300, split: N 384 is 3 weight tiles) and the int4 prefill
 // paths past their crossovers at 257 rows (300: w4a8 expanded, w4a8-g128 two-level).
 inline constexpr int kStartupCheckMs[] = {1, 3, 5, 16, 48, 100, 200, 300};
 inline constexpr int kStartupCheckN = 384;

@@ -367,7 +367,12 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   // (docs/perf/cuda/s45-runs.md): 2560 x 10240 at M 128 / 256 (split 6 / 3) 29.5 / 44.4 vs 67.0 /
   // 74.4 us, at M 512 / 1024 (unsplit) 96.1 / 131.5 vs 91.2 / 109.7; 2560 x 4096 alike.
   // Up to kGemmSmallMMaxM rows (batched decode) with the 32 / 64-token tiles, where it replaces
-  // gemm_small_m; PERRY_WEIGHT_ONLY_SMALL_M=0 keeps gemm_small_m there (A/B runs).
+  // gemm_small_m (int4: from kWeightOnlyInt4SmallMMaxM + 1 rows). s45 run 2 (H100, bench-op, 8
+  // calls back to back as a decode step runs them): 14336 x 4096 w8a16 at M 16 / 32 / 64 32.8 /
+  // 33.1 / 35.2 vs 38.3 / 56.7 / 99.5 us, w4a16 30.7 / 30.9 / 33.4 vs 40.8 / 60.9 / 112.8, every
+  // shape alike; at M 4-8 within -9..+5% (w8a16), w4a16 3-15% slower on four of five shapes.
+  // Llama-3-8B decode at 16 sequences: w8a16 2824 vs 2653 tok/s, w4a16 3009 vs 2921.
+  // PERRY_WEIGHT_ONLY_SMALL_M=0 keeps gemm_small_m at every M <= 64 (A/B runs).
   static const int weight_only_wgmma = env_int("PERRY_WEIGHT_ONLY_WGMMA", -1, 0, 1);
   static const int weight_only_small = env_int("PERRY_WEIGHT_ONLY_SMALL_M", 1, 0, 1);
   if (!a8) {
@@ -376,7 +381,10 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
         N >= kWeightOnlyWgmmaMinN || (N > 0 && gemm_weight_only_wgmma_workspace_bytes(M, N, K) > 0);
     const bool fused = (weight_only_wgmma == 1 || (weight_only_wgmma == -1 && wide_or_split)) && wgmma_enabled() &&
                        gemm_weight_only_wgmma_accepts(sc.weight_bits, sc.group_size, M, N, K, DType::BF16);
-    if (M <= small_a16_max) return fused && weight_only_small == 1 ? Path::WeightOnlyWgmma : Path::SmallM;
+    if (M <= small_a16_max) {
+      const bool int4_small = sc.weight_bits == 4 && M <= CudaLinear::kWeightOnlyInt4SmallMMaxM;
+      return fused && weight_only_small == 1 && !int4_small ? Path::WeightOnlyWgmma : Path::SmallM;
+    }
     return fused ? Path::WeightOnlyWgmma : Path::DequantCublas;
   }
   if (M <= small_a8_max) return Path::SmallM;

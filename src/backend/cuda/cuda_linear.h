@@ -117,6 +117,9 @@ class CudaLinear {
   static constexpr int kGemvOnlyMaxM = 3;  // gemv_quant up to here, then gemm_small_m
   static constexpr int kSmallMA8MaxM = 32;  // W*A8: gemm_small_m up to here, then the GEMMs
   static constexpr int kSmallMWgmmaMaxM = 32;  // w8a8-g128 / g64 on sm_90: gemm_small_m_wgmma up to here
+  // w4a16 on sm_90: gemm_small_m up to here (3-15% faster than the fused GEMM's 32-token tiles at
+  // 4-8 rows on four of five shapes, s45 run 2), then gemm_weight_only_wgmma.
+  static constexpr int kWeightOnlyInt4SmallMMaxM = 8;
   // W4A8 modes on sm_90 from these M: the int4 weight expanded to int8 once a call, then the int8
   // GEMM (LinearPath::ExpandWgmma); below them the int4 GEMM (expanding in shared memory) is
   // faster. Per channel the int8 kernel is gemm_w8a8_wgmma (2-3x the int4 kernel's speed), so it
