@@ -145,6 +145,12 @@ TEST(CudaBenchOp, Fp8ReferenceMatchesIndependentSum) {
 
 // The path choice bench-op and CudaLinear share (linear_path) at small M (the sm_90 kernels
 // where the device has them), and the bench's perry ops following it.
+// Whether environment variable `name` is set to `v` (the A/B switches the path tests follow).
+bool env_is(const char* name, const char* v) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == v;
+}
+
 TEST(CudaBenchOp, LinearPathChoice) {
   using pc::LinearPath;
   using QM = pq::QuantMode;
@@ -182,10 +188,6 @@ TEST(CudaBenchOp, LinearPathChoice) {
   // faster than dequantize + cuBLAS there, slower unsplit); gemm_small_m (M <= 64) and dequantize +
   // cuBLAS elsewhere and where N is not known. PERRY_WEIGHT_ONLY_WGMMA=0 / =1 (the A/B switch) turn
   // the rule off / onto every accepted shape, PERRY_WEIGHT_ONLY_SMALL_M=0 keeps gemm_small_m at M <= 64.
-  const auto env_is = [](const char* name, const char* v) {
-    const char* e = std::getenv(name);
-    return e && std::string(e) == v;
-  };
   const bool wo_off = env_is("PERRY_WEIGHT_ONLY_WGMMA", "0"), wo_all = env_is("PERRY_WEIGHT_ONLY_WGMMA", "1");
   const bool small_off = env_is("PERRY_WEIGHT_ONLY_SMALL_M", "0");
   const bool can_fuse = w8a8_wgmma && pc::gemm_weight_only_wgmma_supported() && !wo_off;
@@ -325,10 +327,6 @@ TEST(CudaBenchOp, StartupCheckCoversPaths) {
   // does not take them (w4a16 at 5 rows, PERRY_WEIGHT_ONLY_SMALL_M=0, no sm_90); dequantize + cuBLAS
   // on the 300 rows of N 3072 (unsplit), unless PERRY_WEIGHT_ONLY_WGMMA=1 puts every shape on the
   // fused GEMM.
-  const auto env_is = [](const char* name, const char* v) {
-    const char* e = std::getenv(name);
-    return e && std::string(e) == v;
-  };
   const bool fused_on = gemm == LinearPath::WgmmaQuant && pc::gemm_weight_only_wgmma_supported() &&
                         !env_is("PERRY_WEIGHT_ONLY_WGMMA", "0");
   std::set<LinearPath> want{LinearPath::Gemv, LinearPath::SmallM};

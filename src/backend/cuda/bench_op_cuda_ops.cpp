@@ -300,6 +300,10 @@ std::string kernel_name(Op op, int M, int K, const OpContext& c, int N) {
                         : fmt::format(" ({} k-splits)", splits);
     }
   }
+  if (path == LinearPath::WeightOnlyWgmma && N > 0) {  // (likewise: it splits only with room for the slices)
+    const size_t wb = gemm_weight_only_wgmma_workspace_bytes(M, N, K);
+    if (wb > 0 && c.splitk && c.splitk_bytes >= wb) name += " (split-K)";
+  }
   return pq::quant_scheme(mode).int8_activations ? "quantize_per_token + " + name : name;
 }
 
@@ -412,9 +416,8 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
                        std::vector<int>(std::begin(kStartupCheckWeightOnlyMs), std::end(kStartupCheckWeightOnlyMs))});
   const bool wide = std::any_of(cases.begin(), cases.end(), [](const Case& c) { return c.n != kStartupCheckN; });
   const int Nmax = wide ? std::max(N, kStartupCheckWeightOnlyN) : N;
-  const int Mwo = *std::max_element(std::begin(kStartupCheckWeightOnlyMs), std::end(kStartupCheckWeightOnlyMs));
-  static_assert(*std::max_element(std::begin(kStartupCheckWeightOnlyMs), std::end(kStartupCheckWeightOnlyMs)) <= 300,
-                "the weight-only case's rows are among the Mmax rows of x");
+  constexpr int Mwo = *std::max_element(std::begin(kStartupCheckWeightOnlyMs), std::end(kStartupCheckWeightOnlyMs));
+  static_assert(Mwo <= 300, "the weight-only case's rows are among the Mmax rows of x");
 
   std::mt19937 rng(20260512);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -470,13 +473,11 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
   ctx.dequant_scratch = scratch.get<uint16_t>();
   // The weight-only ops as CudaLinear runs them: with the fused GEMM's split-K workspace where its
   // plan splits (the other ops run unsplit, as before).
-  auto splitk_at = [&](Op op, int M, int n) {
-    return linear_splitk_bytes(op_info(op).mode, op_path(op, M, K, n), M, n, K);
-  };
   size_t wo_ws = 0;
   for (const Case& cs : cases)
     if (weight_only(cs.op))
-      for (int M : cs.Ms) wo_ws = std::max(wo_ws, splitk_at(cs.op, M, cs.n));
+      for (int M : cs.Ms)
+        wo_ws = std::max(wo_ws, linear_splitk_bytes(op_info(cs.op).mode, op_path(cs.op, M, K, cs.n), M, cs.n, K));
   DeviceBuffer dws(pool, std::max<size_t>(wo_ws, 16), "bench-op check split-K workspace");
   OpContext wo_ctx = ctx;
   wo_ctx.splitk = dws.get<int32_t>();
@@ -540,7 +541,6 @@ std::vector<StartupCheck> startup_checks(const std::vector<Op>& ops, DevicePool&
       c.M = M;
       c.N = N;
       c.kernel = kernel_name(op, M, K, cctx, N);
-      if (weight_only(op) && splitk_at(op, M, N) > 0) c.kernel += " (split-K)";
       try {
         OpArgs a;
         a.w = dw.get();

@@ -377,10 +377,12 @@ LinearPath linear_path(pq::QuantMode mode, int M, int K, bool two_level, int N) 
   static const int weight_only_small = env_int("PERRY_WEIGHT_ONLY_SMALL_M", 1, 0, 1);
   if (!a8) {
     const pq::QuantScheme sc = pq::quant_scheme(mode);
-    const bool wide_or_split =
-        N >= kWeightOnlyWgmmaMinN || (N > 0 && gemm_weight_only_wgmma_workspace_bytes(M, N, K) > 0);
-    const bool fused = (weight_only_wgmma == 1 || (weight_only_wgmma == -1 && wide_or_split)) && wgmma_enabled() &&
-                       gemm_weight_only_wgmma_accepts(sc.weight_bits, sc.group_size, M, N, K, DType::BF16);
+    // (the split plan asked last: only for the narrow layers the rule leaves open)
+    const bool fused = wgmma_enabled() &&
+                       gemm_weight_only_wgmma_accepts(sc.weight_bits, sc.group_size, M, N, K, DType::BF16) &&
+                       (weight_only_wgmma == 1 ||
+                        (weight_only_wgmma == -1 &&
+                         (N >= kWeightOnlyWgmmaMinN || gemm_weight_only_wgmma_workspace_bytes(M, N, K) > 0)));
     if (M <= small_a16_max) {
       const bool int4_small = sc.weight_bits == 4 && M <= CudaLinear::kWeightOnlyInt4SmallMMaxM;
       return fused && weight_only_small == 1 && !int4_small ? Path::WeightOnlyWgmma : Path::SmallM;
